@@ -1,0 +1,3 @@
+from phalanx.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The ``phalanx`` command line: thin parsers over the library (:mod:`phalanx.launch`)."""

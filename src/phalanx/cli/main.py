@@ -1,0 +1,50 @@
+"""``phalanx``: multi-node synchronous data-parallel training with PyTorch.
+
+Commands:
+  run   launch a training script on one or many nodes (torchrun's vocabulary)
+
+Exit codes, for every command:
+  0 success; 1 a worker failed (its root cause is printed last); 2 settings refused, or the
+  nodes disagree on them; 3 the other nodes did not join in time; 128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from phalanx import __version__
+from phalanx.cli import run as run_cli
+from phalanx.errors import PhalanxError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="phalanx",
+        description=__doc__.split("\n", 1)[1].split("Commands:")[0].strip() or None,
+        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused, 3 nodes did not join in time.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run_cli.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args))
+    except PhalanxError as error:
+        print(error.render(), file=sys.stderr)
+        return int(error.exit_code)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

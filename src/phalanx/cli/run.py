@@ -1,0 +1,68 @@
+"""``phalanx run``: launch SCRIPT (or -m MODULE) with torchrun on this node, the same command on every node.
+
+Examples:
+  one machine, 2 processes:
+    phalanx run --nproc-per-node 2 train.py --epochs 5
+  rehearse 2 nodes on this machine (the tutorial's advice: debug on one machine first):
+    phalanx run --simulate-nodes 2 --nproc-per-node 2 train.py
+  two real machines, this same line on both (10.0.0.1 is the main node):
+    phalanx run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint 10.0.0.1:29400 train.py
+  see what would run, start nothing:
+    phalanx run --dry-run --simulate-nodes 2 train.py
+
+What phalanx does on top of torchrun: the node that owns the endpoint's address hosts the
+rendezvous store; each node advertises the address that routes to the endpoint (not its
+hostname) and names that interface in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; settings that
+cannot work are refused before anything starts; the nodes compare their settings before the
+first step; rank 0's node prints the rank plan; each rank logs to LOG_DIR/<run>/attempt_N/rankR/;
+a failure ends with its root cause.
+
+Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not join
+in time, 128+N stopped by signal N.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from phalanx.launch.options import add_launch_options, spec_from_args
+
+
+def add_parser(commands: Any) -> None:
+    summary, _, details = __doc__.partition("\n\n")
+    parser = commands.add_parser(
+        "run",
+        help="launch a training script on one or many nodes",
+        description=summary.split(": ", 1)[1] + "\n\n" + details,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="phalanx run [options] SCRIPT [ARGS...]\n       phalanx run [options] -m MODULE [ARGS...]",
+    )
+    add_launch_options(parser)
+    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    parser.add_argument("training_script", nargs="?", metavar="SCRIPT", help="the training script (or module with -m)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from phalanx.console import say
+    from phalanx.launch.plan import decision_block, plan_nodes
+    from phalanx.launch.torchrun import command_line
+
+    spec = spec_from_args(args)
+    plans = plan_nodes(spec)
+    if spec.dry_run:
+        print(decision_block(plans))
+        for plan in plans:
+            role = " (hosts the store)" if plan.is_host else ""
+            print(f"\n# {plan.node_label} ({plan.local_addr}){role}:\n{command_line(plan)}")
+        return 0
+    say(decision_block(plans))
+    if spec.simulate_nodes:
+        from phalanx.launch.simulate import Simulation
+
+        return Simulation(plans).run()
+    from phalanx.launch.agent import NodeAgent
+
+    return NodeAgent(plans[0]).run()

@@ -1,0 +1,15 @@
+"""The exit codes of every phalanx command, in one place (documented in README.md)."""
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    #: A worker process failed (the root cause is printed last), or a check found a problem.
+    FAILED = 1
+    #: The settings were refused before anything started, or the nodes disagree on them.
+    REFUSED = 2
+    #: The other nodes did not join within --join-timeout.
+    JOIN_TIMEOUT = 3
+    #: Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143, as a shell would report.
+    INTERRUPTED = 130

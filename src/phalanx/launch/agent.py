@@ -1,0 +1,148 @@
+"""Runs one node: the lobby, then torchrun's elastic agent in this very process.
+
+Running the agent in-process (rather than spawning ``torchrun``) costs no second interpreter
+and no second ``import torch``, and lets phalanx see what torchrun decides: the ranks it
+assigns (printed as the rank plan) and the failures it collects (reduced to a root cause).
+
+A simulated node runs this module as a process of its own: ``python -m phalanx.launch.agent
+PLAN.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from phalanx.console import say
+from phalanx.errors import JoinTimeout, PhalanxError
+from phalanx.exit_codes import ExitCode
+from phalanx.launch import failure
+from phalanx.launch.fingerprint import node_fingerprint
+from phalanx.launch.lobby import Lobby
+from phalanx.launch.plan import NodePlan
+from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
+from phalanx.launch.torchrun import torchrun_argv, torchrun_env
+
+#: How long a node waits for the other nodes' failure reports before naming the root cause.
+FAILURE_GATHER_S = 3.0
+
+
+def failure_file(plan: NodePlan) -> Path:
+    return Path(plan.run_dir) / "failures" / f"{plan.node_label}.json"
+
+
+class NodeAgent:
+    def __init__(self, plan: NodePlan) -> None:
+        self.plan = plan
+        self.store: Any = None  # the rendezvous store, shared with torchrun's c10d backend
+        self.board: RankPlanBoard | None = None
+        self.prefix = f"phalanx/{plan.rdzv_id}/"
+        self.nodes_in_job = plan.nnodes_min
+
+    def run(self) -> int:
+        os.environ.update(torchrun_env(self.plan))
+        try:
+            if self.plan.nnodes_max > 1:
+                lobby = Lobby(self.plan, node_fingerprint(self.plan))
+                self.nodes_in_job = len(lobby.join())
+                self.store = lobby.store
+                self.board = RankPlanBoard(self.store, self.prefix)
+            return self._launch()
+        except PhalanxError as error:
+            say(error.render())
+            return error.exit_code
+
+    def _launch(self) -> int:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
+        from torch.distributed.launcher.api import elastic_launch
+        from torch.distributed.run import config_from_args, get_args_parser
+
+        from phalanx.launch.logs import RankLogsSpecs
+
+        args = get_args_parser().parse_args(torchrun_argv(self.plan))
+        config, entrypoint, entrypoint_args = config_from_args(args)
+        logs = RankLogsSpecs(
+            log_dir=self.plan.run_dir,
+            local_ranks_filter=config.logs_specs._local_ranks_filter,
+            on_ranks_assigned=self._on_ranks_assigned,
+        )
+        config.logs_specs = logs
+        try:
+            elastic_launch(config, entrypoint)(*entrypoint_args)
+        except ChildFailedError as error:
+            found = failure.failures_from(error, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            self._report_failures(found)
+            return ExitCode.FAILED
+        except RendezvousTimeoutError:
+            raise JoinTimeout(
+                f"torchrun's rendezvous at {self.plan.rdzv_endpoint} timed out after {self.plan.join_timeout:g} s",
+                "the nodes met in phalanx's lobby, but not all of them came back to torchrun's rendezvous "
+                "(a node may have died or been restarted).",
+                "look at the other nodes' consoles; raise --join-timeout if restarts are slow",
+            ) from None
+        except RendezvousClosedError:
+            say(
+                "phalanx: the job's rendezvous was closed by another node (it finished or failed first); "
+                "look at the node that holds rank 0 for the root cause"
+            )
+            return ExitCode.FAILED
+        except SignalException as error:
+            say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
+            return 128 + int(error.sigval)
+        return ExitCode.OK
+
+    # -- hooks ---------------------------------------------------------------------------
+    def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
+        row = node_row(envs, self.plan.local_addr, self.plan.node_label)
+        self.nodes_in_job = row["nodes"]
+        if self.board is not None:
+            self.board.post(row)
+        if 0 not in row["ranks"]:
+            return
+        rows = [row] if self.board is None else self.board.gather(row["attempt"], row["nodes"])
+        if rows is None:
+            say("phalanx: rank plan: not every node posted its ranks within 30 s; continuing without the table")
+            return
+        say(format_rank_plan(rows))
+
+    def _report_failures(self, found: list[failure.RankFailure]) -> None:
+        failure.save_failures(found, failure_file(self.plan))
+        if self.plan.is_simulated:
+            return  # the simulating parent merges every node's file and names the root cause once
+        say(failure.format_root_cause(found + self._failures_of_other_nodes(found)))
+
+    def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
+        """Best effort: trade failure reports with the other nodes on the store, briefly."""
+        if self.store is None:
+            return []
+        key = f"{self.prefix}failures"
+        try:
+            self.store.append(key, json.dumps([asdict(f) for f in found]) + "\n")
+            deadline = time.monotonic() + FAILURE_GATHER_S
+            while True:
+                reports = self.store.get(key).decode().splitlines()
+                if len(reports) >= self.nodes_in_job or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            mine = {(f.node, f.rank) for f in found}
+            everyone = [failure.RankFailure.from_dict(item) for report in reports for item in json.loads(report)]
+            return [f for f in everyone if (f.node, f.rank) not in mine]
+        except Exception:  # noqa: BLE001 - the store may be gone with its host; local view only
+            return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    plan = NodePlan.from_json(Path(argv[0]).read_text())
+    return NodeAgent(plan).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

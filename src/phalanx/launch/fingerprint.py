@@ -1,0 +1,52 @@
+"""A node's launch settings, as the cross-node check compares them.
+
+torchrun lets nodes started with different --nnodes, --nproc-per-node or scripts form a wrong
+world without a word; the lobby compares these fingerprints before the first step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+from phalanx import __version__
+from phalanx.launch.plan import NodePlan
+from phalanx.launch.spec import Entrypoint
+
+#: The settings compared, in the order the mismatch table lists them.
+COMPARED = ("nnodes", "nproc-per-node", "backend", "script", "script sha256", "phalanx", "torch")
+
+
+def file_sha256(path: Path | None) -> str:
+    if path is None:
+        return "(not found)"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        return f"(unreadable: {error.strerror})"
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def node_fingerprint(plan: NodePlan) -> dict[str, str]:
+    entrypoint = Entrypoint(plan.script, plan.script_args, plan.is_module)
+    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
+    return {
+        "nnodes": nnodes,
+        "nproc-per-node": str(plan.nproc_per_node),
+        "backend": plan.backend,
+        "script": ("-m " if plan.is_module else "") + plan.script,
+        "script sha256": file_sha256(entrypoint.source_file()),
+        "phalanx": __version__,
+        "torch": _torch_version(),
+    }
+
+
+def differing_settings(fingerprints: list[dict[str, str]]) -> list[str]:
+    return [key for key in COMPARED if len({fp.get(key) for fp in fingerprints}) > 1]

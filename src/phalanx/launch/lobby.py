@@ -1,0 +1,173 @@
+"""The lobby: nodes meet on the rendezvous store before torchrun's own rendezvous.
+
+It gives a multi-node start the two things torchrun lacks: a word every ~10 s about who has
+joined (and, on timeout, what a direct connect to the endpoint says), and a comparison of every
+node's launch settings that stops all nodes with a table instead of forming a wrong world.
+
+The host node creates the store as torchrun's c10d backend would (``multi_tenant=True``), so
+the backend reuses this very server: one port, no window in which it is closed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from phalanx.console import format_table, say
+from phalanx.errors import JoinTimeout, NodesDisagree
+from phalanx.launch import network
+from phalanx.launch.fingerprint import COMPARED, differing_settings
+from phalanx.launch.plan import NodePlan
+from phalanx.launch.values import parse_endpoint
+
+PROGRESS_EVERY_S = 10.0
+POLL_EVERY_S = 0.1
+#: How long the host keeps the store up after a mismatch so that every node can read why.
+ABORT_GRACE_S = 5.0
+STORE_READ_TIMEOUT_S = 60.0
+
+
+class Lobby:
+    def __init__(self, plan: NodePlan, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic):
+        self.plan = plan
+        self.fingerprint = {"address": plan.local_addr, "label": plan.node_label, **fingerprint}
+        self.endpoint = parse_endpoint(plan.rdzv_endpoint)
+        self.clock = clock
+        self.store: Any = None
+        self.prefix = f"phalanx/{plan.rdzv_id}/"
+        self._next_progress = 0.0
+
+    # -- the store -------------------------------------------------------------------------
+    def connect(self, deadline: float) -> None:
+        from torch.distributed import TCPStore
+
+        timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
+        if self.plan.is_host:
+            self.store = TCPStore(
+                self.endpoint.host, self.endpoint.port, is_master=True, multi_tenant=True,
+                wait_for_workers=False, timeout=timeout, use_libuv=True,
+            )  # fmt: skip
+            return
+        self._wait_until_reachable(deadline)
+        self.store = TCPStore(self.endpoint.host, self.endpoint.port, is_master=False, timeout=timeout, use_libuv=True)
+
+    def _wait_until_reachable(self, deadline: float) -> None:
+        started = self.clock()
+        self._next_progress = started + PROGRESS_EVERY_S
+        while True:
+            outcome = network.probe_tcp(self.endpoint.host, self.endpoint.port, timeout=2.0)
+            if outcome.startswith("accepted"):
+                return
+            now = self.clock()
+            if now >= deadline:
+                raise JoinTimeout(
+                    f"the endpoint {self.endpoint} did not answer within {self.plan.join_timeout:g} s",
+                    f"a direct TCP connect from {self.plan.local_addr} to it: {outcome}.",
+                    "start the main node (the one that owns that address) first or at the same time; check that "
+                    f"port {self.endpoint.port} is open in its firewall and that the address is right",
+                )
+            if now >= self._next_progress:
+                say(f"phalanx: waiting for the endpoint {self.endpoint} ({now - started:.0f} s): connect {outcome}")
+                self._next_progress = now + PROGRESS_EVERY_S
+            time.sleep(min(1.0, max(0.0, deadline - now)))
+
+    # -- joining ---------------------------------------------------------------------------
+    def join(self) -> list[dict[str, str]]:
+        """Registers this node, then waits for the others; returns every node's fingerprint."""
+        deadline = self.clock() + self.plan.join_timeout
+        self.connect(deadline)
+        index = self.store.add(self.prefix + "joined", 1) - 1
+        if index >= self.plan.nnodes_max:
+            raise NodesDisagree(
+                f"job '{self.plan.rdzv_id}' already has its {self.plan.nnodes_max} nodes; this one would be one too many",
+                f"{index + 1} nodes have tried to join the endpoint {self.endpoint}.",
+                "give this node's job another --rdzv-id, or raise --nnodes on every node",
+            )
+        self.store.set(self._node_key(index), json.dumps(self.fingerprint))
+        return self._wait_for_nodes(deadline)
+
+    def _node_key(self, index: int) -> str:
+        return f"{self.prefix}node/{index}"
+
+    def _wait_for_nodes(self, deadline: float) -> list[dict[str, str]]:
+        started = self.clock()
+        self._next_progress = started + PROGRESS_EVERY_S
+        seen: list[dict[str, str]] = []
+        while True:
+            self._raise_if_aborted()
+            seen = self._read_joined(seen)
+            mismatch = differing_settings(seen)
+            if mismatch:
+                self._abort(seen, mismatch)
+            if len(seen) >= self.plan.nnodes_min:
+                return seen
+            now = self.clock()
+            if now >= deadline:
+                self._raise_join_timeout(seen)
+            if now >= self._next_progress:
+                names = ", ".join(fp["address"] for fp in seen)
+                say(
+                    f"phalanx: waiting for nodes ({now - started:.0f} s of {self.plan.join_timeout:g}): "
+                    f"{len(seen)} of {self.plan.nnodes_min} joined: {names}"
+                )
+                self._next_progress = now + PROGRESS_EVERY_S
+            time.sleep(POLL_EVERY_S)
+
+    def _read_joined(self, seen: list[dict[str, str]]) -> list[dict[str, str]]:
+        count = min(self.store.add(self.prefix + "joined", 0), self.plan.nnodes_max)
+        fingerprints = list(seen)
+        for index in range(len(seen), count):
+            key = self._node_key(index)
+            if not self.store.check([key]):
+                break  # joined a moment ago, fingerprint not written yet: read it next round
+            fingerprints.append(json.loads(self.store.get(key)))
+        return fingerprints
+
+    def _raise_join_timeout(self, seen: list[dict[str, str]]) -> None:
+        probe = network.probe_tcp(self.endpoint.host, self.endpoint.port)
+        joined = ", ".join(f"{fp['address']} ({fp['label']})" for fp in seen) or "none"
+        raise JoinTimeout(
+            f"only {len(seen)} of {self.plan.nnodes_min} nodes joined job '{self.plan.rdzv_id}' at {self.endpoint} "
+            f"within {self.plan.join_timeout:g} s",
+            f"joined: {joined}. A direct TCP connect from this node to the endpoint: {probe}.",
+            "start `phalanx run` with the same options on the missing nodes; they must reach "
+            f"{self.endpoint} (try `nc -zv {self.endpoint.host} {self.endpoint.port}` there). "
+            "Raise --join-timeout if nodes start slowly",
+        )
+
+    # -- disagreement ----------------------------------------------------------------------
+    def _abort(self, fingerprints: list[dict[str, str]], mismatch: list[str]) -> None:
+        report = {"fingerprints": fingerprints, "mismatch": mismatch}
+        self.store.compare_set(self.prefix + "abort", "", json.dumps(report))
+        self._raise_if_aborted()
+
+    def _raise_if_aborted(self) -> None:
+        key = self.prefix + "abort"
+        if not self.store.check([key]):
+            return
+        report = json.loads(self.store.get(key))
+        readers = self.store.add(self.prefix + "abort_seen", 1)
+        if self.plan.is_host:  # keep the store up until every node has read why (bounded)
+            until = self.clock() + ABORT_GRACE_S
+            while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
+                time.sleep(POLL_EVERY_S)
+                readers = self.store.add(self.prefix + "abort_seen", 0)
+        raise NodesDisagree(
+            f"the nodes of job '{self.plan.rdzv_id}' were started with different settings; every node stops",
+            mismatch_table(report["fingerprints"], report["mismatch"]),
+            "start every node with the same phalanx command, the same script file and the same "
+            "phalanx and torch versions",
+        )
+
+
+def mismatch_table(fingerprints: list[dict[str, str]], mismatch: list[str]) -> str:
+    headers = ["setting", *(f"{fp['address']} ({fp['label']})" for fp in fingerprints)]
+    rows = [[key, *(_short(fp.get(key, "")) for fp in fingerprints)] for key in COMPARED if key in mismatch]
+    return format_table(headers, rows).lstrip()
+
+
+def _short(value: str) -> str:
+    return value[:12] + "..." if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else value

@@ -1,0 +1,82 @@
+"""Per-rank log files, named by global rank, and which ranks the console shows.
+
+torchrun's default layout names folders by *local* rank inside a random folder per node, so
+"rank 5's traceback" is hard to find. Here each attempt gets::
+
+    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json
+
+and the console shows global rank 0 only, unless local ranks are named with
+``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun
+as a ``torchrun.logs_specs`` entry point, so ``torchrun --logs-specs phalanx`` works as well.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
+
+RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
+
+
+class RankLogsSpecs(LogsSpecs):
+    def __init__(
+        self,
+        log_dir: str | None = None,
+        redirects: Std | dict[int, Std] = Std.ALL,
+        tee: Std | dict[int, Std] = Std.ALL,
+        local_ranks_filter: set[int] | None = None,
+        on_ranks_assigned: RanksAssigned | None = None,
+    ) -> None:
+        super().__init__(log_dir or "phalanx-logs", redirects, tee, local_ranks_filter)
+        self.on_ranks_assigned = on_ranks_assigned
+        #: global rank -> its stderr log, for the latest attempt (read by the failure report).
+        self.stderr_of_rank: dict[int, Path] = {}
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self._root_log_dir)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        if self.on_ranks_assigned is not None:
+            self.on_ranks_assigned(envs)
+        count = len(envs)
+        redirects, tee = to_map(self._redirects, count), to_map(self._tee, count)
+        dest = LogsDest()
+        self.stderr_of_rank = {}
+        for local_rank, env in envs.items():
+            rank = int(env["RANK"])
+            folder = Path(self.root_log_dir) / f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}" / f"rank{rank}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("stdout.log", "stderr.log", "error.json"):
+                (folder / name).unlink(missing_ok=True)  # a restart must not show an old traceback
+            streams = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
+            dest.stdouts[local_rank] = str(folder / "stdout.log") if streams & Std.OUT else ""
+            dest.stderrs[local_rank] = str(folder / "stderr.log") if streams & Std.ERR else ""
+            if self._shows(rank, local_rank):
+                if tee[local_rank] & Std.OUT:
+                    dest.tee_stdouts[local_rank] = dest.stdouts[local_rank]
+                if tee[local_rank] & Std.ERR:
+                    dest.tee_stderrs[local_rank] = dest.stderrs[local_rank]
+            else:
+                dest.stdouts[local_rank] = dest.stdouts[local_rank] or os.devnull
+                dest.stderrs[local_rank] = dest.stderrs[local_rank] or os.devnull
+            dest.error_files[local_rank] = str(folder / "error.json")
+            env["TORCHELASTIC_ERROR_FILE"] = dest.error_files[local_rank]
+            if dest.stderrs[local_rank] not in ("", os.devnull):
+                self.stderr_of_rank[rank] = Path(dest.stderrs[local_rank])
+        attempt = Path(self.root_log_dir) / f"attempt_{envs[0].get('TORCHELASTIC_RESTART_COUNT', '0')}" if envs else None
+        if attempt is not None:
+            dest.filtered_stdout = str(attempt / f"filtered_stdout.{os.getpid()}.log")
+            dest.filtered_stderr = str(attempt / f"filtered_stderr.{os.getpid()}.log")
+        return dest
+
+    def _shows(self, rank: int, local_rank: int) -> bool:
+        if self._local_ranks_filter is not None:
+            return local_rank in self._local_ranks_filter
+        return rank == 0
+
+    def __repr__(self) -> str:
+        return f"RankLogsSpecs(root_log_dir={self._root_log_dir!r}, local_ranks_filter={self._local_ranks_filter})"

@@ -1,0 +1,172 @@
+"""Which local address and interface reach the rendezvous endpoint, and whether this host is it.
+
+Plain torchrun guesses these from the hostname, which on many clusters (and in containers)
+resolves to 127.0.0.1: the main node then does not recognise its own endpoint, and the other
+nodes are told to reach the workers at 127.0.0.1. phalanx asks the kernel instead: the
+endpoint is ours when its address is on one of our interfaces, and the address we advertise is
+the source address of the route to the endpoint.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+import psutil
+
+from phalanx.errors import SettingsRefused
+from phalanx.launch.values import Endpoint
+
+
+@dataclass(frozen=True)
+class Interface:
+    name: str
+    addresses: tuple[str, ...]  # IPv4 first, then IPv6 (link-local left out)
+    is_up: bool
+
+    @property
+    def is_loopback(self) -> bool:
+        return any(ipaddress.ip_address(address).is_loopback for address in self.addresses)
+
+
+@dataclass(frozen=True)
+class NetworkChoice:
+    """What this node uses: who hosts the store, the address it advertises, its interface."""
+
+    endpoint: Endpoint  # as given, port resolved
+    endpoint_ip: str
+    is_host: bool
+    local_addr: str
+    interface: str
+    reason: str  # one phrase: why this address and interface
+
+
+def local_interfaces() -> dict[str, Interface]:
+    stats = psutil.net_if_stats()
+    interfaces = {}
+    for name, entries in psutil.net_if_addrs().items():
+        v4 = [entry.address for entry in entries if entry.family == socket.AF_INET]
+        v6 = [
+            entry.address.split("%")[0]
+            for entry in entries
+            if entry.family == socket.AF_INET6 and not ipaddress.ip_address(entry.address.split("%")[0]).is_link_local
+        ]
+        up = stats[name].isup if name in stats else False
+        interfaces[name] = Interface(name, tuple(v4 + v6), up)
+    return interfaces
+
+
+def interface_owning(address: str, interfaces: dict[str, Interface]) -> Interface | None:
+    wanted = ipaddress.ip_address(address)
+    for interface in interfaces.values():
+        if any(ipaddress.ip_address(own) == wanted for own in interface.addresses):
+            return interface
+    if wanted.is_loopback:  # all of 127.0.0.0/8 is routed to the loopback interface on Linux
+        return next((interface for interface in interfaces.values() if interface.is_loopback), None)
+    return None
+
+
+def resolve_host(host: str) -> str:
+    """The host's address, IPv4 preferred; refused when it does not resolve."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise SettingsRefused(
+            f"--rdzv-endpoint host {host!r} does not resolve to an address ({error.strerror})",
+            "every node must be able to look up the endpoint's name.",
+            "use the main node's IP address, or add the name to /etc/hosts or DNS",
+        ) from None
+    addresses = [info[4][0] for info in infos]
+    return next((a for a in addresses if ":" not in a), addresses[0])
+
+
+def route_source_address(ip: str, port: int) -> str:
+    """The local address the kernel would use to reach ``ip`` (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((ip, port))
+        return probe.getsockname()[0]
+
+
+def hostname_is_loopback() -> bool:
+    """The trap: this host's name resolves to a loopback address."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def choose(endpoint: Endpoint, interface_name: str | None = None) -> NetworkChoice:
+    """Decides for a real node (not simulated) how it reaches ``endpoint``."""
+    interfaces = local_interfaces()
+    endpoint_ip = resolve_host(endpoint.host)
+    is_host = interface_owning(endpoint_ip, interfaces) is not None
+    if interface_name is not None:
+        interface = _named_interface(interface_name, interfaces)
+        local_addr = endpoint_ip if is_host else _first_address(interface)
+        return NetworkChoice(endpoint, endpoint_ip, is_host, local_addr, interface.name, "--interface given")
+    if is_host:
+        owner = interface_owning(endpoint_ip, interfaces)
+        assert owner is not None  # is_host says so
+        return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "the endpoint is this host's address")
+    try:
+        local_addr = route_source_address(endpoint_ip, endpoint.port)
+    except OSError as error:
+        raise SettingsRefused(
+            f"--rdzv-endpoint {endpoint}: this host has no route to {endpoint_ip} ({error.strerror})",
+            "the kernel's routing table has no way to reach that address from here.",
+            "check the address, or pick the interface on the nodes' shared network with --interface IFNAME",
+        ) from None
+    owner = interface_owning(local_addr, interfaces)
+    name = owner.name if owner else "?"
+    return NetworkChoice(endpoint, endpoint_ip, False, local_addr, name, f"the route to {endpoint_ip} leaves through {name}")
+
+
+def _named_interface(name: str, interfaces: dict[str, Interface]) -> Interface:
+    interface = interfaces.get(name)
+    listing = ", ".join(f"{i.name} ({', '.join(i.addresses) or 'no address'})" for i in interfaces.values())
+    if interface is None:
+        raise SettingsRefused(
+            f"--interface {name}: this host has no network interface of that name",
+            f"it has: {listing}",
+            "pick one of those (the one on the network the nodes share), or drop --interface to let phalanx choose",
+        )
+    if not interface.addresses or not interface.is_up:
+        state = "is down" if not interface.is_up else "has no IP address"
+        raise SettingsRefused(
+            f"--interface {name} {state}",
+            f"workers cannot talk through it. This host has: {listing}",
+            "bring it up (ip link set dev IFNAME up) or pick another interface",
+        )
+    return interface
+
+
+def _first_address(interface: Interface) -> str:
+    return interface.addresses[0]
+
+
+def check_interface(name: str) -> Interface:
+    return _named_interface(name, local_interfaces())
+
+
+def probe_tcp(host: str, port: int, timeout: float = 3.0) -> str:
+    """A direct TCP connect to the endpoint, described in words: 'accepted', 'refused', ..."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "accepted (something listens there)"
+    except socket.timeout:
+        return f"timed out after {timeout:g} s (a firewall may drop the packets, or the host is down)"
+    except ConnectionRefusedError:
+        return "refused (the host is up, but nothing listens on that port yet)"
+    except OSError as error:
+        if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return f"no route to host ({error.strerror})"
+        return error.strerror or str(error)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

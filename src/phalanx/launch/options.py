@@ -1,0 +1,174 @@
+"""Where launch settings come from, and how they become a :class:`LaunchSpec`.
+
+Every setting has one entry in :data:`LAUNCH_OPTIONS`. From it come the command-line flag
+(dashed, with torchrun's underscore spelling as an alias), the ``PHALANX_<FLAG>`` environment
+variable and the key in a ``--config`` TOML file. Precedence, highest first:
+flag > environment variable > config file > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.errors import SettingsRefused
+from phalanx.launch import values
+from phalanx.launch.spec import Entrypoint, LaunchSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "PHALANX_"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch setting: its flag, how its text is parsed, and the LaunchSpec field it fills."""
+
+    flag: str  # without the leading dashes, e.g. "nproc-per-node"
+    parse: Callable[[object], Any]
+    help: str
+    metavar: str | None = None
+    is_switch: bool = False  # a flag that takes no value
+
+    @property
+    def field(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+
+def _int_option(flag: str, minimum: int) -> Callable[[object], int]:
+    return lambda value: values.parse_int(value, minimum=minimum, name=f"--{flag}")
+
+
+LAUNCH_OPTIONS: tuple[Option, ...] = (
+    Option("nnodes", values.parse_nnodes, "number of nodes, N or MIN:MAX for an elastic job (default 1)", "N|MIN:MAX"),
+    Option(
+        "nproc-per-node",
+        values.parse_nproc_per_node,
+        "worker processes per node: a number (usually the GPUs per node), auto (GPUs if any, else CPU cores), "
+        "gpu or cpu (default 1)",
+        "N|auto|gpu|cpu",
+    ),
+    Option(
+        "rdzv-endpoint",
+        values.parse_endpoint,
+        "the main node's address, HOST[:PORT] (port 29400 if omitted), the same on every node; "
+        "the node that owns this address hosts the rendezvous store",
+        "HOST[:PORT]",
+    ),
+    Option("rdzv-id", values.parse_rdzv_id, "job name, the same on every node (default phalanx)", "ID"),
+    Option("max-restarts", _int_option("max-restarts", 0), "restart all workers this many times after a failure (default 0)", "N"),
+    Option("log-dir", lambda value: Path(str(value)), "folder for per-rank logs (default ./phalanx-logs)", "DIR"),
+    Option("backend", values.parse_backend, "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)", "NAME"),
+    Option(
+        "interface",
+        values.parse_interface,
+        "network interface to use (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME); default: the one that routes to "
+        "the endpoint",
+        "IFNAME",
+    ),
+    Option(
+        "join-timeout",
+        lambda value: values.parse_seconds(value, name="--join-timeout"),
+        "seconds to wait for all nodes to join (default 300)",
+        "SECONDS",
+    ),
+    Option(
+        "simulate-nodes",
+        _int_option("simulate-nodes", 1),
+        "run K node agents on this host: rehearse a multi-node launch on one machine",
+        "K",
+    ),
+    Option("standalone", values.parse_flag, "single node with a private local rendezvous (as torchrun --standalone)", is_switch=True),
+    Option("all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True),
+    Option("dry-run", values.parse_flag, "print the plan and the torchrun command of each node, start nothing", is_switch=True),
+)
+
+_BY_FIELD = {option.field: option for option in LAUNCH_OPTIONS}
+
+
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """Adds the launch flags; defaults stay None so that unset flags fall through to env and config."""
+    group = parser.add_argument_group("launch options (each also PHALANX_<FLAG> or a key in --config)")
+    for option in LAUNCH_OPTIONS:
+        spellings = [(f"--{option.flag}", option.help)]
+        if "-" in option.flag:
+            spellings.append((f"--{option.field}", argparse.SUPPRESS))  # torchrun's spelling, kept out of --help
+        for name, help_text in spellings:
+            if option.is_switch:
+                group.add_argument(name, dest=option.field, action="store_const", const=True, default=None, help=help_text)
+            else:
+                group.add_argument(name, dest=option.field, default=None, metavar=option.metavar, help=help_text)
+    group.add_argument(
+        "--config", dest="config", default=None, metavar="FILE", help="TOML file of launch settings; flags override it"
+    )
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores)."""
+    try:
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+    except FileNotFoundError:
+        raise SettingsRefused(f"--config {path}: the file does not exist", hint="check the path") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsRefused(f"--config {path} is not valid TOML", str(error), "fix the line it names") from None
+    table = table.get("run", table)  # settings may sit at the top or under [run]
+    settings: dict[str, object] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in _BY_FIELD:
+            known = ", ".join(option.flag for option in LAUNCH_OPTIONS)
+            raise SettingsRefused(f"--config {path}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it")
+        settings[name] = value
+    return settings
+
+
+def resolve_settings(
+    flags: Mapping[str, object], environ: Mapping[str, str], config: Mapping[str, object], config_path: Path | None
+) -> dict[str, Any]:
+    """Typed values for every setting that any source gives, highest-precedence source first."""
+    resolved: dict[str, Any] = {}
+    for option in LAUNCH_OPTIONS:
+        sources = (
+            (flags.get(option.field), f"--{option.flag}"),
+            (environ.get(option.env_var), f"{option.env_var} in the environment"),
+            (config.get(option.field), f"{option.flag} in {config_path}"),
+        )
+        for raw, origin in sources:
+            if raw is None:
+                continue
+            try:
+                resolved[option.field] = option.parse(raw)
+            except values.InvalidValue as invalid:
+                from_where = "" if origin.startswith("--") else f" (from {origin})"
+                raise SettingsRefused(invalid.why + from_where, hint=invalid.hint) from None
+            break
+    return resolved
+
+
+def spec_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchSpec:
+    """The one place an argparse Namespace turns into a typed spec."""
+    environ = os.environ if environ is None else environ
+    config_text = args.config if args.config is not None else environ.get(ENV_PREFIX + "CONFIG")
+    config_path = Path(config_text) if config_text else None
+    config = read_config_file(config_path) if config_path else {}
+    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
+    settings = resolve_settings(flags, environ, config, config_path)
+    if not args.training_script:
+        raise SettingsRefused(
+            "no training script given", hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]"
+        )
+    entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
+    return LaunchSpec(entrypoint=entrypoint, config_file=config_path, **settings)

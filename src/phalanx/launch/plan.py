@@ -1,0 +1,256 @@
+"""NodePlan: what one node agent runs, with every decision already made.
+
+:func:`plan_nodes` turns a spec into the plans of the nodes this host runs: one for a real node,
+K for ``--simulate-nodes K``. A plan is plain data (JSON round-trips), so a simulated node's
+agent process receives exactly the plan the parent printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phalanx import __version__
+from phalanx.errors import SettingsRefused
+from phalanx.launch import gpus, network
+from phalanx.launch.spec import LaunchSpec
+from phalanx.launch.values import Endpoint
+from phalanx.worker_env import WorkerEnv
+
+INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: Simulated node k advertises 127.0.0.(SIMULATED_ADDRESS_BASE + k). Distinct addresses give the
+#: nodes distinct identities, and three-digit last octets keep torchrun's node order (sorted by
+#: address) the same as the simulated index.
+SIMULATED_ADDRESS_BASE = 101
+MAX_SIMULATED_NODES = 99
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    # what runs
+    script: str
+    script_args: tuple[str, ...]
+    is_module: bool
+    # the job, identical on every node
+    nnodes_min: int
+    nnodes_max: int
+    rdzv_endpoint: str  # host:port as the nodes dial it
+    rdzv_id: str
+    max_restarts: int
+    join_timeout: float
+    # this node
+    nproc_per_node: int
+    backend: str
+    is_host: bool
+    local_addr: str
+    interface: str
+    node_label: str
+    run_dir: str
+    all_ranks: bool
+    simulated_index: int | None = None
+    #: Variables set for the agent and its workers, on top of the inherited environment.
+    env: dict[str, str] = field(default_factory=dict)
+    #: One line each: what phalanx decided and why (the decision block).
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_simulated(self) -> bool:
+        return self.simulated_index is not None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodePlan:
+        data = json.loads(text)
+        for name in ("script_args", "notes"):
+            data[name] = tuple(data[name])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class _Resources:
+    nproc: int
+    backend: str
+    gpu_count: int
+    note: str
+
+
+def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
+    gpu_count = gpus.visible_gpu_count()
+    wanted = spec.nproc_per_node
+    cpu_count = os.cpu_count() or 1
+    if wanted == "gpu" and gpu_count == 0:
+        raise SettingsRefused(
+            "--nproc-per-node gpu, but this host has no GPU that CUDA can see",
+            "nvidia-smi lists the GPUs; CUDA_VISIBLE_DEVICES may hide them.",
+            "use --nproc-per-node N (or auto) to run CPU workers with gloo",
+        )
+    if isinstance(wanted, int):
+        nproc = wanted
+    elif wanted == "cpu" or (wanted == "auto" and gpu_count == 0):
+        nproc = cpu_count
+    else:
+        nproc = gpu_count
+    backend = spec.backend if spec.backend != "auto" else ("nccl" if gpu_count else "gloo")
+    if backend == "nccl":
+        needed = nproc * nodes_on_host
+        if gpu_count == 0:
+            raise SettingsRefused(
+                "--backend nccl, but this host has no GPU that CUDA can see",
+                "NCCL only runs between GPUs.",
+                "use --backend gloo (or auto) to train on CPUs",
+            )
+        if needed > gpu_count:
+            per_host = f"{nodes_on_host} simulated nodes x {nproc}" if nodes_on_host > 1 else f"{nproc}"
+            raise SettingsRefused(
+                f"--nproc-per-node {wanted} with --backend nccl needs {needed} GPUs ({per_host}), "
+                f"but this host has {gpu_count}",
+                "NCCL gives each process a GPU of its own; two processes cannot share one.",
+                f"use --nproc-per-node {max(1, gpu_count // nodes_on_host)}, or --backend gloo",
+            )
+    source = f"{wanted}" if isinstance(wanted, int) else f"{wanted}: {nproc}"
+    gpu_text = f"{gpu_count} GPU{'s' if gpu_count != 1 else ''}" if gpu_count else "no GPU"
+    note = f"backend    {backend} ({spec.backend}; {gpu_text}), {source} process{'es' if nproc != 1 else ''} per node"
+    return _Resources(nproc, backend, gpu_count, note)
+
+
+def _interface_env(interface: str) -> tuple[dict[str, str], str]:
+    env, kept = {}, []
+    for name in INTERFACE_VARIABLES:
+        if os.environ.get(name):
+            kept.append(f"{name}={os.environ[name]}")
+        else:
+            env[name] = interface
+    if kept:
+        return env, f"interface  {interface}; kept {', '.join(kept)} from the environment"
+    return env, f"interface  {interface} (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)"
+
+
+def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
+    # torchrun sets this too, with a warning banner; say it once here instead.
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        return {"OMP_NUM_THREADS": "1"}, "threads    OMP_NUM_THREADS=1 per worker (set it to override)"
+    return {}, None
+
+
+def new_run_dir(spec: LaunchSpec) -> Path:
+    return spec.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.rdzv_id}"
+
+
+def plan_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodePlan]:
+    """The plans of the node agents this host runs."""
+    run_dir = run_dir or new_run_dir(spec)
+    if spec.simulate_nodes:
+        return _plan_simulated(spec, run_dir)
+    return [_plan_real(spec, run_dir)]
+
+
+def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
+    if spec.interface:
+        network.check_interface(spec.interface)
+    resources = _resources(spec, nodes_on_host=1)
+    if spec.rdzv_endpoint is None:
+        # One node, nobody else to meet: loopback and a port the store picks itself (never 29500).
+        endpoint = Endpoint("127.0.0.1", 0)
+        choice = network.NetworkChoice(endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node")
+        lines = ["store      on this host, a free port (single node)"]
+    else:
+        choice = network.choose(spec.rdzv_endpoint, spec.interface)
+        host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
+        lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
+        trap = " (the hostname resolves to a loopback address)" if network.hostname_is_loopback() else ""
+        lines.append(f"address    advertising {choice.local_addr}{trap}")
+    interface_env, interface_note = _interface_env(choice.interface)
+    thread_env, thread_note = _thread_env(resources.nproc)
+    lines += [interface_note, resources.note]
+    lines += [thread_note] if thread_note else []
+    label = choice.local_addr if spec.is_multi_node else "node0"
+    worker_env = WorkerEnv(backend=resources.backend, node=label)
+    return NodePlan(
+        **_job_fields(spec, str(choice.endpoint)),
+        nproc_per_node=resources.nproc,
+        backend=resources.backend,
+        is_host=choice.is_host,
+        local_addr=choice.local_addr,
+        interface=choice.interface,
+        node_label=label,
+        run_dir=str(run_dir),
+        all_ranks=spec.all_ranks,
+        env={**interface_env, **thread_env, **worker_env.to_env()},
+        notes=tuple(lines),
+    )
+
+
+def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
+    count = spec.simulate_nodes
+    if count > MAX_SIMULATED_NODES:
+        raise SettingsRefused(
+            f"--simulate-nodes {count}: at most {MAX_SIMULATED_NODES} nodes can be simulated",
+            hint="a rehearsal needs only a few nodes; 2 to 4 show every multi-node code path",
+        )
+    resources = _resources(spec, nodes_on_host=count)
+    port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
+    endpoint = f"127.0.0.1:{port}"
+    interface = spec.interface or "lo"
+    interface_env, interface_note = _interface_env(interface)
+    thread_env, thread_note = _thread_env(resources.nproc)
+    lines = [
+        f"simulate   {count} node agents on this host, addresses 127.0.0.{SIMULATED_ADDRESS_BASE}"
+        f"-{SIMULATED_ADDRESS_BASE + count - 1}",
+        f"store      {endpoint} (hosted by node0)",
+        interface_note,
+        resources.note,
+    ]
+    lines += [thread_note] if thread_note else []
+    plans = []
+    for index in range(count):
+        env = {**interface_env, **thread_env, **WorkerEnv(backend=resources.backend, node=f"node{index}").to_env()}
+        if resources.backend == "nccl":  # each simulated node gets GPUs of its own
+            first = index * resources.nproc
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + k) for k in range(resources.nproc))
+        plans.append(
+            NodePlan(
+                **_job_fields(spec, endpoint),
+                nproc_per_node=resources.nproc,
+                backend=resources.backend,
+                is_host=index == 0,
+                local_addr=f"127.0.0.{SIMULATED_ADDRESS_BASE + index}",
+                interface=interface,
+                node_label=f"node{index}",
+                run_dir=str(run_dir),
+                all_ranks=spec.all_ranks,
+                simulated_index=index,
+                env=env,
+                notes=tuple(lines),
+            )
+        )
+    return plans
+
+
+def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
+    nnodes = spec.simulate_nodes or None
+    return {
+        "script": spec.entrypoint.target,
+        "script_args": spec.entrypoint.args,
+        "is_module": spec.entrypoint.is_module,
+        "nnodes_min": nnodes or spec.nnodes.min,
+        "nnodes_max": nnodes or spec.nnodes.max,
+        "rdzv_endpoint": endpoint,
+        "rdzv_id": spec.rdzv_id,
+        "max_restarts": spec.max_restarts,
+        "join_timeout": spec.join_timeout,
+    }
+
+
+def decision_block(plans: list[NodePlan]) -> str:
+    """The short block printed once at start: what phalanx decided for this host, and why."""
+    plan = plans[0]
+    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
+    who = "this host" if plan.is_simulated or plan.nnodes_max == 1 else f"node {plan.local_addr}"
+    head = f"phalanx {__version__}: {who} joins job '{plan.rdzv_id}' of {nnodes} node{'s' if nnodes != '1' else ''}"
+    return "\n".join([head, *(f"  {line}" for line in plan.notes), f"  logs       {plan.run_dir}/"])

@@ -1,0 +1,94 @@
+"""``--simulate-nodes K``: K node agents on this host, the tutorial's "debug on one machine first".
+
+Each simulated node is a real torchrun agent in a process of its own, with its own address on
+the loopback network (127.0.0.101, .102, ...), meeting the others through the same lobby and
+c10d rendezvous a real multi-node job uses. This parent only starts them, relays signals,
+bounds how long the survivors may run after one node fails, and names the root cause once.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from phalanx.console import say
+from phalanx.exit_codes import ExitCode
+from phalanx.launch import failure
+from phalanx.launch.agent import failure_file
+from phalanx.launch.plan import NodePlan
+
+#: After a node has failed, how long the other nodes may take to notice and stop by themselves.
+SURVIVOR_GRACE_S = 30.0
+#: After SIGTERM, how long a node agent may take to stop its workers before SIGKILL.
+TERMINATE_GRACE_S = 15.0
+
+
+class Simulation:
+    def __init__(self, plans: list[NodePlan]) -> None:
+        self.plans = plans
+        self.nodes: list[subprocess.Popen[bytes]] = []
+        self._signalled: int | None = None
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._start()
+            codes = self._supervise()
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self._outcome(codes)
+
+    def _start(self) -> None:
+        for plan in self.plans:
+            plan_path = Path(plan.run_dir) / "plans" / f"{plan.node_label}.json"
+            plan_path.parent.mkdir(parents=True, exist_ok=True)
+            plan_path.write_text(plan.to_json())
+            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)]))
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._signalled = signum
+        for node in self.nodes:
+            if node.poll() is None:
+                node.send_signal(signal.SIGTERM)
+
+    def _supervise(self) -> list[int]:
+        failed_at: float | None = None
+        while any(node.poll() is None for node in self.nodes):
+            if failed_at is None and any(node.returncode not in (None, 0) for node in self.nodes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > SURVIVOR_GRACE_S:
+                say(f"phalanx: a node failed {SURVIVOR_GRACE_S:g} s ago and the others still run; stopping them")
+                break
+            time.sleep(0.1)
+        self._stop_all()
+        return [node.returncode for node in self.nodes]
+
+    def _stop_all(self) -> None:
+        running = [node for node in self.nodes if node.poll() is None]
+        for node in running:
+            node.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + TERMINATE_GRACE_S
+        for node in running:
+            try:
+                node.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.kill()
+                node.wait()
+
+    def _outcome(self, codes: list[int]) -> int:
+        if self._signalled is not None:
+            return 128 + self._signalled
+        if all(code == 0 for code in codes):
+            return ExitCode.OK
+        reports = [failure_file(plan) for plan in self.plans]
+        found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
+        if found:
+            say(failure.format_root_cause(found))
+            return ExitCode.FAILED
+        # No worker failed: a node refused or timed out before training; its message says why.
+        return next((code for code in codes if code in (ExitCode.REFUSED, ExitCode.JOIN_TIMEOUT)), ExitCode.FAILED)

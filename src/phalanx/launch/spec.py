@@ -1,0 +1,153 @@
+"""LaunchSpec: everything `phalanx run` was asked to do, typed and checked.
+
+The spec is built once, at the edge (:mod:`.options`), and validated in ``__post_init__`` so
+that no code behind it ever sees settings that cannot work. Checks that depend on this host
+(interfaces, GPUs) belong to the node plan (:mod:`.plan`), not here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phalanx.errors import SettingsRefused
+from phalanx.launch.values import Endpoint, NodeRange
+
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def is_loopback_host(host: str) -> bool:
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """What every worker runs: a script path or a module (``-m``), and its arguments untouched."""
+
+    target: str
+    args: tuple[str, ...] = ()
+    is_module: bool = False
+
+    def source_file(self) -> Path | None:
+        """The file whose content identifies the program (hashed in the cross-node check)."""
+        if not self.is_module:
+            return Path(self.target)
+        try:
+            found = importlib.util.find_spec(self.target)
+        except (ImportError, ValueError):
+            return None
+        if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+            return None
+        return Path(found.origin)
+
+    def check_exists(self) -> None:
+        if self.is_module:
+            if self.source_file() is None:
+                raise SettingsRefused(
+                    f"module {self.target!r} (given with -m) cannot be found",
+                    "Python looks for it on sys.path, which starts with the current directory.",
+                    "check the spelling, run from the folder above the package, or install it (pip install -e .)",
+                )
+            return
+        path = Path(self.target)
+        if not path.is_file():
+            what = "is a folder, not a script" if path.is_dir() else "does not exist"
+            raise SettingsRefused(
+                f"the training script {self.target!r} {what} (looked in {Path.cwd()})",
+                "every worker runs this file, so it must exist on every node at the same path.",
+                "check the path, or use -m package.module to run a module",
+            )
+
+    def __str__(self) -> str:
+        return " ".join((["-m"] if self.is_module else []) + [self.target, *self.args])
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    entrypoint: Entrypoint
+    nnodes: NodeRange = NodeRange(1, 1)
+    nproc_per_node: int | str = 1
+    rdzv_endpoint: Endpoint | None = None
+    rdzv_id: str = "phalanx"
+    max_restarts: int = 0
+    log_dir: Path = Path("phalanx-logs")
+    backend: str = "auto"
+    interface: str | None = None
+    join_timeout: float = 300.0
+    simulate_nodes: int = 0
+    standalone: bool = False
+    all_ranks: bool = False
+    dry_run: bool = False
+    config_file: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        self._check_node_count()
+        self._check_endpoint()
+        self.entrypoint.check_exists()
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.nnodes.max > 1
+
+    def _check_node_count(self) -> None:
+        if self.simulate_nodes:
+            if self.nnodes != NodeRange(1, 1) and self.nnodes != NodeRange(self.simulate_nodes, self.simulate_nodes):
+                raise SettingsRefused(
+                    f"--simulate-nodes {self.simulate_nodes} with --nnodes {self.nnodes}",
+                    "a simulated job has exactly the simulated number of nodes, all on this host.",
+                    f"drop --nnodes, or set it to {self.simulate_nodes}",
+                )
+            if self.standalone:
+                raise SettingsRefused(
+                    f"--simulate-nodes {self.simulate_nodes} with --standalone",
+                    "--standalone means one node; a simulation runs several node agents.",
+                    "drop --standalone",
+                )
+        elif self.standalone and self.is_multi_node:
+            raise SettingsRefused(
+                f"--standalone with --nnodes {self.nnodes}",
+                "--standalone starts a private rendezvous on this host, which the other nodes cannot join.",
+                "drop --standalone and give every node --rdzv-endpoint MAIN_NODE_IP:PORT; "
+                "to rehearse on one machine use --simulate-nodes N",
+            )
+        if self.is_multi_node and not self.simulate_nodes and self.rdzv_endpoint is None:
+            raise SettingsRefused(
+                f"--nnodes {self.nnodes} without --rdzv-endpoint",
+                "the nodes need one address they can all reach to find each other.",
+                "add --rdzv-endpoint MAIN_NODE_IP:29400 (the same on every node), "
+                "or rehearse on this machine with --simulate-nodes N",
+            )
+
+    def _check_endpoint(self) -> None:
+        endpoint = self.rdzv_endpoint
+        if endpoint is None:
+            return
+        if self.simulate_nodes:
+            if not is_loopback_host(endpoint.host):
+                raise SettingsRefused(
+                    f"--simulate-nodes {self.simulate_nodes} with --rdzv-endpoint {endpoint}",
+                    "simulated nodes all run on this host and meet on the loopback interface.",
+                    "drop --rdzv-endpoint (a free local port is chosen), or give a 127.0.0.1:PORT endpoint",
+                )
+            return
+        if self.standalone:
+            raise SettingsRefused(
+                f"--standalone with --rdzv-endpoint {endpoint}",
+                "--standalone picks its own local endpoint; the two contradict each other.",
+                "drop one of them",
+            )
+        if self.is_multi_node and is_loopback_host(endpoint.host):
+            raise SettingsRefused(
+                f"--rdzv-endpoint {endpoint} is a loopback address, but --nnodes is {self.nnodes}",
+                "on every other node that address means the node itself, so the nodes can never meet.",
+                "use the main node's address on the network the nodes share (see `ip -br addr` there), "
+                "e.g. --rdzv-endpoint 10.0.0.1:29400; to rehearse on this machine use --simulate-nodes "
+                f"{self.nnodes.max}",
+            )

@@ -1,0 +1,48 @@
+"""A node plan as torchrun's command line and environment.
+
+The argv built here is what the node agent hands to torch.distributed.run's own parser, and
+what ``--dry-run`` prints: the printed command is the command that runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from phalanx.launch.plan import NodePlan
+
+#: torchrun reads the console prefix of worker lines from this variable; ${rank} is global.
+PREFIX_TEMPLATE_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+
+
+def torchrun_argv(plan: NodePlan) -> list[str]:
+    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
+    rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={plan.join_timeout:g}"
+    argv = [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={plan.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={plan.rdzv_endpoint}",
+        f"--rdzv-id={plan.rdzv_id}",
+        f"--rdzv-conf={rdzv_conf}",
+        f"--local-addr={plan.local_addr}",
+        f"--max-restarts={plan.max_restarts}",
+        f"--log-dir={plan.run_dir}",
+        "--logs-specs=phalanx",
+        "--redirects=3",
+        "--tee=3",
+    ]
+    if plan.all_ranks:
+        argv.append(f"--local-ranks-filter={','.join(str(r) for r in range(plan.nproc_per_node))}")
+    if plan.is_module:
+        argv.append("-m")
+    return [*argv, plan.script, *plan.script_args]
+
+
+def torchrun_env(plan: NodePlan) -> dict[str, str]:
+    """What the agent adds to the inherited environment (its workers inherit it in turn)."""
+    return {**plan.env, PREFIX_TEMPLATE_VARIABLE: f"[{plan.node_label} rank${{rank}}]: "}
+
+
+def command_line(plan: NodePlan) -> str:
+    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in sorted(torchrun_env(plan).items()))
+    return f"{env} \\\n  torchrun {shlex.join(torchrun_argv(plan))}"

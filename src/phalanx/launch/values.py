@@ -1,0 +1,180 @@
+"""Parsers for the values of launch settings: each takes text (or a TOML value) and returns a
+typed value, or raises :class:`InvalidValue` saying why and what to write instead."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+#: torchrun's default port for the c10d rendezvous backend.
+DEFAULT_RDZV_PORT = 29400
+
+NPROC_KEYWORDS = ("auto", "gpu", "cpu")
+BACKENDS = ("auto", "nccl", "gloo")
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+class InvalidValue(ValueError):
+    """A setting's value cannot be parsed; ``why`` and ``hint`` go into the refusal."""
+
+    def __init__(self, why: str, hint: str) -> None:
+        super().__init__(why)
+        self.why = why
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """``--nnodes``: a fixed count (min == max) or an elastic MIN:MAX range."""
+
+    min: int
+    max: int
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.min != self.max
+
+    def __str__(self) -> str:
+        return str(self.min) if not self.is_elastic else f"{self.min}:{self.max}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """``--rdzv-endpoint``: where the rendezvous store listens."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _as_text(value: object) -> str:
+    return str(value).strip()
+
+
+def parse_int(value: object, *, minimum: int, name: str) -> int:
+    if isinstance(value, bool):
+        raise InvalidValue(f"{name} takes a whole number, not {value!r}", f"for example {name} {minimum}")
+    if isinstance(value, int):
+        number = value
+    else:
+        text = _as_text(value)
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise InvalidValue(f"{name} takes a whole number, not {text!r}", f"for example {name} {minimum}")
+        number = int(text)
+    if number < minimum:
+        raise InvalidValue(f"{name} must be at least {minimum}, not {number}", f"for example {name} {minimum}")
+    return number
+
+
+def parse_seconds(value: object, *, name: str) -> float:
+    text = _as_text(value)
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} 300") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidValue(f"{name} must be a positive number of seconds, not {text}", f"for example {name} 300")
+    return seconds
+
+
+def parse_nnodes(value: object) -> NodeRange:
+    text = _as_text(value)
+    hint = "write --nnodes N for a fixed number of nodes, or --nnodes MIN:MAX (e.g. 2:4) for an elastic job"
+    parts = text.split(":")
+    if len(parts) > 2 or not all(re.fullmatch(r"\d+", part) for part in parts):
+        raise InvalidValue(f"--nnodes {text!r} is neither a number nor a MIN:MAX range", hint)
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise InvalidValue(f"--nnodes {text}: a job needs at least 1 node", hint)
+    if low > high:
+        raise InvalidValue(f"--nnodes {text}: the minimum ({low}) is larger than the maximum ({high})", hint)
+    return NodeRange(low, high)
+
+
+def parse_nproc_per_node(value: object) -> int | str:
+    text = _as_text(value).lower()
+    if text in NPROC_KEYWORDS:
+        return text
+    try:
+        return parse_int(text, minimum=1, name="--nproc-per-node")
+    except InvalidValue:
+        raise InvalidValue(
+            f"--nproc-per-node {text!r} is not a number of processes",
+            "write a number (usually the GPUs per node), or auto (GPUs if any, else CPU cores), gpu or cpu",
+        ) from None
+
+
+def parse_backend(value: object) -> str:
+    text = _as_text(value).lower()
+    if text not in BACKENDS:
+        raise InvalidValue(
+            f"--backend {text!r} is not a backend phalanx knows",
+            "use --backend auto (nccl with GPUs, gloo without), nccl or gloo",
+        )
+    return text
+
+
+def parse_endpoint(value: object) -> Endpoint:
+    text = _as_text(value)
+    hint = "write --rdzv-endpoint HOST[:PORT], the main node's address, e.g. --rdzv-endpoint 10.0.0.1:29400"
+    if not text:
+        raise InvalidValue("--rdzv-endpoint is empty", hint)
+    if text.startswith("["):
+        match = re.fullmatch(r"\[([^\]]+)\](?::(.*))?", text)
+        if not match:
+            raise InvalidValue(f"--rdzv-endpoint {text!r}: an IPv6 address in [] is not closed", hint)
+        host, port_text = match.group(1), match.group(2)
+    elif text.count(":") > 1:
+        host, port_text = text, None  # a bare IPv6 address, no port
+    elif ":" in text:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, None
+    if not _is_valid_host(host):
+        raise InvalidValue(f"--rdzv-endpoint {text!r}: {host!r} is not a host name or IP address", hint)
+    if port_text is None:
+        return Endpoint(host, DEFAULT_RDZV_PORT)
+    if not re.fullmatch(r"\d+", port_text) or not 1 <= int(port_text) <= 65535:
+        raise InvalidValue(f"--rdzv-endpoint {text!r}: the port {port_text!r} is not a number from 1 to 65535", hint)
+    return Endpoint(host, int(port_text))
+
+
+def _is_valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(_HOSTNAME.match(host)) and not host.replace(".", "").isdigit()
+
+
+def parse_rdzv_id(value: object) -> str:
+    text = _as_text(value)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text):
+        raise InvalidValue(
+            f"--rdzv-id {text!r} must be 1 to 64 letters, digits, '.', '_' or '-'",
+            "the same short name on every node of one job, e.g. --rdzv-id resnet-run1",
+        )
+    return text
+
+
+def parse_flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _as_text(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise InvalidValue(f"{text!r} is not a yes/no value", "write 1 or 0 (true or false)")
+
+
+def parse_interface(value: object) -> str:
+    text = _as_text(value)
+    if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", text):
+        raise InvalidValue(f"--interface {text!r} is not a network interface name", "list them with `ip -br addr`")
+    return text

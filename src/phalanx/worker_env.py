@@ -1,0 +1,28 @@
+"""The environment variables the launcher hands to every worker, in one typed schema.
+
+torchrun sets the standard ones (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). These are
+phalanx's own additions: :mod:`phalanx.launch.plan` writes them and the runtime reads them,
+both through this class, never through string keys of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    #: The backend the launcher chose for this node (nccl or gloo).
+    backend: str | None = None
+    #: How the launcher names this node in its output: its address, or nodeK when simulated.
+    node: str | None = None
+
+    _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE"}
+
+    def to_env(self) -> dict[str, str]:
+        return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
+        return cls(**{name: environ.get(key) or None for name, key in cls._KEYS.items()})
