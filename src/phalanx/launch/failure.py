@@ -58,6 +58,7 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
     found = []
     for rank, failure in error.failures.items():
         log = stderr_of_rank.get(rank)
+        # The log's mtime is exact; torchrun's own timestamp is whole seconds, too coarse to order.
         written = log.stat().st_mtime if log is not None and log.exists() else float(failure.timestamp)
         found.append(
             RankFailure(
@@ -66,7 +67,7 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
                 node=node,
                 address=address,
                 exitcode=failure.exitcode,
-                time=min(written, float(failure.timestamp)) if failure.timestamp else written,
+                time=written,
                 log=str(log) if log else "",
                 tail=tail_of(log),
             )
@@ -75,7 +76,8 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure | None:
-    return min(failures, key=lambda failure: (failure.time, failure.rank), default=None)
+    # A SIGTERM comes from an agent stopping the survivors: a consequence, never the cause.
+    return min(failures, key=lambda f: (f.exitcode == -signal.SIGTERM, f.time, f.rank), default=None)
 
 
 def format_root_cause(failures: list[RankFailure]) -> str:

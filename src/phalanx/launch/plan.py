@@ -94,8 +94,8 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
         nproc = wanted
     elif wanted == "cpu" or (wanted == "auto" and gpu_count == 0):
         nproc = cpu_count
-    else:
-        nproc = gpu_count
+    else:  # auto or gpu, with GPUs: simulated nodes share this host's GPUs between them
+        nproc = max(1, gpu_count // nodes_on_host)
     backend = spec.backend if spec.backend != "auto" else ("nccl" if gpu_count else "gloo")
     if backend == "nccl":
         needed = nproc * nodes_on_host
@@ -138,6 +138,27 @@ def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
     return {}, None
 
 
+def _restart_env(spec: LaunchSpec, nodes: int) -> tuple[dict[str, str], str | None]:
+    # With the store torchrun shares between agent and workers (its default since 2.4), a
+    # multi-node restart finds the previous attempt's keys and gloo dials dead ports: every
+    # restart fails. A fresh store per attempt, on the node that holds rank 0, avoids it.
+    if spec.max_restarts == 0 or nodes < 2 or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ:
+        return {}, None
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, (
+        f"restarts   up to {spec.max_restarts}, each with a fresh worker store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)"
+    )
+
+
+def _common_env(spec: LaunchSpec, interface: str, resources: _Resources, nodes: int) -> tuple[dict[str, str], list[str]]:
+    """The environment every node of this host gets, and one note line per decision."""
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    for part, note in (_interface_env(interface), _thread_env(resources.nproc), _restart_env(spec, nodes)):
+        env.update(part)
+        notes += [note] if note else []
+    return env, [notes[0], resources.note, *notes[1:]]
+
+
 def new_run_dir(spec: LaunchSpec) -> Path:
     return spec.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.rdzv_id}"
 
@@ -165,10 +186,8 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
         trap = " (the hostname resolves to a loopback address)" if network.hostname_is_loopback() else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
-    interface_env, interface_note = _interface_env(choice.interface)
-    thread_env, thread_note = _thread_env(resources.nproc)
-    lines += [interface_note, resources.note]
-    lines += [thread_note] if thread_note else []
+    common_env, common_notes = _common_env(spec, choice.interface, resources, spec.nnodes.max)
+    lines += common_notes
     label = choice.local_addr if spec.is_multi_node else "node0"
     worker_env = WorkerEnv(backend=resources.backend, node=label)
     return NodePlan(
@@ -181,7 +200,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         node_label=label,
         run_dir=str(run_dir),
         all_ranks=spec.all_ranks,
-        env={**interface_env, **thread_env, **worker_env.to_env()},
+        env={**common_env, **worker_env.to_env()},
         notes=tuple(lines),
     )
 
@@ -197,19 +216,16 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
     endpoint = f"127.0.0.1:{port}"
     interface = spec.interface or "lo"
-    interface_env, interface_note = _interface_env(interface)
-    thread_env, thread_note = _thread_env(resources.nproc)
+    common_env, common_notes = _common_env(spec, interface, resources, count)
     lines = [
         f"simulate   {count} node agents on this host, addresses 127.0.0.{SIMULATED_ADDRESS_BASE}"
         f"-{SIMULATED_ADDRESS_BASE + count - 1}",
         f"store      {endpoint} (hosted by node0)",
-        interface_note,
-        resources.note,
+        *common_notes,
     ]
-    lines += [thread_note] if thread_note else []
     plans = []
     for index in range(count):
-        env = {**interface_env, **thread_env, **WorkerEnv(backend=resources.backend, node=f"node{index}").to_env()}
+        env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}").to_env()}
         if resources.backend == "nccl":  # each simulated node gets GPUs of its own
             first = index * resources.nproc
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + k) for k in range(resources.nproc))

@@ -1,0 +1,34 @@
+# Set-up and the main entry points. Every target creates the virtual environment if missing.
+#
+# TORCH_SPEC pins the PyTorch build installed before phalanx itself: on this kind of machine
+# `torch==2.13.0` takes the CPU build from the local disk, and the project's `torch>=2.4` range
+# then installs nothing more (a bare `torch` would pull a multi-GB CUDA build).
+# On a GPU machine: make demo TORCH_SPEC='torch==2.13.0' (pip's default Linux build has CUDA).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.phalanx-installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet '$(TORCH_SPEC)'
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+# The tutorial's training on this one machine, rehearsed as two simulated nodes.
+demo: $(STAMP)
+	$(BIN)/phalanx run --simulate-nodes 2 --nproc-per-node 1 examples/tutorial_ddp.py --epochs 5 --samples 512 --image-size 64
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/launch_overhead.py
+
+clean:
+	rm -rf $(VENV) phalanx-logs .pytest_cache build src/*.egg-info

@@ -1,0 +1,89 @@
+"""Shared fixtures: run phalanx as a real process with a hard timeout, and fail on leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+@dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_command(argv: list[str], *, timeout: float, cwd: Path, env: dict[str, str] | None = None) -> Completed:
+    """Runs argv in a session of its own; on timeout the whole process group is killed."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{argv} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    finally:
+        kill_group(process.pid)
+    return Completed(process.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def phalanx_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "phalanx", *args]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A folder for one test's scripts and logs; any process still naming it afterwards is a leak."""
+    yield tmp_path
+    deadline = time.monotonic() + 10
+    while True:
+        leaked = [p for p in psutil.process_iter(["pid", "cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for process in leaked:
+        process.kill()
+    assert not leaked, f"processes left behind: {[(p.pid, p.info['cmdline']) for p in leaked]}"
+
+
+@pytest.fixture
+def phalanx(workdir: Path):
+    """Runs `python -m phalanx ARGS` in the test's folder with a hard timeout."""
+
+    def run(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Completed:
+        return run_command(phalanx_argv(*args), timeout=timeout, cwd=workdir, env=env)
+
+    return run
+
+
+def write_script(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path

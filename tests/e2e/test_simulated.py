@@ -1,0 +1,115 @@
+"""`phalanx run --simulate-nodes`: real torchrun agents, real c10d rendezvous, real gloo sockets."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES
+
+WORKERS = Path(__file__).parent / "workers"
+
+pytestmark = pytest.mark.slow
+
+
+def copy_worker(workdir: Path, name: str) -> str:
+    shutil.copy(WORKERS / name, workdir / name)
+    return str(workdir / name)
+
+
+def rank_plan(output: str) -> dict[int, tuple[str, str, str]]:
+    """node -> (address, global ranks, local ranks), parsed from the printed table."""
+    rows = re.findall(r"^\s+(\d+)\s+(node\d+)\s+([\d.]+)\s+([\d,-]+)\s+([\d,-]+)\s*$", output, re.M)
+    return {int(node): (address, ranks, local) for node, _, address, ranks, local in rows}
+
+
+def test_two_simulated_nodes_of_two_processes(phalanx, workdir):
+    script = copy_worker(workdir, "env_dump.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", script, str(workdir), "--flag", "x")
+    assert result.returncode == 0, result.output
+    records = {int(p.stem[4:]): json.loads(p.read_text()) for p in workdir.glob("rank*.json")}
+    assert sorted(records) == [0, 1, 2, 3]
+    for rank, env in records.items():
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["allreduce"] == 0 + 1 + 2 + 3
+        assert env["argv"] == ["--flag", "x"]  # script arguments untouched
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+        assert env["MASTER_ADDR"] == "127.0.0.101"  # node0's advertised address, not the hostname
+        assert env["PHALANX_BACKEND"] == "gloo"
+    by_node: dict[str, list[int]] = {}
+    for rank, env in sorted(records.items()):
+        by_node.setdefault(env["PHALANX_NODE"], []).append(rank)
+    assert by_node == {"node0": [0, 1], "node1": [2, 3]}  # contiguous global ranks per node
+    for ranks in by_node.values():
+        assert [int(records[r]["LOCAL_RANK"]) for r in ranks] == [0, 1]
+        assert len({records[r]["GROUP_RANK"] for r in ranks}) == 1
+
+    plan = rank_plan(result.stderr)
+    assert plan == {0: ("127.0.0.101", "0-1", "0-1"), 1: ("127.0.0.102", "2-3", "0-1")}, result.stderr
+    assert "world size 4" in result.stderr
+    for node, (_, ranks, _) in plan.items():
+        assert all(records[r]["PHALANX_NODE"] == f"node{node}" for r in by_node[f"node{node}"])
+
+    # the console shows rank 0 only, prefixed; every rank has its own log file
+    assert "[node0 rank0]: hello from rank 0" in result.stdout
+    assert "hello from rank 1" not in result.stdout and "hello from rank 3" not in result.stdout
+    logs = list(workdir.glob("phalanx-logs/*/attempt_0/rank3/stdout.log"))
+    assert len(logs) == 1 and "hello from rank 3" in logs[0].read_text()
+    assert result.stderr.count("rank plan:") == 1  # printed once, by the node that holds rank 0
+    assert result.stderr.count("phalanx 0.") == 1  # the decision block, once
+
+
+def test_a_failing_worker_gives_its_root_cause(phalanx, workdir):
+    script = copy_worker(workdir, "fail_on_rank.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", "--all-ranks", script, "3")
+    assert result.returncode == 1, result.output
+    last = result.stderr[result.stderr.index("phalanx: root cause:") :]
+    assert last.startswith("phalanx: root cause: rank 3 (local rank 1) on node1 (127.0.0.102) exited with code 1")
+    assert "ValueError: rank 3 fails on purpose" in last
+    assert "Traceback" in last
+    # --all-ranks: every rank's lines reach the console, each with its node and rank
+    for rank, node in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        assert f"[node{node} rank{rank}]: rank {rank} passed the first all-reduce" in result.stdout
+
+
+def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
+    script = copy_worker(workdir, "fail_on_rank.py")
+    result = phalanx(
+        "run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1"}
+    )
+    assert result.returncode == 0, result.output
+    assert "restart 1" in result.stderr  # the rank plan of the second attempt
+    run_dir = next((workdir / "phalanx-logs").iterdir())
+    assert "fails on purpose" in (run_dir / "attempt_0" / "rank1" / "stderr.log").read_text()
+    assert "rank 1 finished" in (run_dir / "attempt_1" / "rank1" / "stdout.log").read_text()
+
+
+def test_single_node_picks_a_free_port(phalanx, workdir):
+    script = copy_worker(workdir, "env_dump.py")
+    result = phalanx("run", "--nproc-per-node", "2", script, str(workdir))
+    assert result.returncode == 0, result.output
+    records = [json.loads(p.read_text()) for p in workdir.glob("rank*.json")]
+    assert len(records) == 2 and all(r["MASTER_PORT"] != "29500" for r in records)
+    assert "1 node x 2 processes = world size 2" in result.stderr
+
+
+def test_dry_run_starts_nothing(phalanx, workdir):
+    script = copy_worker(workdir, "env_dump.py")
+    result = phalanx("run", "--dry-run", "--simulate-nodes", "2", script, str(workdir))
+    assert result.returncode == 0, result.output
+    assert result.stdout.count("torchrun --nnodes=2") == 2
+    assert "is_host=1" in result.stdout and "is_host=0" in result.stdout
+    assert not list(workdir.glob("rank*.json")) and not (workdir / "phalanx-logs").exists()
+
+
+def test_tutorial_example_under_phalanx(phalanx, workdir):
+    script = str(EXAMPLES / "tutorial_ddp.py")
+    result = phalanx("run", "--simulate-nodes", "2", script, "--epochs", "4", "--samples", "256", "--image-size", "16")
+    assert result.returncode == 0, result.output
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
+    assert len(losses) == 4 and losses[-1] < losses[0], result.stdout
+    assert "training on 2 process(es)" in result.stdout

@@ -1,0 +1,115 @@
+"""Node plans, and the torchrun command lines they become."""
+
+from pathlib import Path
+
+import pytest
+
+from phalanx.errors import SettingsRefused
+from phalanx.launch import gpus, plan
+from phalanx.launch.plan import NodePlan, plan_nodes
+from phalanx.launch.spec import Entrypoint, LaunchSpec
+from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
+from phalanx.launch.values import Endpoint, NodeRange
+
+
+@pytest.fixture
+def entry(tmp_path: Path) -> Entrypoint:
+    (tmp_path / "train.py").write_text("")
+    return Entrypoint(str(tmp_path / "train.py"), ("--epochs", "1"))
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_interface(monkeypatch):
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_single_node_uses_loopback_and_a_free_port(entry, tmp_path):
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
+    argv = torchrun_argv(node)
+    assert "--rdzv-endpoint=127.0.0.1:0" in argv  # port 0: the store picks a free one, never 29500
+    assert "--rdzv-conf=is_host=1,join_timeout=300" in argv
+    assert argv[-3:] == [entry.target, "--epochs", "1"]
+    assert node.env["GLOO_SOCKET_IFNAME"] == "lo" and node.env["OMP_NUM_THREADS"] == "1"
+
+
+def test_simulated_nodes_get_distinct_addresses_and_one_host(entry, tmp_path):
+    nodes = plan_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=3, nproc_per_node=2), run_dir=tmp_path)
+    assert [n.is_host for n in nodes] == [True, False, False]
+    assert [n.local_addr for n in nodes] == ["127.0.0.101", "127.0.0.102", "127.0.0.103"]
+    assert len({n.rdzv_endpoint for n in nodes}) == 1
+    assert sorted(n.local_addr for n in nodes) == [n.local_addr for n in nodes]  # torchrun orders nodes so
+    for node in nodes:
+        argv = torchrun_argv(node)
+        assert "--nnodes=3" in argv and f"--local-addr={node.local_addr}" in argv
+        assert torchrun_env(node)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == f"[{node.node_label} rank${{rank}}]: "
+
+
+def test_plan_survives_json(entry, tmp_path):
+    [node, _] = plan_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=2), run_dir=tmp_path)
+    assert NodePlan.from_json(node.to_json()) == node
+
+
+def test_user_interface_variables_are_kept(entry, tmp_path, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
+    assert "GLOO_SOCKET_IFNAME" not in node.env and node.env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert any("kept GLOO_SOCKET_IFNAME=eth9" in note for note in node.notes)
+
+
+def test_missing_interface_is_refused_with_the_list(entry, tmp_path):
+    with pytest.raises(SettingsRefused) as refused:
+        plan_nodes(LaunchSpec(entrypoint=entry, interface="nosuch0"), run_dir=tmp_path)
+    assert "no network interface of that name" in refused.value.what
+    assert "lo (127.0.0.1" in refused.value.why
+
+
+def test_endpoint_on_this_host_makes_it_the_host(entry, tmp_path):
+    spec = LaunchSpec(entrypoint=entry, rdzv_endpoint=Endpoint("127.0.0.1", 29400))
+    [node] = plan_nodes(spec, run_dir=tmp_path)
+    assert node.is_host and node.local_addr == "127.0.0.1" and node.interface == "lo"
+
+
+# GPU counts are mocked below: this machine has no GPU, and only the count matters to the check.
+def test_nccl_with_more_processes_than_gpus(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 2)
+    with pytest.raises(SettingsRefused) as refused:
+        plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=4, backend="nccl"), run_dir=tmp_path)
+    assert "needs 4 GPUs" in refused.value.what and "has 2" in refused.value.what
+    assert "--nproc-per-node 2" in refused.value.hint
+
+
+def test_nccl_without_gpus(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
+    with pytest.raises(SettingsRefused, match="no GPU"):
+        plan_nodes(LaunchSpec(entrypoint=entry, backend="nccl"), run_dir=tmp_path)
+
+
+def test_auto_picks_nccl_and_gpu_count_with_gpus(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 4)
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
+    assert (node.backend, node.nproc_per_node) == ("nccl", 4)
+    simulated = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="gpu", simulate_nodes=2), run_dir=tmp_path)
+    assert [n.nproc_per_node for n in simulated] == [2, 2]  # the host's GPUs are shared out
+
+
+def test_auto_without_gpus_is_gloo_on_every_core(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 6)
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
+    assert (node.backend, node.nproc_per_node) == ("gloo", 6)
+
+
+def test_simulated_nccl_nodes_get_their_own_gpus(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 4)
+    nodes = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2, simulate_nodes=2), run_dir=tmp_path)
+    assert [n.env["CUDA_VISIBLE_DEVICES"] for n in nodes] == ["0,1", "2,3"]
+    assert all(n.backend == "nccl" for n in nodes)
+
+
+def test_dry_run_command_line_is_copyable(entry, tmp_path):
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
+    text = command_line(node)
+    assert "torchrun --nnodes=1" in text and "GLOO_SOCKET_IFNAME=lo" in text
+    assert "'[node0 rank${rank}]: '" in text  # quoted for the shell
+    assert plan.decision_block([node]).startswith("phalanx ")
