@@ -20,6 +20,7 @@ phalanx runtime; this script stays a plain torch.distributed program.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -105,6 +106,11 @@ def main() -> None:
                 f"({int(seen)} samples, {seen * (epoch + 1) / elapsed:.0f} samples/s)"
             )
     if distributed:
+        # DDP keeps the process group alive through a reference cycle. Collect it now, so
+        # that gloo's threads stop here and not during interpreter shutdown, where one of
+        # them can abort the process ("terminate called without an active exception").
+        del model, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -80,22 +80,43 @@ def root_cause(failures: list[RankFailure]) -> RankFailure | None:
     return min(failures, key=lambda f: (f.exitcode == -signal.SIGTERM, f.time, f.rank), default=None)
 
 
+#: Last words of a worker that phalanx can explain: (text in its log tail, HINT).
+KNOWN_ENDINGS = (
+    (
+        "terminate called without an active exception",
+        "the worker aborted while Python shut down: a process group was still alive then (a DDP model "
+        "keeps it in a reference cycle). End the script with `del model; gc.collect(); "
+        "dist.destroy_process_group()`",
+    ),
+)
+
+
+def hint_for(failure: RankFailure) -> str | None:
+    text = "\n".join(failure.tail)
+    return next((hint for words, hint in KNOWN_ENDINGS if words in text), None)
+
+
 def format_root_cause(failures: list[RankFailure]) -> str:
     cause = root_cause(failures)
     if cause is None:
         return "phalanx: the run failed, but no worker reported a failure"
-    others = sorted(f.rank for f in failures if f is not cause)
     lines = [
         f"phalanx: root cause: rank {cause.rank} (local rank {cause.local_rank}) on {cause.node} ({cause.address}) "
         f"{cause.how}",
     ]
-    if others:
-        lines.append(f"  then failed too: rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}")
+    stopped = sorted(f.rank for f in failures if f is not cause and f.exitcode == -signal.SIGTERM)
+    failed = sorted(f.rank for f in failures if f is not cause and f.exitcode != -signal.SIGTERM)
+    for ranks, what in ((failed, "then failed too"), (stopped, "stopped by their agent")):
+        if ranks:
+            lines.append(f"  {what}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
     if cause.tail:
         lines.append(f"  last lines of its stderr ({cause.log}):")
         lines += [f"    {line}" for line in cause.tail]
     elif cause.log:
         lines.append(f"  its stderr ({cause.log}) is empty")
+    hint = hint_for(cause)
+    if hint:
+        lines.append(f"HINT: {hint}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,89 @@
+"""Two hosts for real: the same `phalanx run --nnodes 2` line on each, over a veth link.
+
+Skipped where network namespaces cannot be made (not root); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from tests.conftest import EXAMPLES
+from tests.netns.hosts import run_on_both, two_hosts
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+PORT = "29400"
+TRAIN = [str(EXAMPLES / "tutorial_ddp.py"), "--epochs", "3", "--samples", "128", "--image-size", "16"]
+
+
+def phalanx_line(host, endpoint: str, *extra: str, script=TRAIN) -> list[str]:
+    return host.command(
+        [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:{PORT}", *extra, *script]
+    )
+
+
+def test_plain_torchrun_fails_where_phalanx_trains(workdir):
+    with two_hosts("t") as (a, b):
+        # Plain torchrun, the tutorial's line on both hosts. Its timeouts are shortened so that
+        # the failure shows within the test's bound; with the defaults it hangs longer.
+        torchrun = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.address}:{PORT}",
+            "--rdzv-conf", "read_timeout=15,join_timeout=15", *TRAIN,
+        ]  # fmt: skip
+        plain = run_on_both([a.command(torchrun), b.command(torchrun)], timeout=60, cwd=str(workdir))
+        assert all(o.returncode != 0 for o in plain), [o.output[-2000:] for o in plain]
+        assert not any("epoch 3/3" in o.output for o in plain)
+
+        ours = run_on_both([phalanx_line(a, a.address), phalanx_line(b, a.address)], timeout=120, cwd=str(workdir))
+        for outcome in ours:
+            assert outcome.returncode == 0, outcome.output[-4000:]
+        main, other = ours
+        assert "this host hosts it" in main.output and f"advertising {a.address}" in main.output
+        assert f"hosted by {a.address}" in other.output and f"advertising {b.address}" in other.output
+        assert "the hostname resolves to a loopback address" in other.output
+        assert f"interface  {b.device}" in other.output
+        losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", main.output)]
+        assert len(losses) == 3 and losses[-1] < losses[0], main.output
+        assert re.search(rf"0\s+{a.address}\s+{a.address}\s+0\s+0", main.output), main.output  # the rank plan
+        assert re.search(rf"1\s+{b.address}\s+{b.address}\s+1\s+0", main.output), main.output
+
+
+def test_nodes_with_different_settings_all_stop_with_a_table(workdir):
+    with two_hosts("m") as (a, b):
+        outcomes = run_on_both(
+            [
+                phalanx_line(a, a.address, "--nproc-per-node", "1"),
+                phalanx_line(b, a.address, "--nproc-per-node", "2"),
+            ],
+            timeout=60,
+            cwd=str(workdir),
+        )
+        for outcome in outcomes:
+            assert outcome.returncode == 2, outcome.output[-3000:]
+            assert outcome.seconds < 60
+            assert "were started with different settings" in outcome.output
+            row = re.search(r"nproc-per-node\s+(\d)\s+(\d)", outcome.output)
+            assert row and sorted(row.groups()) == ["1", "2"], outcome.output
+            assert a.address in outcome.output and b.address in outcome.output
+            assert "HINT:" in outcome.output
+            assert "epoch" not in outcome.output  # stopped before the first step
+
+
+def test_a_node_alone_times_out_naming_the_endpoint(workdir):
+    with two_hosts("j") as (a, b):
+        alone, unreachable = run_on_both(
+            [
+                phalanx_line(a, a.address, "--join-timeout", "4"),
+                phalanx_line(b, "10.254.254.254", "--join-timeout", "4"),  # nothing routes there
+            ],
+            timeout=40,
+            cwd=str(workdir),
+        )
+        assert alone.returncode == 3, alone.output
+        assert f"only 1 of 2 nodes joined job 'phalanx' at {a.address}:{PORT}" in alone.output
+        assert f"joined: {a.address}" in alone.output
+        assert unreachable.returncode == 2, unreachable.output  # refused up front: no route
+        assert "no route to 10.254.254.254" in unreachable.output
