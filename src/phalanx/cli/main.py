@@ -21,8 +21,10 @@ from phalanx.errors import PhalanxError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="phalanx",
-        description=__doc__.split("\n", 1)[1].split("Commands:")[0].strip() or None,
-        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused, 3 nodes did not join in time.",
+        description="Multi-node synchronous data-parallel training with PyTorch, on torchrun, that starts "
+        "the first time. Start with: phalanx run --help",
+        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not join "
+        "in time, 128+N stopped by signal N.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
