@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +118,25 @@ def test_tutorial_example_under_phalanx(phalanx, workdir):
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
     assert len(losses) == 4 and losses[-1] < losses[0], result.stdout
     assert "training on 2 process(es)" in result.stdout
+
+
+def test_sigterm_stops_every_node_and_worker(workdir):
+    script = copy_worker(workdir, "sleeper.py")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "run", "--simulate-nodes", "2", script, str(workdir)],
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(workdir.glob("ready*"))) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=45)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM" in stderr

@@ -51,12 +51,13 @@ def test_plain_torchrun_fails_where_phalanx_trains(workdir):
         assert re.search(rf"1\s+{b.address}\s+{b.address}\s+1\s+0", main.output), main.output
 
 
-def test_nodes_with_different_settings_all_stop_with_a_table(workdir):
+@pytest.mark.parametrize("setting, value_a, value_b", [("nproc-per-node", "1", "2"), ("nnodes", "2", "3")])
+def test_nodes_with_different_settings_all_stop_with_a_table(workdir, setting, value_a, value_b):
     with two_hosts("m") as (a, b):
         outcomes = run_on_both(
             [
-                phalanx_line(a, a.address, "--nproc-per-node", "1"),
-                phalanx_line(b, a.address, "--nproc-per-node", "2"),
+                phalanx_line(a, a.address, f"--{setting}", value_a),
+                phalanx_line(b, a.address, f"--{setting}", value_b),
             ],
             timeout=60,
             cwd=str(workdir),
@@ -65,8 +66,8 @@ def test_nodes_with_different_settings_all_stop_with_a_table(workdir):
             assert outcome.returncode == 2, outcome.output[-3000:]
             assert outcome.seconds < 60
             assert "were started with different settings" in outcome.output
-            row = re.search(r"nproc-per-node\s+(\d)\s+(\d)", outcome.output)
-            assert row and sorted(row.groups()) == ["1", "2"], outcome.output
+            row = re.search(rf"^\s*{setting}\s+(\d)\s+(\d)\s*$", outcome.output, re.M)
+            assert row and sorted(row.groups()) == [value_a, value_b], outcome.output
             assert a.address in outcome.output and b.address in outcome.output
             assert "HINT:" in outcome.output
             assert "epoch" not in outcome.output  # stopped before the first step

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from phalanx.console import format_table, say
-from phalanx.errors import JoinTimeout, NodesDisagree
+from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
 from phalanx.launch.fingerprint import COMPARED, differing_settings
 from phalanx.launch.plan import NodePlan
@@ -46,10 +46,18 @@ class Lobby:
 
         timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
         if self.plan.is_host:
-            self.store = TCPStore(
-                self.endpoint.host, self.endpoint.port, is_master=True, multi_tenant=True,
-                wait_for_workers=False, timeout=timeout, use_libuv=True,
-            )  # fmt: skip
+            try:
+                self.store = TCPStore(
+                    self.endpoint.host, self.endpoint.port, is_master=True, multi_tenant=True,
+                    wait_for_workers=False, timeout=timeout, use_libuv=True,
+                )  # fmt: skip
+            except RuntimeError as error:  # torch raises DistNetworkError, a RuntimeError, on bind
+                raise SettingsRefused(
+                    f"this host owns the endpoint {self.endpoint}, but cannot listen on port {self.endpoint.port}",
+                    f"{error}".splitlines()[0],
+                    "another job (or an old one still running) holds that port: stop it, or pick another port "
+                    "in --rdzv-endpoint on every node",
+                ) from None
             return
         self._wait_until_reachable(deadline)
         self.store = TCPStore(self.endpoint.host, self.endpoint.port, is_master=False, timeout=timeout, use_libuv=True)
@@ -58,7 +66,7 @@ class Lobby:
         started = self.clock()
         self._next_progress = started + PROGRESS_EVERY_S
         while True:
-            outcome = network.probe_tcp(self.endpoint.host, self.endpoint.port, timeout=2.0)
+            outcome = network.probe_tcp(self.endpoint.host, self.endpoint.port, timeout=min(2.0, self.plan.join_timeout))
             if outcome.startswith("accepted"):
                 return
             now = self.clock()
@@ -72,7 +80,7 @@ class Lobby:
             if now >= self._next_progress:
                 say(f"phalanx: waiting for the endpoint {self.endpoint} ({now - started:.0f} s): connect {outcome}")
                 self._next_progress = now + PROGRESS_EVERY_S
-            time.sleep(min(1.0, max(0.0, deadline - now)))
+            time.sleep(POLL_EVERY_S)  # the host may be a moment behind: poll often, report rarely
 
     # -- joining ---------------------------------------------------------------------------
     def join(self) -> list[dict[str, str]]:

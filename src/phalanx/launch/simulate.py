@@ -45,7 +45,7 @@ class Simulation:
 
     def _start(self) -> None:
         for plan in self.plans:
-            plan_path = Path(plan.run_dir) / "plans" / f"{plan.node_label}.json"
+            plan_path = (Path(plan.run_dir) / "plans" / f"{plan.node_label}.json").resolve()
             plan_path.parent.mkdir(parents=True, exist_ok=True)
             plan_path.write_text(plan.to_json())
             self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)]))

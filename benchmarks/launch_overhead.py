@@ -1,0 +1,106 @@
+"""Launch overhead of `phalanx run` against plain torchrun, on examples/tutorial_ddp.py.
+
+For each scenario the two launchers run alternately (interleaved, so that the machine's noise
+hits both alike), --repeats times each. Reported per launcher: the median whole-process wall
+time and the median time to first step (from process start until rank 0 prints "training on",
+which the example prints right before its first step), and their ratios phalanx / torchrun.
+
+Scenarios:
+  single  one node, 2 processes: `phalanx run --nproc-per-node 2` vs `torchrun --standalone`
+  nodes2  two node agents on this host: `phalanx run --simulate-nodes 2` vs two torchrun agents
+          on loopback with the flags phalanx would have to be given by hand
+
+Usage: python benchmarks/launch_overhead.py [--repeats 5] [--scenario single nodes2] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: The tutorial's own workload (1000 images of 3x224x224, one linear layer, batch 32), 2 epochs.
+EXAMPLE = [str(REPO / "examples" / "tutorial_ddp.py"), "--epochs", "2"]
+MARKER = "training on"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def commands(scenario: str, launcher: str, logs: str) -> list[list[str]]:
+    python = sys.executable
+    if scenario == "single":
+        if launcher == "phalanx":
+            return [[python, "-m", "phalanx", "run", "--log-dir", logs, "--nproc-per-node", "2", *EXAMPLE]]
+        return [[python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *EXAMPLE]]
+    if launcher == "phalanx":
+        return [[python, "-m", "phalanx", "run", "--log-dir", logs, "--simulate-nodes", "2", *EXAMPLE]]
+    port = free_port()
+    return [
+        [python, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", f"is_host={int(node == 0)}",
+         "--local-addr", f"127.0.0.{101 + node}", *EXAMPLE]
+        for node in range(2)
+    ]  # fmt: skip
+
+
+def timed_run(argvs: list[list[str]]) -> tuple[float, float]:
+    """(wall seconds, seconds to the first-step marker) for commands started together."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    started = time.perf_counter()
+    processes = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) for a in argvs]
+    first_step = float("nan")
+    for line in processes[0].stdout:  # rank 0 runs under the first command
+        if MARKER in line and first_step != first_step:
+            first_step = time.perf_counter() - started
+    codes = [p.wait() for p in processes]
+    wall = time.perf_counter() - started
+    if any(codes):
+        raise SystemExit(f"a benchmark run failed ({codes}): {argvs}")
+    return wall, first_step
+
+
+def measure(scenario: str, repeats: int) -> dict[str, object]:
+    samples: dict[str, dict[str, list[float]]] = {name: {"wall": [], "first_step": []} for name in ("torchrun", "phalanx")}
+    with tempfile.TemporaryDirectory() as logs:
+        timed_run(commands(scenario, "torchrun", logs))  # warm the file cache, not counted
+        for _ in range(repeats):
+            for launcher in ("torchrun", "phalanx"):
+                wall, first = timed_run(commands(scenario, launcher, logs))
+                samples[launcher]["wall"].append(wall)
+                samples[launcher]["first_step"].append(first)
+    medians = {name: {k: statistics.median(v) for k, v in s.items()} for name, s in samples.items()}
+    ratios = {k: medians["phalanx"][k] / medians["torchrun"][k] for k in ("wall", "first_step")}
+    return {"scenario": scenario, "repeats": repeats, "samples": samples, "median_s": medians, "ratio": ratios}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--scenario", nargs="+", default=["single", "nodes2"], choices=["single", "nodes2"])
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "launch_overhead.json")
+    args = parser.parse_args()
+    results = [measure(scenario, args.repeats) for scenario in args.scenario]
+    print(f"{'scenario':<9} {'metric':<11} {'torchrun (s)':>13} {'phalanx (s)':>12} {'ratio':>7}")
+    for result in results:
+        for metric in ("wall", "first_step"):
+            torchrun, phalanx = result["median_s"]["torchrun"][metric], result["median_s"]["phalanx"][metric]
+            print(f"{result['scenario']:<9} {metric:<11} {torchrun:>13.2f} {phalanx:>12.2f} {result['ratio'][metric]:>6.3f}x")
+    print(f"medians of {args.repeats} interleaved runs each; target: ratio <= 1.05")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The lobby on a real TCPStore over loopback: nodes are threads here, the sockets are real."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+
+import pytest
+
+from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
+from phalanx.launch.lobby import Lobby
+from phalanx.launch.plan import NodePlan
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node(index: int, port: int, **changes) -> NodePlan:
+    plan = NodePlan(
+        script="train.py", script_args=(), is_module=False, nnodes_min=2, nnodes_max=2,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, join_timeout=5.0,
+        nproc_per_node=1, backend="gloo", is_host=index == 0, local_addr=f"127.0.0.{101 + index}",
+        interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
+    )  # fmt: skip
+    return dataclasses.replace(plan, **changes)
+
+
+def fingerprint(plan: NodePlan, **changes) -> dict[str, str]:
+    base = {"nnodes": "2", "nproc-per-node": str(plan.nproc_per_node), "backend": "gloo", "script": "train.py",
+            "script sha256": "0" * 64, "phalanx": "0.1.0", "torch": "2.13.0"}  # fmt: skip
+    return {**base, **changes}
+
+
+def join_all(lobbies: list[Lobby]) -> list[object]:
+    results: list[object] = [None] * len(lobbies)
+
+    def join(i: int) -> None:
+        try:
+            results[i] = lobbies[i].join()
+        except Exception as error:  # noqa: BLE001 - the test inspects it
+            results[i] = error
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(len(lobbies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a lobby did not return within 30 s"
+    return results
+
+
+def test_nodes_that_agree_meet():
+    port = free_port()
+    plans = [node(0, port), node(1, port)]
+    results = join_all([Lobby(p, fingerprint(p)) for p in plans])
+    assert all(isinstance(r, list) and len(r) == 2 for r in results), results
+    assert {fp["address"] for fp in results[0]} == {"127.0.0.101", "127.0.0.102"}
+
+
+def test_every_node_stops_on_a_difference():
+    port = free_port()
+    plans = [node(0, port), node(1, port, nproc_per_node=2)]
+    results = join_all([Lobby(p, fingerprint(p)) for p in plans])
+    for result in results:
+        assert isinstance(result, NodesDisagree), result
+        assert "nproc-per-node" in result.why and "127.0.0.101 (node0)" in result.why and "127.0.0.102" in result.why
+
+
+def test_a_lonely_host_times_out_naming_who_joined():
+    plan = node(0, free_port(), join_timeout=1.0)
+    [result] = join_all([Lobby(plan, fingerprint(plan))])
+    assert isinstance(result, JoinTimeout)
+    assert "only 1 of 2 nodes joined" in result.what and "joined: 127.0.0.101 (node0)" in result.why
+    assert "accepted" in result.why  # the direct connect reached the store
+
+
+def test_a_node_without_its_host_times_out_with_the_connect_result():
+    plan = node(1, free_port(), join_timeout=1.0)
+    [result] = join_all([Lobby(plan, fingerprint(plan))])
+    assert isinstance(result, JoinTimeout)
+    assert "did not answer within 1 s" in result.what and "refused" in result.why
+
+
+def test_the_host_port_already_taken():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        plan = node(0, taken.getsockname()[1])
+        with pytest.raises(SettingsRefused, match="cannot listen on port"):
+            Lobby(plan, fingerprint(plan)).join()
