@@ -140,3 +140,16 @@ def test_sigterm_stops_every_node_and_worker(workdir):
             pass
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "stopped by SIGTERM" in stderr
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "python"])
+def test_tutorial_example_runs_unchanged_without_phalanx(workdir, launcher):
+    from tests.conftest import run_command
+
+    args = [str(EXAMPLES / "tutorial_ddp.py"), "--epochs", "3", "--samples", "128", "--image-size", "16"]
+    prefix = {"torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"], "python": []}
+    result = run_command([sys.executable, *prefix[launcher], *args], timeout=120, cwd=workdir)
+    assert result.returncode == 0, result.output
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    assert f"training on {2 if launcher == 'torchrun' else 1} process(es)" in result.stdout

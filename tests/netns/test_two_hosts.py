@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,18 @@ def test_a_node_alone_times_out_naming_the_endpoint(workdir):
         assert f"joined: {a.address}" in alone.output
         assert unreachable.returncode == 2, unreachable.output  # refused up front: no route
         assert "no route to 10.254.254.254" in unreachable.output
+
+
+def test_both_hosts_name_the_rank_that_failed_first(workdir):
+    worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "fail_on_rank.py")
+    with two_hosts("f") as (a, b):
+        outcomes = run_on_both(
+            [phalanx_line(a, a.address, script=[worker, "1"]), phalanx_line(b, a.address, script=[worker, "1"])],
+            timeout=90,
+            cwd=str(workdir),
+        )
+        for outcome in outcomes:
+            assert outcome.returncode == 1, outcome.output[-3000:]
+            cause = outcome.output[outcome.output.index("phalanx: root cause:") :]
+            assert cause.startswith(f"phalanx: root cause: rank 1 (local rank 0) on {b.address} ({b.address}) exited with code 1")
+            assert "ValueError: rank 1 fails on purpose" in cause

@@ -92,3 +92,13 @@ def test_the_host_port_already_taken():
         plan = node(0, taken.getsockname()[1])
         with pytest.raises(SettingsRefused, match="cannot listen on port"):
             Lobby(plan, fingerprint(plan)).join()
+
+
+def test_progress_is_reported_while_waiting(monkeypatch, capsys):
+    from phalanx.launch import lobby
+
+    monkeypatch.setattr(lobby, "PROGRESS_EVERY_S", 0.3)
+    plan = node(0, free_port(), join_timeout=1.5)
+    join_all([Lobby(plan, fingerprint(plan))])
+    err = capsys.readouterr().err
+    assert "phalanx: waiting for nodes (" in err and "1 of 2 joined: 127.0.0.101" in err

@@ -42,35 +42,33 @@ class RankLogsSpecs(LogsSpecs):
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         if self.on_ranks_assigned is not None:
             self.on_ranks_assigned(envs)
-        count = len(envs)
-        redirects, tee = to_map(self._redirects, count), to_map(self._tee, count)
         dest = LogsDest()
+        if not envs:
+            return dest
+        attempt = Path(self.root_log_dir) / f"attempt_{envs[min(envs)].get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        redirects, tee = to_map(self._redirects, len(envs)), to_map(self._tee, len(envs))
         self.stderr_of_rank = {}
         for local_rank, env in envs.items():
             rank = int(env["RANK"])
-            folder = Path(self.root_log_dir) / f"attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}" / f"rank{rank}"
+            folder = attempt / f"rank{rank}"
             folder.mkdir(parents=True, exist_ok=True)
             for name in ("stdout.log", "stderr.log", "error.json"):
                 (folder / name).unlink(missing_ok=True)  # a restart must not show an old traceback
-            streams = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
-            dest.stdouts[local_rank] = str(folder / "stdout.log") if streams & Std.OUT else ""
-            dest.stderrs[local_rank] = str(folder / "stderr.log") if streams & Std.ERR else ""
-            if self._shows(rank, local_rank):
-                if tee[local_rank] & Std.OUT:
-                    dest.tee_stdouts[local_rank] = dest.stdouts[local_rank]
-                if tee[local_rank] & Std.ERR:
-                    dest.tee_stderrs[local_rank] = dest.stderrs[local_rank]
-            else:
-                dest.stdouts[local_rank] = dest.stdouts[local_rank] or os.devnull
-                dest.stderrs[local_rank] = dest.stderrs[local_rank] or os.devnull
-            dest.error_files[local_rank] = str(folder / "error.json")
-            env["TORCHELASTIC_ERROR_FILE"] = dest.error_files[local_rank]
-            if dest.stderrs[local_rank] not in ("", os.devnull):
-                self.stderr_of_rank[rank] = Path(dest.stderrs[local_rank])
-        attempt = Path(self.root_log_dir) / f"attempt_{envs[0].get('TORCHELASTIC_RESTART_COUNT', '0')}" if envs else None
-        if attempt is not None:
-            dest.filtered_stdout = str(attempt / f"filtered_stdout.{os.getpid()}.log")
-            dest.filtered_stderr = str(attempt / f"filtered_stderr.{os.getpid()}.log")
+            to_file = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
+            shown = tee[local_rank] if self._shows(rank, local_rank) else Std.NONE
+            for stream, name, files, tees in (
+                (Std.OUT, "stdout.log", dest.stdouts, dest.tee_stdouts),
+                (Std.ERR, "stderr.log", dest.stderrs, dest.tee_stderrs),
+            ):
+                # "" means the console; a rank not shown that is not logged either goes nowhere
+                files[local_rank] = str(folder / name) if to_file & stream else ("" if shown & stream else os.devnull)
+                if shown & stream:
+                    tees[local_rank] = files[local_rank]
+            dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")
+            if to_file & Std.ERR:
+                self.stderr_of_rank[rank] = folder / "stderr.log"
+        dest.filtered_stdout = str(attempt / f"filtered_stdout.{os.getpid()}.log")
+        dest.filtered_stderr = str(attempt / f"filtered_stderr.{os.getpid()}.log")
         return dest
 
     def _shows(self, rank: int, local_rank: int) -> bool:

@@ -105,7 +105,7 @@ def choose(endpoint: Endpoint, interface_name: str | None = None) -> NetworkChoi
     is_host = interface_owning(endpoint_ip, interfaces) is not None
     if interface_name is not None:
         interface = _named_interface(interface_name, interfaces)
-        local_addr = endpoint_ip if is_host else _first_address(interface)
+        local_addr = endpoint_ip if is_host else interface.addresses[0]
         return NetworkChoice(endpoint, endpoint_ip, is_host, local_addr, interface.name, "--interface given")
     if is_host:
         owner = interface_owning(endpoint_ip, interfaces)
@@ -141,10 +141,6 @@ def _named_interface(name: str, interfaces: dict[str, Interface]) -> Interface:
             "bring it up (ip link set dev IFNAME up) or pick another interface",
         )
     return interface
-
-
-def _first_address(interface: Interface) -> str:
-    return interface.addresses[0]
 
 
 def check_interface(name: str) -> Interface:
