@@ -90,12 +90,13 @@ def route_source_address(ip: str, port: int) -> str:
         return probe.getsockname()[0]
 
 
-def hostname_is_loopback() -> bool:
-    """The trap: this host's name resolves to a loopback address."""
+def hostname_loopback_address() -> str | None:
+    """The trap: the loopback address this host's name resolves to, or None when it does not."""
     try:
-        return ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback
+        address = socket.gethostbyname(socket.gethostname())
+        return address if ipaddress.ip_address(address).is_loopback else None
     except (OSError, ValueError):
-        return False
+        return None
 
 
 def choose(endpoint: Endpoint, interface_name: str | None = None) -> NetworkChoice:

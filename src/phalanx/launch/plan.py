@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,7 +185,8 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         choice = network.choose(spec.rdzv_endpoint, spec.interface)
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
-        trap = " (the hostname resolves to a loopback address)" if network.hostname_is_loopback() else ""
+        loopback = network.hostname_loopback_address()
+        trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
     common_env, common_notes = _common_env(spec, choice.interface, resources, spec.nnodes.max)
     lines += common_notes
@@ -267,6 +269,11 @@ def decision_block(plans: list[NodePlan]) -> str:
     """The short block printed once at start: what phalanx decided for this host, and why."""
     plan = plans[0]
     nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
-    who = "this host" if plan.is_simulated or plan.nnodes_max == 1 else f"node {plan.local_addr}"
-    head = f"phalanx {__version__}: {who} joins job '{plan.rdzv_id}' of {nnodes} node{'s' if nnodes != '1' else ''}"
+    if plan.is_simulated:
+        head = f"this host runs job '{plan.rdzv_id}' as {len(plans)} simulated nodes"
+    elif plan.nnodes_max == 1:
+        head = f"this host runs job '{plan.rdzv_id}' on 1 node"
+    else:
+        head = f"node {plan.local_addr} joins job '{plan.rdzv_id}' of {nnodes} nodes"
+    head = f"phalanx {__version__}: {head}"
     return "\n".join([head, *(f"  {line}" for line in plan.notes), f"  logs       {plan.run_dir}/"])
