@@ -1,9 +1,24 @@
 """phalanx: multi-node synchronous data-parallel training with PyTorch that starts the first time.
 
-Importing this package is cheap: it loads neither torch nor torch.distributed.run. The launcher
-(`phalanx run`) lives in :mod:`phalanx.launch`; the command line in :mod:`phalanx.cli`.
+Importing this package is cheap: it loads neither torch nor torch.distributed.run. The runtime
+(``phalanx.init()`` and friends, :mod:`phalanx.runtime`) is imported on first use; the launcher
+(`phalanx run`) lives in :mod:`phalanx.launch`, the command line in :mod:`phalanx.cli`.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+_RUNTIME = ("init", "DistributedContext", "ResumableSampler", "GlobalMean", "CheckpointManager")
+
+__all__ = ["__version__", *_RUNTIME]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME:
+        from phalanx import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

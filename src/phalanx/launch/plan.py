@@ -139,22 +139,23 @@ def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
     return {}, None
 
 
-def _restart_env(spec: LaunchSpec, nodes: int) -> tuple[dict[str, str], str | None]:
+def _restart_env(spec: LaunchSpec) -> tuple[dict[str, str], str | None]:
     # With the store torchrun shares between agent and workers (its default since 2.4), a
-    # multi-node restart finds the previous attempt's keys and gloo dials dead ports: every
-    # restart fails. A fresh store per attempt, on the node that holds rank 0, avoids it.
-    if spec.max_restarts == 0 or nodes < 2 or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ:
+    # restart finds the previous attempt's keys and gloo dials dead ports: the restarted
+    # workers fail or hang in init_process_group. A fresh store per attempt, on the node that
+    # holds rank 0, avoids it.
+    if spec.max_restarts == 0 or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ:
         return {}, None
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, (
         f"restarts   up to {spec.max_restarts}, each with a fresh worker store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)"
     )
 
 
-def _common_env(spec: LaunchSpec, interface: str, resources: _Resources, nodes: int) -> tuple[dict[str, str], list[str]]:
+def _common_env(spec: LaunchSpec, interface: str, resources: _Resources) -> tuple[dict[str, str], list[str]]:
     """The environment every node of this host gets, and one note line per decision."""
     env: dict[str, str] = {}
     notes: list[str] = []
-    for part, note in (_interface_env(interface), _thread_env(resources.nproc), _restart_env(spec, nodes)):
+    for part, note in (_interface_env(interface), _thread_env(resources.nproc), _restart_env(spec)):
         env.update(part)
         notes += [note] if note else []
     return env, [notes[0], resources.note, *notes[1:]]
@@ -188,7 +189,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         loopback = network.hostname_loopback_address()
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
-    common_env, common_notes = _common_env(spec, choice.interface, resources, spec.nnodes.max)
+    common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines += common_notes
     label = choice.local_addr if spec.is_multi_node else "node0"
     worker_env = WorkerEnv(backend=resources.backend, node=label)
@@ -218,7 +219,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
     endpoint = f"127.0.0.1:{port}"
     interface = spec.interface or "lo"
-    common_env, common_notes = _common_env(spec, interface, resources, count)
+    common_env, common_notes = _common_env(spec, interface, resources)
     lines = [
         f"simulate   {count} node agents on this host, addresses 127.0.0.{SIMULATED_ADDRESS_BASE}"
         f"-{SIMULATED_ADDRESS_BASE + count - 1}",

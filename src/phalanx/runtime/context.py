@@ -1,0 +1,114 @@
+"""``phalanx.init()``: who this process is in the job, as one explicit object.
+
+No module-level state: the context is returned to the caller, who passes it on. The process
+group it creates is destroyed by :meth:`DistributedContext.close` (also at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from phalanx.worker_env import WorkerEnv
+
+DEFAULT_INIT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """The variables torchrun (and so phalanx run) sets for every worker, parsed once."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> TorchrunEnv:
+        if "RANK" not in environ:
+            return cls()
+        def number(key: str, default: int) -> int:
+            return int(environ.get(key, default))
+
+        return cls(
+            rank=number("RANK", 0),
+            local_rank=number("LOCAL_RANK", 0),
+            world_size=number("WORLD_SIZE", 1),
+            local_world_size=number("LOCAL_WORLD_SIZE", 1),
+            node_rank=number("GROUP_RANK", 0),
+        )
+
+
+@dataclass
+class DistributedContext:
+    rank: int
+    local_rank: int
+    node_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    _owns_group: bool = field(default=False, repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self._owns_group:
+            dist.barrier()
+
+    def close(self) -> None:
+        """Destroys the process group. Collecting first matters: a DDP model keeps the group
+        alive in a reference cycle, and a gloo group destroyed during interpreter shutdown can
+        abort the process ("terminate called without an active exception")."""
+        if self._owns_group and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    def __enter__(self) -> DistributedContext:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def default_backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(backend: str | None = None, timeout: float = DEFAULT_INIT_TIMEOUT_S) -> DistributedContext:
+    """Joins the job: the process group (when there is more than one process) and the device.
+
+    ``backend`` defaults to the launcher's choice (PHALANX_BACKEND), else nccl with CUDA and
+    gloo without. ``timeout`` bounds how long the group may take to form, in seconds.
+    """
+    env = TorchrunEnv.from_env(os.environ)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = backend or WorkerEnv.from_env(os.environ).backend or default_backend(device)
+    owns_group = False
+    if env.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+        owns_group = True
+    context = DistributedContext(
+        rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
+        local_world_size=env.local_world_size, device=device, backend=backend, _owns_group=owns_group,
+    )  # fmt: skip
+    atexit.register(context.close)
+    return context
