@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import phalanx
+from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.model import COMPRESSIONS, parameters_sha256, unwrap, wrap_model
 
 
@@ -75,6 +76,7 @@ def main() -> None:
     dataset = load_dataset(args.dataset, args.samples, args.seed)
     features, classes = dataset.tensors[0].shape[1], int(dataset.tensors[1].max()) + 1
     network = torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, classes))
+    check_consistency(context, model=network, dataset=dataset)  # before DDP could hang on a mismatch
     model = wrap_model(network, context, compression=args.compression)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = phalanx.ResumableSampler(len(dataset), rank=context.rank, world_size=context.world_size, seed=args.seed)

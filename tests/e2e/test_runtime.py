@@ -69,3 +69,28 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir):
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] % 20 == 0, output
     assert resumed["steps"] == reference["steps"]
     assert resumed["params_sha256"] == reference["params_sha256"]
+
+
+def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
+    script = workdir / "mismatch.py"
+    script.write_text((Path(__file__).parent / "workers" / "mismatch.py").read_text())
+    result = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 1
+    assert "consistent" not in result.stdout
+    for rank in (0, 1):
+        log = next(workdir.glob(f"phalanx-logs/*/attempt_0/rank{rank}/stderr.log")).read_text()
+        assert "InconsistentRanks: the ranks disagree before the first step" in log
+        assert "dataset length: ranks 0: 100; ranks 1: 101" in log
+        assert "parameter shapes: ranks 0: ['weight:(2, 4)'" in log
+
+
+@pytest.mark.parametrize("compression", ["fp16", "powersgd"])
+def test_compression_modes_train(workdir, compression):
+    metrics = train(workdir, compression, "--epochs", "2", "--compression", compression, nproc=2)
+    assert metrics["accuracy"] > 0.7 and metrics["world_size"] == 2
+
+
+def test_bf16_on_gloo_is_refused_with_a_hint(phalanx, workdir):
+    result = phalanx("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1", "--compression", "bf16")
+    assert result.returncode == 1
+    assert "compression bf16 on the gloo backend" in result.stderr and "HINT: use --compression fp16" in result.stderr

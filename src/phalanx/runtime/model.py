@@ -8,6 +8,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from phalanx.errors import SettingsRefused
 from phalanx.runtime.context import DistributedContext
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
@@ -22,7 +23,13 @@ def wrap_model(
     powersgd sends a rank-``powersgd_rank`` approximation (with error feedback).
     """
     if compression not in COMPRESSIONS:
-        raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
+        raise SettingsRefused(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}", hint="pick one of those")
+    if compression == "bf16" and context.is_distributed and context.backend != "nccl":
+        raise SettingsRefused(
+            f"compression bf16 on the {context.backend} backend",
+            "torch's bf16 hook needs NCCL 2.10+ on CUDA 11+ (or XCCL on XPU); gloo cannot reduce bf16 gradients.",
+            "use --compression fp16 (same bytes on the wire) or powersgd on gloo",
+        )
     model = model.to(context.device)
     if not context.is_distributed:
         return model
