@@ -19,8 +19,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import phalanx
+from phalanx.exit_codes import ExitCode
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.model import COMPRESSIONS, parameters_sha256, unwrap, wrap_model
+from phalanx.runtime.preemption import PreemptionGuard
 
 
 def parse_args() -> argparse.Namespace:
@@ -95,6 +97,7 @@ def main() -> None:
         if context.is_main:
             print(f"resumed from step {step} ({latest.path})")
 
+    preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: stop together after this step
     epoch_metrics = phalanx.GlobalMean(context, "loss")
     started, trained = time.perf_counter(), 0
     while sampler.epoch < args.epochs:
@@ -109,9 +112,17 @@ def main() -> None:
             step += 1
             trained += len(labels)
             epoch_metrics.add(len(labels), loss=loss.detach() * len(labels))
-            if checkpoints and step % args.checkpoint_every == 0:
+            preempted = preemption.should_stop()
+            if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                         "sampler": sampler.state_dict()})  # fmt: skip
+            if preempted:
+                if context.is_main:
+                    saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
+                    print(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
+                          f"after step {step}; {saved}", flush=True)  # fmt: skip
+                context.close()
+                raise SystemExit(ExitCode.PREEMPTED)
         summary = epoch_metrics.compute()  # the mean over every rank's samples of this epoch
         if context.is_main:
             note = f" (resumed at sample {epoch_start})" if epoch_start else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,14 +43,22 @@ def test_more_processes_with_smaller_batches_give_the_same_model(workdir):
     assert abs(single["final_loss"] - double["final_loss"]) < 1e-4
 
 
-def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir):
-    args = ("--epochs", "8", "--batch-size", "16", "--checkpoint-every", "20")
-    reference = train(workdir, "reference", *args, "--checkpoint-dir", str(workdir / "ck_ref"), nproc=2)
-    assert reference["resumed_from_step"] is None
+RESUME_ARGS = ("--epochs", "8", "--batch-size", "16", "--checkpoint-every", "20")
 
-    checkpoints = workdir / "ck"
-    out = workdir / "killed.json"
-    command = phalanx_argv("run", "--nproc-per-node", "2", "--max-restarts", "2", TRAIN, *args,
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The uninterrupted run that interrupted ones must match bit for bit."""
+    folder = tmp_path_factory.mktemp("reference")
+    metrics = train(folder, "reference", *RESUME_ARGS, "--checkpoint-dir", str(folder / "ck"), nproc=2)
+    assert metrics["resumed_from_step"] is None
+    return metrics
+
+
+def interrupt_after_first_checkpoint(workdir: Path, interrupt, *launch: str) -> tuple[int, str, Path]:
+    """Starts train.py under phalanx run, calls interrupt(process) once a checkpoint exists."""
+    checkpoints, out = workdir / "ck", workdir / "resumed.json"
+    command = phalanx_argv("run", "--nproc-per-node", "2", *launch, TRAIN, *RESUME_ARGS,
                            "--checkpoint-dir", str(checkpoints), "--metrics-json", str(out))  # fmt: skip
     process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
@@ -58,16 +67,42 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir):
         while not list(checkpoints.glob("step-*.pt")):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
             time.sleep(0.02)
-        workers = [p for p in psutil.Process(process.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())]
-        victim = next(p for p in workers if p.environ().get("RANK") == "1")
-        os.kill(victim.pid, signal.SIGKILL)
+        interrupt(process)
         output, _ = process.communicate(timeout=180)
     finally:
         kill_group(process.pid)
-    assert process.returncode == 0, output
+    return process.returncode, output, out
+
+
+def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
+    def kill_rank_1(process: subprocess.Popen) -> None:
+        workers = [p for p in psutil.Process(process.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())]
+        os.kill(next(p for p in workers if p.environ().get("RANK") == "1").pid, signal.SIGKILL)
+
+    code, output, out = interrupt_after_first_checkpoint(workdir, kill_rank_1, "--max-restarts", "2")
+    assert code == 0, output
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] % 20 == 0, output
     assert resumed["steps"] == reference["steps"]
+    assert resumed["params_sha256"] == reference["params_sha256"]
+
+
+def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference):
+    code, output, out = interrupt_after_first_checkpoint(workdir, lambda p: p.send_signal(signal.SIGTERM))
+    assert code == 128 + signal.SIGTERM, output
+    stopped = re.search(r"preempted by SIGTERM after step (\d+); checkpoint saved", output)
+    assert stopped, output
+    assert (workdir / "ck" / f"step-{int(stopped.group(1)):09d}.pt").exists()
+    assert not out.exists()
+
+    relaunch = run_command(
+        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
+                     "--metrics-json", str(out)),
+        timeout=180, cwd=workdir,
+    )  # fmt: skip
+    assert relaunch.returncode == 0, relaunch.output
+    resumed = json.loads(out.read_text())
+    assert resumed["resumed_from_step"] == int(stopped.group(1))
     assert resumed["params_sha256"] == reference["params_sha256"]
 
 
