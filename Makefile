@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
-# The tutorial's training on this one machine, rehearsed as two simulated nodes.
+# The example training (handwritten digits, shipped with scikit-learn) on this one machine,
+# rehearsed as two simulated nodes.
 demo: $(STAMP)
-	$(BIN)/phalanx run --simulate-nodes 2 --nproc-per-node 1 examples/tutorial_ddp.py --epochs 5 --samples 512 --image-size 64
+	$(BIN)/phalanx run --simulate-nodes 2 --nproc-per-node 1 examples/train.py --epochs 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

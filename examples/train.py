@@ -106,12 +106,15 @@ def main() -> None:
         for images, labels in loader:
             images, labels = images.to(context.device), labels.to(context.device)
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-            loss.backward()
+            per_sample = torch.nn.functional.cross_entropy(model(images), labels, reduction="none")
+            per_sample.mean().backward()
             optimizer.step()
             step += 1
             trained += len(labels)
-            epoch_metrics.add(len(labels), loss=loss.detach() * len(labels))
+            # The metric counts real samples only: the padding that evens out the shards (the
+            # last samples of a rank's epoch) would otherwise count twice.
+            real = sampler.real_samples(sampler.position - len(labels), sampler.position)
+            epoch_metrics.add(real, loss=per_sample[:real].detach().sum())
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),

@@ -129,3 +129,11 @@ def test_bf16_on_gloo_is_refused_with_a_hint(phalanx, workdir):
     result = phalanx("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1", "--compression", "bf16")
     assert result.returncode == 1
     assert "compression bf16 on the gloo backend" in result.stderr and "HINT: use --compression fp16" in result.stderr
+
+
+def test_uneven_shards_neither_hang_nor_count_padding(workdir):
+    # 101 samples over 2 ranks: rank 1 gets one padded sample, yet both take the same steps.
+    metrics = train(workdir, "uneven", "--samples", "101", "--batch-size", "8", "--epochs", "2", nproc=2)
+    assert metrics["steps"] == 2 * 7  # ceil(51 / 8) steps per epoch on every rank
+    single = train(workdir, "uneven1", "--samples", "101", "--batch-size", "8", "--epochs", "1")
+    assert single["steps"] == 13
