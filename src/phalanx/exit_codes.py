@@ -11,6 +11,8 @@ class ExitCode(enum.IntEnum):
     REFUSED = 2
     #: The other nodes did not join within --join-timeout.
     JOIN_TIMEOUT = 3
+    #: A worker's stall watchdog ended it: a rank stopped making progress (report in its log).
+    STALLED = 4
     #: A worker stopped for preemption after saving a checkpoint (EX_TEMPFAIL: run it again).
     PREEMPTED = 75
     #: Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143, as a shell would report.

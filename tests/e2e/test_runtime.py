@@ -137,3 +137,18 @@ def test_uneven_shards_neither_hang_nor_count_padding(workdir):
     assert metrics["steps"] == 2 * 7  # ceil(51 / 8) steps per epoch on every rank
     single = train(workdir, "uneven1", "--samples", "101", "--batch-size", "8", "--epochs", "1")
     assert single["steps"] == 13
+
+
+def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
+    script = workdir / "stall.py"
+    script.write_text((Path(__file__).parent / "workers" / "stall.py").read_text())
+    timeout = 4
+    result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(script), "2",
+                     env={"PHALANX_STALL_TIMEOUT": str(timeout)}, timeout=120)  # fmt: skip
+    assert result.returncode == 1, result.output
+    assert result.seconds < timeout + 30 + 20  # + the launch itself on this 2-core machine
+    cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
+    assert "exited with code 4" in cause  # ExitCode.STALLED, from the watchdog of a waiting rank
+    assert "in collective #3 (gloo:all_reduce)" in cause
+    assert "stalled: rank 2 on node1: never called collective #3; last completed #2 (gloo:all_reduce, step 2)" in cause
+    assert "not reached" not in result.stdout

@@ -15,6 +15,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from phalanx.runtime.watchdog import (
+    FLIGHT_RECORDER_ENTRIES,
+    FLIGHT_RECORDER_VARIABLE,
+    StallWatchdog,
+    stall_timeout_from_env,
+)
 from phalanx.worker_env import WorkerEnv
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
@@ -56,6 +62,7 @@ class DistributedContext:
     device: torch.device
     backend: str
     _owns_group: bool = field(default=False, repr=False)
+    _watchdog: StallWatchdog | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -65,6 +72,11 @@ class DistributedContext:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    def mark_step(self, step: int) -> None:
+        """Optional: lets a stall report say which training step each rank last finished."""
+        if self._watchdog is not None:
+            self._watchdog.step = step
+
     def barrier(self) -> None:
         if self._owns_group:
             dist.barrier()
@@ -73,6 +85,9 @@ class DistributedContext:
         """Destroys the process group. Collecting first matters: a DDP model keeps the group
         alive in a reference cycle, and a gloo group destroyed during interpreter shutdown can
         abort the process ("terminate called without an active exception")."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if self._owns_group and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
@@ -89,12 +104,17 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init(backend: str | None = None, timeout: float = DEFAULT_INIT_TIMEOUT_S) -> DistributedContext:
+def init(
+    backend: str | None = None, timeout: float = DEFAULT_INIT_TIMEOUT_S, stall_timeout: float | None = None
+) -> DistributedContext:
     """Joins the job: the process group (when there is more than one process) and the device.
 
     ``backend`` defaults to the launcher's choice (PHALANX_BACKEND), else nccl with CUDA and
     gloo without. ``timeout`` bounds how long the group may take to form, in seconds.
+    ``stall_timeout`` (default PHALANX_STALL_TIMEOUT, else 300 s): a collective pending longer
+    ends the job with a report that names the stalled ranks (:mod:`phalanx.runtime.watchdog`).
     """
+    stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
@@ -103,12 +123,17 @@ def init(backend: str | None = None, timeout: float = DEFAULT_INIT_TIMEOUT_S) ->
         device = torch.device("cpu")
     backend = backend or WorkerEnv.from_env(os.environ).backend or default_backend(device)
     owns_group = False
+    watchdog = None
     if env.world_size > 1 and not dist.is_initialized():
+        os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # read when the group is made
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
         owns_group = True
+        watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout)
+        watchdog.start()
     context = DistributedContext(
         rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
         local_world_size=env.local_world_size, device=device, backend=backend, _owns_group=owns_group,
+        _watchdog=watchdog,
     )  # fmt: skip
     atexit.register(context.close)
     return context

@@ -1,0 +1,159 @@
+"""The stall watchdog: when a rank stops making progress, name it, instead of waiting 30 minutes.
+
+It needs nothing from the training code. torch's flight recorder logs every collective this
+process issues (gloo and nccl); a background thread reads it every few seconds and posts
+this rank's progress (last collective issued and completed) on the job's store. When a
+collective here has been pending longer than ``stall_timeout``, the thread reads every rank's
+progress: the ranks that never issued that collective are the stalled ones. It prints a
+report naming them, their node and their last completed collective, and ends this process,
+so that torchrun tears the job down within seconds (the report becomes the root cause).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from phalanx.exit_codes import ExitCode
+from phalanx.worker_env import WorkerEnv
+
+DEFAULT_STALL_TIMEOUT_S = 300.0
+STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
+#: The flight recorder records only when this is set before the process group is created.
+FLIGHT_RECORDER_VARIABLE = "TORCH_FR_BUFFER_SIZE"
+FLIGHT_RECORDER_ENTRIES = "2000"
+#: At most this long, a watchdog that found a stall waits for every rank's progress report.
+ABORT_GRACE_S = 20.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    rank: int
+    node: str
+    issued: int  # sequence number of the newest collective this rank has called
+    completed: int  # newest collective that finished here
+    last_completed_op: str
+    pending_op: str | None
+    pending_seq: int | None
+    pending_for_s: float
+    step: int | None
+
+
+def flight_recorder_progress(rank: int, node: str, step: int | None) -> Progress:
+    import torch
+
+    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    entries = [e for e in trace.get("entries", []) if not e.get("is_p2p")]
+    issued = max((e["collective_seq_id"] for e in entries), default=0)
+    done = [e for e in entries if e.get("retired") or e.get("state") == "completed"]
+    last = max(done, key=lambda e: e["collective_seq_id"], default=None)
+    pending = min((e for e in entries if e not in done), key=lambda e: e["collective_seq_id"], default=None)
+    age = (time.time_ns() - pending["time_created_ns"]) / 1e9 if pending else 0.0
+    return Progress(
+        rank=rank, node=node, issued=issued, completed=last["collective_seq_id"] if last else 0,
+        last_completed_op=last["profiling_name"] if last else "none",
+        pending_op=pending["profiling_name"] if pending else None,
+        pending_seq=pending["collective_seq_id"] if pending else None, pending_for_s=age, step=step,
+    )  # fmt: skip
+
+
+def stall_timeout_from_env(value: float | None) -> float:
+    if value is not None:
+        return value
+    text = os.environ.get(STALL_TIMEOUT_VARIABLE)
+    if not text:
+        return DEFAULT_STALL_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"{STALL_TIMEOUT_VARIABLE}={text!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{STALL_TIMEOUT_VARIABLE}={text!r} must be positive")
+    return seconds
+
+
+def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, timeout: float) -> str:
+    assert me.pending_seq is not None
+    stalled = sorted(r for r, p in everyone.items() if p.issued < me.pending_seq)
+    silent = sorted(set(range(world_size)) - set(everyone))
+    lines = [
+        f"phalanx: stall: rank {me.rank} has waited {me.pending_for_s:.0f} s (stall timeout {timeout:g} s) in "
+        f"collective #{me.pending_seq} ({me.pending_op})",
+    ]
+    for rank in stalled:
+        p = everyone[rank]
+        step = f", step {p.step}" if p.step is not None else ""
+        lines.append(
+            f"  stalled: rank {rank} on {p.node}: never called collective #{me.pending_seq}; last completed "
+            f"#{p.completed} ({p.last_completed_op}{step})"
+        )
+    for rank in silent:
+        lines.append(f"  stalled: rank {rank}: its watchdog posted no progress (the process may be frozen or gone)")
+    if not stalled and not silent:
+        lines.append(
+            f"  every rank called collective #{me.pending_seq}, but it does not complete: a network or backend hang"
+        )
+    lines.append("HINT: look at what the stalled ranks do before that collective (data loading, a rank-only branch, "
+                 f"I/O); py-spy dump --pid shows a live stack. Raise {STALL_TIMEOUT_VARIABLE} for slow steps")  # fmt: skip
+    return "\n".join(lines)
+
+
+class StallWatchdog:
+    def __init__(self, rank: int, world_size: int, stall_timeout: float, poll_s: float | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.stall_timeout = stall_timeout
+        self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
+        self.node = WorkerEnv.from_env(os.environ).node or os.uname().nodename
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.prefix = f"phalanx/watchdog/{attempt}/"
+        self.step: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="phalanx-stall-watchdog", daemon=True)
+        self._store: Any = None
+
+    def start(self) -> None:
+        from torch.distributed import TCPStore
+
+        # A connection of its own: the training thread's store traffic is never interleaved with ours.
+        self._store = TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timedelta(seconds=30), use_libuv=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.poll_s + 5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                me = flight_recorder_progress(self.rank, self.node, self.step)
+                self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
+                if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
+                    self._abort(me)
+            except Exception:  # noqa: BLE001 - the job is ending (store gone): the watchdog just stops
+                if self._stop.is_set():
+                    return
+                time.sleep(self.poll_s)
+
+    def _abort(self, me: Progress) -> None:
+        keys = {rank: f"{self.prefix}{rank}" for rank in range(self.world_size)}
+        # A rank's first post can lag (its watchdog shares the CPU and the GIL with training):
+        # give every rank a few polls to report before calling the silent ones frozen.
+        deadline = time.monotonic() + min(ABORT_GRACE_S, 3 * self.poll_s + 5)
+        while not self._store.check(list(keys.values())) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        everyone = {
+            rank: Progress(**json.loads(self._store.get(key))) for rank, key in keys.items() if self._store.check([key])
+        }
+        print(stall_report(me, everyone, self.world_size, self.stall_timeout), file=sys.stderr, flush=True)
+        os._exit(ExitCode.STALLED)
