@@ -103,6 +103,7 @@ def main() -> None:
     while sampler.epoch < args.epochs:
         epoch, epoch_start = sampler.epoch, sampler.position
         epoch_metrics.reset()
+        real_before = sampler.real_handed_out
         for images, labels in loader:
             images, labels = images.to(context.device), labels.to(context.device)
             optimizer.zero_grad(set_to_none=True)
@@ -113,7 +114,7 @@ def main() -> None:
             trained += len(labels)
             # The metric counts real samples only: the padding that evens out the shards (the
             # last samples of a rank's epoch) would otherwise count twice.
-            real = sampler.real_samples(sampler.position - len(labels), sampler.position)
+            real, real_before = sampler.real_handed_out - real_before, sampler.real_handed_out
             epoch_metrics.add(real, loss=per_sample[:real].detach().sum())
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
@@ -133,7 +134,7 @@ def main() -> None:
 
     elapsed = time.perf_counter() - started
     final = evaluate(unwrap(model), dataset, context)
-    throughput = torch.tensor([trained / elapsed if elapsed > 0 else 0.0])
+    throughput = torch.tensor([trained / elapsed if elapsed > 0 else 0.0], device=context.device)
     if context.is_distributed:
         torch.distributed.all_reduce(throughput)  # every rank's samples/s add up
     if context.is_main:

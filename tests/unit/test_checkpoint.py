@@ -57,3 +57,10 @@ def test_loading_cannot_run_code(tmp_path):
         assert "Weights only load failed" in str(error)
     else:
         raise AssertionError("a checkpoint with code in it was loaded")
+
+
+def test_temporaries_of_a_crashed_save_are_removed(tmp_path):
+    manager = CheckpointManager(tmp_path, init())
+    (tmp_path / ".step-000000005.pt.staging-1").write_bytes(b"partial")
+    manager.save(6, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000006.pt", "step-000000006.sha256"]

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch import gpus, plan
+from phalanx.launch import gpus, network, plan
 from phalanx.launch.plan import NodePlan, plan_nodes
 from phalanx.launch.spec import Entrypoint, LaunchSpec
 from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
@@ -113,3 +113,15 @@ def test_dry_run_command_line_is_copyable(entry, tmp_path):
     assert "torchrun --nnodes=1" in text and "GLOO_SOCKET_IFNAME=lo" in text
     assert "'[node0 rank${rank}]: '" in text  # quoted for the shell
     assert plan.decision_block([node]).startswith("phalanx ")
+
+
+def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes():
+    # "localhost" stands for a hostname that /etc/hosts maps to 127.0.1.1, as Debian does
+    with pytest.raises(SettingsRefused, match="a loopback address"):
+        network.choose(Endpoint("localhost", 29400), multi_node=True)
+    assert network.choose(Endpoint("localhost", 29400), multi_node=False).is_host
+
+
+def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
+    assert "--rdzv-conf=is_host=1,join_timeout=91" in torchrun_argv(node)

@@ -41,3 +41,10 @@ def test_padding_is_counted_apart():
     assert sampler.num_samples == 3
     assert sampler.real_samples(0, 3) == 2
     assert ResumableSampler(10, rank=0, world_size=4).real_samples(0, 3) == 3
+
+
+def test_real_samples_are_counted_up_to_the_end_of_the_epoch():
+    sampler = ResumableSampler(10, rank=2, world_size=4)
+    assert len(list(sampler)) == 3 and sampler.real_handed_out == 2  # the third was padding
+    list(sampler)
+    assert sampler.real_handed_out == 4

@@ -99,10 +99,17 @@ def hostname_loopback_address() -> str | None:
         return None
 
 
-def choose(endpoint: Endpoint, interface_name: str | None = None) -> NetworkChoice:
+def choose(endpoint: Endpoint, interface_name: str | None = None, *, multi_node: bool = True) -> NetworkChoice:
     """Decides for a real node (not simulated) how it reaches ``endpoint``."""
     interfaces = local_interfaces()
     endpoint_ip = resolve_host(endpoint.host)
+    if multi_node and ipaddress.ip_address(endpoint_ip).is_loopback:
+        raise SettingsRefused(
+            f"--rdzv-endpoint {endpoint}: on this host {endpoint.host!r} resolves to {endpoint_ip}, a loopback address",
+            "many systems map their own hostname to 127.0.0.1 or 127.0.1.1 in /etc/hosts, so the other nodes "
+            "could never reach the store through it.",
+            "give the main node's IP address on the network the nodes share (ip -br addr shows it)",
+        )
     is_host = interface_owning(endpoint_ip, interfaces) is not None
     if interface_name is not None:
         interface = _named_interface(interface_name, interfaces)
@@ -121,8 +128,15 @@ def choose(endpoint: Endpoint, interface_name: str | None = None) -> NetworkChoi
             "check the address, or pick the interface on the nodes' shared network with --interface IFNAME",
         ) from None
     owner = interface_owning(local_addr, interfaces)
-    name = owner.name if owner else "?"
-    return NetworkChoice(endpoint, endpoint_ip, False, local_addr, name, f"the route to {endpoint_ip} leaves through {name}")
+    if owner is None:
+        raise SettingsRefused(
+            f"the route to {endpoint_ip} leaves from {local_addr}, which no interface of this host owns",
+            "phalanx cannot tell which interface GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME should name.",
+            "name it with --interface IFNAME",
+        )
+    return NetworkChoice(
+        endpoint, endpoint_ip, False, local_addr, owner.name, f"the route to {endpoint_ip} leaves through {owner.name}"
+    )
 
 
 def _named_interface(name: str, interfaces: dict[str, Interface]) -> Interface:

@@ -122,9 +122,13 @@ def read_config_file(path: Path) -> dict[str, object]:
             table = tomllib.load(handle)
     except FileNotFoundError:
         raise SettingsRefused(f"--config {path}: the file does not exist", hint="check the path") from None
+    except OSError as error:
+        raise SettingsRefused(f"--config {path} cannot be read ({error.strerror})", hint="give a TOML file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsRefused(f"--config {path} is not valid TOML", str(error), "fix the line it names") from None
     table = table.get("run", table)  # settings may sit at the top or under [run]
+    if not isinstance(table, dict):
+        raise SettingsRefused(f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help")
     settings: dict[str, object] = {}
     for key, value in table.items():
         name = key.replace("-", "_")

@@ -97,7 +97,8 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
         nproc = cpu_count
     else:  # auto or gpu, with GPUs: simulated nodes share this host's GPUs between them
         nproc = max(1, gpu_count // nodes_on_host)
-    backend = spec.backend if spec.backend != "auto" else ("nccl" if gpu_count else "gloo")
+    uses_gpus = gpu_count > 0 and wanted != "cpu"
+    backend = spec.backend if spec.backend != "auto" else ("nccl" if uses_gpus else "gloo")
     if backend == "nccl":
         needed = nproc * nodes_on_host
         if gpu_count == 0:
@@ -183,7 +184,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         choice = network.NetworkChoice(endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node")
         lines = ["store      on this host, a free port (single node)"]
     else:
-        choice = network.choose(spec.rdzv_endpoint, spec.interface)
+        choice = network.choose(spec.rdzv_endpoint, spec.interface, multi_node=spec.is_multi_node)
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
         loopback = network.hostname_loopback_address()
@@ -229,9 +230,10 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     plans = []
     for index in range(count):
         env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}").to_env()}
-        if resources.backend == "nccl":  # each simulated node gets GPUs of its own
-            first = index * resources.nproc
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(first + k) for k in range(resources.nproc))
+        if resources.backend == "nccl":  # each simulated node gets GPUs of its own, within the user's mask
+            mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+            visible = mask.split(",") if mask else [str(k) for k in range(resources.gpu_count)]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[index * resources.nproc : (index + 1) * resources.nproc])
         plans.append(
             NodePlan(
                 **_job_fields(spec, endpoint),

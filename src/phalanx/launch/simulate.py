@@ -22,8 +22,9 @@ from phalanx.launch.plan import NodePlan
 
 #: After a node has failed, how long the other nodes may take to notice and stop by themselves.
 SURVIVOR_GRACE_S = 30.0
-#: After SIGTERM, how long a node agent may take to stop its workers before SIGKILL.
-TERMINATE_GRACE_S = 15.0
+#: After SIGTERM, how long a node agent may take to stop its workers before SIGKILL: longer
+#: than the 30 s torchrun's agent itself gives its workers, so that it can finish that.
+TERMINATE_GRACE_S = 45.0
 
 
 class Simulation:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +41,15 @@ class Entrypoint:
         """The file whose content identifies the program (hashed in the cross-node check)."""
         if not self.is_module:
             return Path(self.target)
+        # Workers run `python -m`, which looks in the current directory first; so do we (the
+        # console script's own sys.path starts with its bin/ folder instead).
+        sys.path.insert(0, os.getcwd())
         try:
             found = importlib.util.find_spec(self.target)
         except (ImportError, ValueError):
             return None
+        finally:
+            sys.path.pop(0)
         if found is None or not found.origin or found.origin in ("built-in", "frozen"):
             return None
         return Path(found.origin)

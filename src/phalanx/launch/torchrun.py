@@ -6,6 +6,7 @@ what ``--dry-run`` prints: the printed command is the command that runs.
 
 from __future__ import annotations
 
+import math
 import shlex
 
 from phalanx.launch.plan import NodePlan
@@ -16,7 +17,8 @@ PREFIX_TEMPLATE_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 def torchrun_argv(plan: NodePlan) -> list[str]:
     nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
-    rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={plan.join_timeout:g}"
+    # torch reads join_timeout as a whole number of seconds
+    rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={math.ceil(plan.join_timeout)}"
     argv = [
         f"--nnodes={nnodes}",
         f"--nproc-per-node={plan.nproc_per_node}",

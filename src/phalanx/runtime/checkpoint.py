@@ -126,19 +126,35 @@ class CheckpointManager:
         for _, old in self.checkpoints()[self.keep :]:
             old.unlink(missing_ok=True)
             old.with_suffix(".sha256").unlink(missing_ok=True)
+        for leftover in self.directory.glob(".step-*"):  # temporaries of a save that crashed
+            if f"-{os.getpid()}" not in leftover.name:
+                leftover.unlink(missing_ok=True)
 
     def load_latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies, or None; damaged ones are reported and skipped."""
+        """The newest checkpoint that verifies, or None; damaged ones are reported and skipped.
+
+        A collective: rank 0 reads and verifies, every rank receives the same checkpoint. So all
+        ranks resume from one step, and only rank 0's node needs the directory (it alone writes).
+        """
+        found = self._read_newest_valid() if self.context.is_main else None
+        if self.context.is_distributed and dist.is_initialized():
+            box = [found]
+            dist.broadcast_object_list(box, src=0)
+            found = box[0]
+        if found is None:
+            return None
+        step, path, payload = found
+        rngs = payload.get("rng") or []
+        same_world = payload.get("world_size") == self.context.world_size and len(rngs) == self.context.world_size
+        return Checkpoint(step, Path(path), payload["state"], rngs[self.context.rank] if same_world else None)
+
+    def _read_newest_valid(self) -> tuple[int, str, dict[str, Any]] | None:
         for step, path in self.checkpoints():
             problem = self._problem_with(path)
             if problem:
-                if self.context.is_main:
-                    print(f"phalanx: checkpoint {path} is damaged ({problem}); trying the previous one", file=sys.stderr)
+                print(f"phalanx: checkpoint {path} is damaged ({problem}); trying the previous one", file=sys.stderr)
                 continue
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-            rngs = payload.get("rng") or []
-            same_world = payload.get("world_size") == self.context.world_size and len(rngs) == self.context.world_size
-            return Checkpoint(step, path, payload["state"], rngs[self.context.rank] if same_world else None)
+            return step, str(path), torch.load(path, map_location="cpu", weights_only=True)
         return None
 
     @staticmethod

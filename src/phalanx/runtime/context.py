@@ -116,7 +116,7 @@ def init(
     """
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and env.local_rank < torch.cuda.device_count():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
     else:

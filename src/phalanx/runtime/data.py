@@ -34,6 +34,9 @@ class ResumableSampler(Sampler[int]):
         self.total_size = self.num_samples * world_size
         self.epoch = 0
         self.position = 0  # samples of this epoch already handed out on this rank
+        #: Real (not padding) samples handed out since this sampler was made; the difference
+        #: across a batch is that batch's real count, also for the batch that ends an epoch.
+        self.real_handed_out = 0
         self._remaining_at_start = self.num_samples
 
     def _epoch_indices(self) -> list[int]:
@@ -55,6 +58,7 @@ class ResumableSampler(Sampler[int]):
         self._remaining_at_start = self.num_samples - self.position
         while self.position < self.num_samples:
             index = indices[self.position]
+            self.real_handed_out += self.rank + self.position * self.world_size < self.dataset_length
             self.position += 1
             yield index
         self.epoch += 1  # exhausted: the next pass is the next epoch, reshuffled
