@@ -24,7 +24,7 @@ from phalanx.launch.plan import NodePlan
 from phalanx.launch.values import parse_endpoint
 
 PROGRESS_EVERY_S = 10.0
-POLL_EVERY_S = 0.1
+POLL_EVERY_S = 0.02  # store reads on an idle TCP connection are cheap; a late start is not
 #: How long the host keeps the store up after a mismatch so that every node can read why.
 ABORT_GRACE_S = 5.0
 STORE_READ_TIMEOUT_S = 60.0

@@ -63,5 +63,5 @@ class RankPlanBoard:
         while not self.store.check(keys):
             if time.monotonic() > deadline:
                 return None
-            time.sleep(0.05)
+            time.sleep(0.02)
         return [json.loads(value) for value in self.store.multi_get(keys)]
