@@ -152,3 +152,16 @@ def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     assert "in collective #3 (gloo:all_reduce)" in cause
     assert "stalled: rank 2 on node1: never called collective #3; last completed #2 (gloo:all_reduce, step 2)" in cause
     assert "not reached" not in result.stdout
+
+
+def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir):
+    def preempt_workers(process: subprocess.Popen) -> None:  # as SLURM's --signal=USR1 does
+        for worker in psutil.Process(process.pid).children(recursive=True):
+            if TRAIN in " ".join(worker.cmdline()):
+                worker.send_signal(signal.SIGUSR1)
+
+    code, output, out = interrupt_after_first_checkpoint(workdir, preempt_workers)
+    assert code == 75, output
+    assert re.search(r"preempted by SIGUSR1 after step \d+; checkpoint saved", output), output
+    assert "stopped for preemption after saving a checkpoint; run the same command again" in output
+    assert "root cause" not in output and not out.exists()

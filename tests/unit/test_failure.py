@@ -33,3 +33,11 @@ def test_tail_starts_at_the_last_traceback(tmp_path):
     log.write_text("noise\nTraceback (most recent call last):\n  old\nTraceback (most recent call last):\n  new\nKeyError: 1\n")
     assert tail_of(log) == ("Traceback (most recent call last):", "  new", "KeyError: 1")
     assert tail_of(tmp_path / "missing.log") == ()
+
+
+def test_preemption_is_told_apart_from_a_failure():
+    from phalanx.launch.failure import is_preemption
+
+    assert is_preemption([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)])
+    assert not is_preemption([failure(0, 1.0, exitcode=-signal.SIGTERM)])
+    assert not is_preemption([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=1)])

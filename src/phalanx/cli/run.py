@@ -18,7 +18,7 @@ first step; rank 0's node prints the rank plan; each rank logs to LOG_DIR/<run>/
 a failure ends with its root cause.
 
 Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not join
-in time, 128+N stopped by signal N.
+in time, 75 the workers stopped for preemption (run again to continue), 128+N stopped by signal N.
 """
 
 from __future__ import annotations

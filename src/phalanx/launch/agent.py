@@ -78,7 +78,7 @@ class NodeAgent:
             elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = failure.failures_from(error, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
-            if found and all(f.exitcode == ExitCode.PREEMPTED for f in found):
+            if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
                 return ExitCode.PREEMPTED

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from phalanx.exit_codes import ExitCode
+
 TAIL_LINES = 12
 
 
@@ -73,6 +75,12 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
             )
         )
     return found
+
+
+def is_preemption(failures: list[RankFailure]) -> bool:
+    """Workers that stopped for preemption; the agent may have SIGTERMed the slower ones."""
+    codes = {f.exitcode for f in failures}
+    return ExitCode.PREEMPTED in codes and codes <= {ExitCode.PREEMPTED, -signal.SIGTERM}
 
 
 def root_cause(failures: list[RankFailure]) -> RankFailure | None:

@@ -86,6 +86,8 @@ class Simulation:
             return 128 + self._signalled
         if all(code == 0 for code in codes):
             return ExitCode.OK
+        if ExitCode.PREEMPTED in codes and set(codes) <= {ExitCode.OK, ExitCode.PREEMPTED}:
+            return ExitCode.PREEMPTED  # every node said why already
         reports = [failure_file(plan) for plan in self.plans]
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
         if found:

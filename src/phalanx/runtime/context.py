@@ -40,15 +40,12 @@ class TorchrunEnv:
     def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> TorchrunEnv:
         if "RANK" not in environ:
             return cls()
-        def number(key: str, default: int) -> int:
-            return int(environ.get(key, default))
-
         return cls(
-            rank=number("RANK", 0),
-            local_rank=number("LOCAL_RANK", 0),
-            world_size=number("WORLD_SIZE", 1),
-            local_world_size=number("LOCAL_WORLD_SIZE", 1),
-            node_rank=number("GROUP_RANK", 0),
+            rank=int(environ["RANK"]),
+            local_rank=int(environ.get("LOCAL_RANK", 0)),
+            world_size=int(environ.get("WORLD_SIZE", 1)),
+            local_world_size=int(environ.get("LOCAL_WORLD_SIZE", 1)),
+            node_rank=int(environ.get("GROUP_RANK", 0)),
         )
 
 

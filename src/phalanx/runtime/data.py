@@ -58,7 +58,7 @@ class ResumableSampler(Sampler[int]):
         self._remaining_at_start = self.num_samples - self.position
         while self.position < self.num_samples:
             index = indices[self.position]
-            self.real_handed_out += self.rank + self.position * self.world_size < self.dataset_length
+            self.real_handed_out += self._is_real(self.position)
             self.position += 1
             yield index
         self.epoch += 1  # exhausted: the next pass is the next epoch, reshuffled
@@ -73,9 +73,13 @@ class ResumableSampler(Sampler[int]):
             self.epoch, self.position = epoch, 0
         self._remaining_at_start = self.num_samples - self.position
 
+    def _is_real(self, position: int) -> bool:
+        """Whether this rank's sample at ``position`` of the epoch is real data, not padding."""
+        return self.rank + position * self.world_size < self.dataset_length
+
     def real_samples(self, start: int, stop: int) -> int:
         """How many of this rank's samples [start, stop) of the epoch are real, not padding."""
-        return sum(1 for k in range(start, stop) if self.rank + k * self.world_size < self.dataset_length)
+        return sum(self._is_real(position) for position in range(start, stop))
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}
