@@ -46,23 +46,6 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phalanx.console import say
-    from phalanx.launch.plan import decision_block, plan_nodes
-    from phalanx.launch.torchrun import command_line
+    from phalanx.launch.job import launch
 
-    spec = spec_from_args(args)
-    plans = plan_nodes(spec)
-    if spec.dry_run:
-        print(decision_block(plans))
-        for plan in plans:
-            role = " (hosts the store)" if plan.is_host else ""
-            print(f"\n# {plan.node_label} ({plan.local_addr}){role}:\n{command_line(plan)}")
-        return 0
-    say(decision_block(plans))
-    if spec.simulate_nodes:
-        from phalanx.launch.simulate import Simulation
-
-        return Simulation(plans).run()
-    from phalanx.launch.agent import NodeAgent
-
-    return NodeAgent(plans[0]).run()
+    return launch(spec_from_args(args))

@@ -162,17 +162,24 @@ def resolve_settings(
     return resolved
 
 
-def spec_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchSpec:
-    """The one place an argparse Namespace turns into a typed spec."""
+def spec_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None, entrypoint: Entrypoint | None = None
+) -> LaunchSpec:
+    """The one place an argparse Namespace turns into a typed spec.
+
+    ``entrypoint`` replaces the script of `phalanx run` for commands that launch phalanx's own
+    workers (doctor, bench); their parsers have the launch options but no SCRIPT.
+    """
     environ = os.environ if environ is None else environ
     config_text = args.config if args.config is not None else environ.get(ENV_PREFIX + "CONFIG")
     config_path = Path(config_text) if config_text else None
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, environ, config, config_path)
-    if not args.training_script:
-        raise SettingsRefused(
-            "no training script given", hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]"
-        )
-    entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
+    if entrypoint is None:
+        if not args.training_script:
+            raise SettingsRefused(
+                "no training script given", hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]"
+            )
+        entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
     return LaunchSpec(entrypoint=entrypoint, config_file=config_path, **settings)

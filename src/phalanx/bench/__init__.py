@@ -1,0 +1,1 @@
+"""Benchmarks and the cost model: collectives (nccl-tests semantics), DDP throughput, the ring model."""

@@ -1,0 +1,154 @@
+"""``phalanx bench``: measure the network as training uses it.
+
+  phalanx bench collectives   nccl-tests' method and table for all_reduce, all_gather,
+                              reduce_scatter, broadcast and all_to_all, on gloo or nccl
+
+Each runs as a job through the same launcher as `phalanx run`, so it takes the same launch
+options and runs on one machine (--nproc-per-node 2), simulated nodes (--simulate-nodes 2) or
+real nodes (the same command on every node, with --nnodes and --rdzv-endpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from phalanx.launch.options import add_launch_options
+
+COLLECTIVES_HELP = """\
+Measures collectives the way nccl-tests does, through phalanx's launcher.
+
+Examples:
+  phalanx bench collectives --nproc-per-node 2
+  phalanx bench collectives --simulate-nodes 2 --collective all -b 8 -e 128M -f 2
+  phalanx bench collectives --nnodes 2 --rdzv-endpoint 10.0.0.1:29400 --json > net.json   (on both nodes)
+
+Definitions (nccl-tests' doc/PERFORMANCE.md): time is the mean of -n back-to-back calls, then
+combined over the ranks as -a says (default: their mean); algbw = bytes / time, where bytes is
+the size for all_reduce and broadcast and n x the per-rank count for all_gather, reduce_scatter
+and all_to_all; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather,
+reduce_scatter and all_to_all, x 1 for broadcast. busbw is the figure to hold against the
+link's line rate. #wrong counts elements that differ from the expected result after -c checks.
+torch.distributed has no out-of-place all_reduce or broadcast and no in-place all_to_all:
+those cells say n/a.
+
+The report is printed by the node that ran global rank 0. Exit codes: 0 ok, 1 a check found
+wrong elements or a worker failed, 2 settings refused, 3 nodes did not join in time.
+"""
+
+
+def add_parser(commands: Any) -> None:
+    summary = __doc__.split("\n")[0].split(": ", 1)[1]
+    bench = commands.add_parser(
+        "bench", help=summary, description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    collectives = kinds.add_parser(
+        "collectives",
+        help="collective bandwidth with nccl-tests' definitions",
+        description=COLLECTIVES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_collective_flags(collectives)
+    add_launch_options(collectives)
+    collectives.set_defaults(handler=run_collectives)
+
+
+def _add_collective_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("what to measure (nccl-tests' flags)")
+    add = group.add_argument
+    add("--collective", default="all_reduce", metavar="NAMES",
+        help="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, comma-separated, or all (default all_reduce)")
+    add("-b", "--minbytes", default="1K", metavar="SIZE", help="smallest size, bytes or with K/M/G (default 1K)")
+    add("-e", "--maxbytes", default="64M", metavar="SIZE", help="largest size (default 64M)")
+    add("-f", "--stepfactor", default="4", metavar="N", help="multiply the size by N from one row to the next (default 4)")
+    add("-i", "--stepbytes", default="1M", metavar="SIZE", help="with -f 1: add this to the size instead (default 1M)")
+    add("-n", "--iters", default="20", metavar="N", help="timed calls per row (default 20)")
+    add("-w", "--warmup_iters", default="5", metavar="N", help="untimed calls first, at the largest and smallest size (default 5)")
+    add("-c", "--check", default="1", metavar="N", help="check the result on fresh data N times per row; 0 skips (default 1)")
+    add("-d", "--datatype", default="float", metavar="TYPE",
+        help="int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 (default float)")
+    add("-o", "--op", default="sum", metavar="OP", help="reduction: sum, prod, max, min, avg (default sum)")
+    add("-r", "--root", default="0", metavar="RANK", help="root rank of broadcast (default 0)")
+    add("-a", "--average", default="1", metavar="MODE", help="per-rank times combined as 0 rank 0, 1 mean, 2 min, 3 max (default 1)")
+    add("--corrupt", default="0", help=argparse.SUPPRESS)  # self-test: rank 0 alters N result elements before the check
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    out.add_argument("--plot", default=None, metavar="PNG", help="also draw busbw against size into this PNG (needs matplotlib)")
+    out.add_argument("--line-rate", default=None, metavar="RATE",
+                     help="the link's line rate for the report and plot, e.g. 1gbit or 12.5GB/s "
+                     "(default: the speed the OS reports for the interface, when it knows)")  # fmt: skip
+
+
+def _integer(text: str, flag: str) -> int:
+    from phalanx.errors import SettingsRefused
+
+    try:
+        return int(text)
+    except ValueError:
+        raise SettingsRefused(f"{flag} {text!r} is not a whole number", hint=f"for example {flag} 20") from None
+
+
+def collective_settings_from_args(args: argparse.Namespace) -> Any:
+    from phalanx.bench.collective_settings import CollectiveSettings, parse_collectives, parse_dtype, parse_op, parse_size
+
+    return CollectiveSettings(
+        collectives=parse_collectives(args.collective),
+        min_bytes=parse_size(args.minbytes, "-b"),
+        max_bytes=parse_size(args.maxbytes, "-e"),
+        step_factor=_integer(args.stepfactor, "-f"),
+        step_bytes=parse_size(args.stepbytes, "-i"),
+        iters=_integer(args.iters, "-n"),
+        warmup_iters=_integer(args.warmup_iters, "-w"),
+        check=_integer(args.check, "-c"),
+        dtype=parse_dtype(args.datatype),
+        op=parse_op(args.op),
+        root=_integer(args.root, "-r"),
+        average=_integer(args.average, "-a"),
+        corrupt=_integer(args.corrupt, "--corrupt"),
+    )
+
+
+def _line_rate(text: str | None) -> float | None:
+    from phalanx.bench.link import parse_bandwidth
+    from phalanx.errors import SettingsRefused
+    from phalanx.launch.values import InvalidValue
+
+    if text is None:
+        return None
+    try:
+        return parse_bandwidth(text, name="--line-rate")
+    except InvalidValue as invalid:
+        raise SettingsRefused(invalid.why, hint=invalid.hint) from None
+
+
+def run_collectives(args: argparse.Namespace) -> int:
+    import json
+
+    from phalanx.bench.collective_report import format_report, total_wrong
+    from phalanx.bench.plot import check_plot_path, plot_busbw
+    from phalanx.console import say
+    from phalanx.exit_codes import ExitCode
+    from phalanx.launch.tool import run_tool
+
+    settings = collective_settings_from_args(args)
+    line_rate = _line_rate(args.line_rate)
+    if args.plot:
+        check_plot_path(args.plot)
+
+    def check_world(plans: list[Any]) -> None:
+        plan = plans[0]  # every node of a job runs the same backend and process count
+        settings.check_world(plan.backend, plan.nnodes_max * plan.nproc_per_node)
+
+    outcome = run_tool(args, "phalanx.bench.collectives_worker", {"collectives": settings.to_dict(), "line_rate": line_rate}, check_world)
+    if outcome.report is None:
+        if outcome.exit_code == 0 and not args.dry_run:
+            say(f"phalanx: the report is on the node that ran global rank 0 ({outcome.report_path} there)")
+        return outcome.exit_code
+    print(json.dumps(outcome.report, indent=1) if args.json else format_report(outcome.report))
+    if args.plot:
+        plot_busbw(outcome.report, args.plot)
+        say(f"phalanx: plot written to {args.plot}")
+    if total_wrong(outcome.report):
+        return ExitCode.FAILED
+    return outcome.exit_code

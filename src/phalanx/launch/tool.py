@@ -1,0 +1,130 @@
+"""phalanx's own programs (doctor, bench) run as a job's workers, through the same launcher.
+
+Running them through `phalanx run`'s path means they meet the same launch problems a training
+job would. Both ends of the hand-over live here: the command hands every worker its typed
+settings as one JSON argument and a path where global rank 0 writes its report; after the job,
+the command on the node that ran rank 0 reads that report and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FLAG = "--settings-json"
+REPORT_FLAG = "--report"
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    exit_code: int
+    #: Rank 0's report; None after --dry-run, when rank 0 ran on another node, or the job failed first.
+    report: dict[str, Any] | None
+    report_path: Path
+
+
+def run_tool(
+    args: argparse.Namespace,
+    module: str,
+    settings: Mapping[str, Any],
+    check_plans: Callable[[Any], None] | None = None,
+) -> ToolOutcome:
+    """Launches ``python -m module`` on this host's nodes with the launch options in ``args``.
+
+    ``check_plans`` sees the node plans before anything starts (the backend is chosen by then),
+    so that a command can refuse settings the chosen backend cannot run.
+    """
+    from phalanx.launch.job import dry_run_text, start
+    from phalanx.launch.options import spec_from_args
+    from phalanx.launch.plan import new_run_dir, plan_nodes
+    from phalanx.launch.spec import Entrypoint
+
+    spec = spec_from_args(args, entrypoint=Entrypoint(module, is_module=True))
+    run_dir = new_run_dir(spec)
+    report_path = (run_dir / "report.json").resolve()
+    worker_args = (SETTINGS_FLAG, json.dumps(dict(settings), sort_keys=True), REPORT_FLAG, str(report_path))
+    spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True))
+    plans = plan_nodes(spec, run_dir)
+    if check_plans is not None:
+        check_plans(plans)
+    if spec.dry_run:
+        print(dry_run_text(plans))
+        return ToolOutcome(0, None, report_path)
+    exit_code = start(plans)
+    return ToolOutcome(exit_code, read_report(report_path), report_path)
+
+
+def read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class ToolInvocation:
+    """The worker's end: its settings and where rank 0 writes the report."""
+
+    settings: dict[str, Any]
+    report_path: Path
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> ToolInvocation:
+        parser = argparse.ArgumentParser(description="a phalanx worker; started by phalanx doctor or phalanx bench")
+        parser.add_argument(SETTINGS_FLAG, dest="settings", required=True)
+        parser.add_argument(REPORT_FLAG, dest="report", required=True, type=Path)
+        parsed = parser.parse_args(list(argv))
+        return cls(json.loads(parsed.settings), parsed.report)
+
+    def write_report(self, report: Mapping[str, Any]) -> None:
+        """Written whole or not at all: a temporary file renamed over the final name."""
+        self.report_path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.report_path.with_name(f".{self.report_path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(report, indent=1))
+        os.replace(temporary, self.report_path)
+
+
+@contextlib.contextmanager
+def tool_context() -> Iterator[Any]:
+    """The runtime context of a tool worker, with a process group even for a single process
+    (a 1-rank group, so that the tool's collectives run unchanged at world size 1)."""
+    import torch.distributed as dist
+
+    from phalanx.runtime.context import init
+
+    context = init()
+    own_single_group = not dist.is_initialized()
+    if own_single_group:
+        dist.init_process_group(context.backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield context
+    finally:
+        if own_single_group:
+            dist.destroy_process_group()
+        context.close()
+
+
+def rank_identities(context: Any) -> list[dict[str, Any]]:
+    """Every rank's rank, node label, host name, pid and device, in rank order (a collective)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from phalanx.worker_env import WorkerEnv
+
+    mine = {
+        "rank": context.rank,
+        "node": WorkerEnv.from_env(os.environ).node or "node0",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": str(context.device),
+    }
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return gathered
