@@ -6,12 +6,19 @@ package: nothing is downloaded), or on the tutorial's synthetic images. Run it w
 where it stopped, also after torchrun restarted the workers (``--max-restarts``).
 
     phalanx run --nproc-per-node 2 examples/train.py --epochs 5 --checkpoint-dir ckpt
+
+Every --log-every optimizer steps (and at the last) rank 0 shows the global mean loss of the
+steps since the previous report, the global throughput, the step time and the ETA: a progress
+bar on a terminal, plain lines in a log. --metrics-jsonl keeps the same numbers, one JSON
+object per logged step (step, epoch counted from 1, loss, samples, samples_per_second,
+step_time_s, eta_s, world_size, and grad_norm before clipping with --clip-grad).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -22,7 +29,20 @@ import phalanx
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.model import COMPRESSIONS, parameters_sha256, unwrap, wrap_model
+from phalanx.runtime.precision import PRECISIONS
 from phalanx.runtime.preemption import PreemptionGuard
+from phalanx.runtime.progress import StepMeter, StepReport
+
+
+def positive(kind: type) -> object:
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error message
+    return parse
 
 
 def parse_args() -> argparse.Namespace:
@@ -36,6 +56,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--accumulate", type=positive(int), default=1, metavar="N",
+                        help="micro-batches of --batch-size per optimizer step; gradients all-reduce on the last only")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="bf16: autocast on CPU or a GPU with bf16; fp16: autocast and loss scaling, CUDA only")
+    parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="NORM",
+                        help="clip the global gradient norm to NORM (the norm before clipping is logged)")
+    parser.add_argument("--log-every", type=positive(int), default=10, metavar="STEPS",
+                        help="report the global loss, throughput and ETA every STEPS optimizer steps")
+    parser.add_argument("--metrics-jsonl", type=Path, default=None, metavar="PATH",
+                        help="rank 0 appends one JSON object per logged step; a resume continues the file")
+    parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                        help="also write the logged metrics as TensorBoard events (needs the tensorboard package)")
     parser.add_argument("--metrics-json", type=Path, default=None, help="rank 0 writes the final metrics here")
     parser.add_argument("--save-model", type=Path, default=None, help="rank 0 saves the final state_dict here")
     return parser.parse_args()
@@ -58,17 +90,49 @@ def load_dataset(name: str, samples: int | None, seed: int) -> TensorDataset:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: TensorDataset, context: phalanx.DistributedContext) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, dataset: TensorDataset, context: phalanx.DistributedContext, precision: phalanx.MixedPrecision
+) -> dict[str, float]:
     """Loss and accuracy over the whole dataset, each rank taking its share: a global mean."""
     totals = phalanx.GlobalMean(context, "loss", "correct")
     images, labels = dataset.tensors
     for part in torch.arange(len(labels)).tensor_split(context.world_size)[context.rank].split(256):
-        logits = model(images[part].to(context.device))
+        with precision.autocast():
+            logits = model(images[part].to(context.device)).float()
         target = labels[part].to(context.device)
         loss = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
         totals.add(len(part), loss=loss, correct=(logits.argmax(1) == target).sum())
     result = totals.compute()
     return {"loss": result["loss"], "accuracy": result["correct"]}
+
+
+class Reporter:
+    """The logging points: global loss of the steps since the last one (one all-reduce), rates,
+    the progress display and the metrics files, all on rank 0."""
+
+    def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
+        self.context, self.epochs, self.total_steps = context, args.epochs, total_steps
+        self.window = phalanx.GlobalMean(context, "loss")
+        self.meter = StepMeter(total_steps, start_step=step)
+        self.progress = phalanx.ProgressReporter(total_steps, enabled=context.is_main)
+        self.files = phalanx.MetricsLog(jsonl=args.metrics_jsonl, tensorboard=args.tensorboard,
+                                        continue_from_step=step, enabled=context.is_main)  # fmt: skip
+
+    def report(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> None:
+        window = self.window.compute()  # a collective: every rank reaches the same logging points
+        self.window.reset()
+        rates = self.meter.measure(step, window["samples"])
+        report = StepReport(
+            step=step, total_steps=self.total_steps, epoch=epoch + 1, epochs=self.epochs, loss=window["loss"],
+            samples=int(window["samples"]), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
+            eta_s=rates.eta_s, grad_norm=None if grad_norm is None else float(grad_norm),
+        )  # fmt: skip
+        self.progress.update(report)
+        self.files.write({**report.record(), "world_size": self.context.world_size})
+
+    def close(self) -> None:
+        self.progress.close()
+        self.files.close()
 
 
 def main() -> None:
@@ -79,6 +143,7 @@ def main() -> None:
     features, classes = dataset.tensors[0].shape[1], int(dataset.tensors[1].max()) + 1
     network = torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, classes))
     check_consistency(context, model=network, dataset=dataset)  # before DDP could hang on a mismatch
+    precision = phalanx.MixedPrecision(args.precision, context.device)  # refuses what the device cannot do
     model = wrap_model(network, context, compression=args.compression)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = phalanx.ResumableSampler(len(dataset), rank=context.rank, world_size=context.world_size, seed=args.seed)
@@ -91,49 +156,68 @@ def main() -> None:
         unwrap(model).load_state_dict(latest.state["model"])
         optimizer.load_state_dict(latest.state["optimizer"])
         sampler.load_state_dict(latest.state["sampler"])
+        precision.load_state_dict(latest.state.get("precision", {}))
         if latest.rng is not None:
             phalanx.runtime.checkpoint.restore_rng_state(latest.rng)
         step = resumed_from = latest.step
-        if context.is_main:
-            print(f"resumed from step {step} ({latest.path})")
 
+    micro_batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
+    total_steps = args.epochs * math.ceil(micro_batches_per_epoch / args.accumulate)
+    reporter = Reporter(args, context, total_steps, step)
+    if latest is not None:
+        reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: stop together after this step
     epoch_metrics = phalanx.GlobalMean(context, "loss")
     started, trained = time.perf_counter(), 0
     while sampler.epoch < args.epochs:
         epoch, epoch_start = sampler.epoch, sampler.position
+        # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
+        micro_batches = math.ceil((sampler.num_samples - epoch_start) / args.batch_size)
         epoch_metrics.reset()
         real_before = sampler.real_handed_out
-        for images, labels in loader:
+        for index, (images, labels) in enumerate(loader):
             images, labels = images.to(context.device), labels.to(context.device)
-            optimizer.zero_grad(set_to_none=True)
-            per_sample = torch.nn.functional.cross_entropy(model(images), labels, reduction="none")
-            per_sample.mean().backward()
-            optimizer.step()
-            step += 1
+            with phalanx.accumulate(model, index, args.accumulate, total=micro_batches) as micro:
+                with precision.autocast():
+                    per_sample = torch.nn.functional.cross_entropy(model(images), labels, reduction="none")
+                precision.backward(per_sample.mean() * micro.loss_scale)  # all-reduces on the window's last only
             trained += len(labels)
-            # The metric counts real samples only: the padding that evens out the shards (the
+            # The metrics count real samples only: the padding that evens out the shards (the
             # last samples of a rank's epoch) would otherwise count twice.
             real, real_before = sampler.real_handed_out - real_before, sampler.real_handed_out
-            epoch_metrics.add(real, loss=per_sample[:real].detach().sum())
+            loss_sum = per_sample[:real].detach().float().sum()
+            epoch_metrics.add(real, loss=loss_sum)
+            reporter.window.add(real, loss=loss_sum)
+            if not micro.sync:
+                continue
+            grad_norm = None
+            if args.clip_grad:
+                precision.unscale(optimizer)
+                grad_norm = phalanx.clip_gradients(model, args.clip_grad)
+            precision.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            context.mark_step(step)
+            if step % args.log_every == 0 or step == total_steps:
+                reporter.report(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                                        "sampler": sampler.state_dict()})  # fmt: skip
+                                        "sampler": sampler.state_dict(), "precision": precision.state_dict()})  # fmt: skip
             if preempted:
-                if context.is_main:
-                    saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
-                    print(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
-                          f"after step {step}; {saved}", flush=True)  # fmt: skip
+                saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
+                reporter.progress.write(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
+                                        f"after step {step}; {saved}")  # fmt: skip
+                reporter.close()
                 context.close()
                 raise SystemExit(ExitCode.PREEMPTED)
         summary = epoch_metrics.compute()  # the mean over every rank's samples of this epoch
-        if context.is_main:
-            note = f" (resumed at sample {epoch_start})" if epoch_start else ""
-            print(f"epoch {epoch + 1}/{args.epochs}  step {step}  loss {summary['loss']:.4f}{note}", flush=True)
+        note = f" (resumed at sample {epoch_start})" if epoch_start else ""
+        reporter.progress.write(f"epoch {epoch + 1}/{args.epochs}  step {step}  loss {summary['loss']:.4f}{note}")
+    reporter.close()
 
     elapsed = time.perf_counter() - started
-    final = evaluate(unwrap(model), dataset, context)
+    final = evaluate(unwrap(model), dataset, context, precision)
     throughput = torch.tensor([trained / elapsed if elapsed > 0 else 0.0], device=context.device)
     if context.is_distributed:
         torch.distributed.all_reduce(throughput)  # every rank's samples/s add up

@@ -11,7 +11,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_RUNTIME = ("init", "DistributedContext", "ResumableSampler", "GlobalMean", "CheckpointManager")
+_RUNTIME = (
+    "init", "DistributedContext", "ResumableSampler", "GlobalMean", "CheckpointManager",
+    "accumulate", "no_backward_sync", "clip_gradients", "MixedPrecision",
+    "StepMeter", "StepReport", "ProgressReporter", "MetricsLog",
+)  # fmt: skip
 
 __all__ = ["__version__", *_RUNTIME]
 

@@ -7,6 +7,13 @@ torchrun): the presence of torchrun's variables is the switch.
 from phalanx.runtime.checkpoint import CheckpointManager
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableSampler
+from phalanx.runtime.gradients import accumulate, clip_gradients, no_backward_sync
 from phalanx.runtime.metrics import GlobalMean
+from phalanx.runtime.metrics_log import MetricsLog
+from phalanx.runtime.precision import MixedPrecision
+from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
 
-__all__ = ["CheckpointManager", "DistributedContext", "GlobalMean", "ResumableSampler", "init"]
+__all__ = [
+    "CheckpointManager", "DistributedContext", "GlobalMean", "MetricsLog", "MixedPrecision", "ProgressReporter",
+    "ResumableSampler", "StepMeter", "StepReport", "accumulate", "clip_gradients", "init", "no_backward_sync",
+]  # fmt: skip

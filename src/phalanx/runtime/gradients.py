@@ -1,0 +1,94 @@
+"""Gradients between backward and the optimizer step: accumulation without all-reduce, clipping.
+
+Accumulation: N micro-batches make one optimizer step. DDP would all-reduce the gradients after
+every backward; only the last micro-batch of a window needs it, the others run under DDP's
+``no_sync()`` and just add to the local ``.grad``. The result is the same as one batch N times
+as large (the gradients are a sum, the all-reduce is linear), with 1/N of the traffic.
+
+Loss scaling is the caller's, as in Lightning Fabric: :func:`accumulate` hands out the factor
+(``micro.loss_scale``, 1 / the micro-batches of this window) and the loop multiplies its loss by
+it, so nothing happens to the loss behind the caller's back::
+
+    for index, (inputs, target) in enumerate(loader):
+        with phalanx.accumulate(model, index, every=4, total=len(loader)) as micro:
+            (loss_fn(model(inputs), target) * micro.loss_scale).backward()
+        if micro.sync:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx.errors import SettingsRefused
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    #: The last micro-batch of its window: its backward all-reduces, the optimizer steps after it.
+    sync: bool
+    #: 1 / the micro-batches in this window: the accumulated gradient is then their mean.
+    loss_scale: float
+
+
+def micro_step(index: int, every: int, total: int | None = None) -> MicroStep:
+    """Where micro-batch ``index`` (0-based) falls in windows of ``every``.
+
+    ``total`` is the number of micro-batches in the pass (an epoch); when it does not divide by
+    ``every``, the last window is shorter and still ends in a sync, with its own loss scale.
+    """
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise SettingsRefused(
+            f"gradient accumulation every={every!r}", "it counts micro-batches per optimizer step",
+            "use a whole number >= 1 (1: no accumulation)",
+        )  # fmt: skip
+    if total is not None and not 0 <= index < total:
+        raise ValueError(f"micro-batch {index} is outside the pass of {total}")
+    window_start = index - index % every
+    window = every if total is None else min(every, total - window_start)
+    return MicroStep(sync=index - window_start == window - 1, loss_scale=1.0 / window)
+
+
+@contextlib.contextmanager
+def no_backward_sync(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """DDP's ``no_sync()`` when ``enabled`` and the model is in DDP; otherwise nothing.
+
+    One code path for 1 and N processes (Fabric's ``no_backward_sync``): a model that is not
+    wrapped has nothing to synchronise.
+    """
+    if enabled and isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def accumulate(model: torch.nn.Module, index: int, every: int, total: int | None = None) -> Iterator[MicroStep]:
+    """Runs a micro-batch's backward inside: all-reduces only when the window ends there."""
+    micro = micro_step(index, every, total)
+    with no_backward_sync(model, enabled=not micro.sync):
+        yield micro
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm
+    they had before (a 0-dim tensor: reading it with float() is the only device sync).
+
+    Call it after the synchronising backward. In DDP the gradients are all-reduced by then, so
+    every rank holds the same gradients, computes the same norm and clips them alike: no
+    collective is needed here and the replicas stay identical. With fp16 and a GradScaler,
+    unscale first (:meth:`phalanx.runtime.precision.MixedPrecision.unscale`).
+    """
+    if not max_norm > 0:
+        raise SettingsRefused(
+            f"gradient clipping max_norm={max_norm}", "a norm bound must be positive",
+            "use a positive number (for example 1.0), or do not clip",
+        )  # fmt: skip
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)
