@@ -2,6 +2,7 @@
 
 Commands:
   run   launch a training script on one or many nodes (torchrun's vocabulary)
+  env   this machine's report: versions, GPUs, network, limits, launch settings, known traps
 
 Exit codes, for every command:
   0 success; 1 a worker failed (its root cause is printed last); 2 settings refused, or the
@@ -15,6 +16,7 @@ import argparse
 import sys
 
 from phalanx import __version__
+from phalanx.cli import env as env_cli
 from phalanx.cli import run as run_cli
 from phalanx.errors import PhalanxError
 
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run_cli.add_parser(commands)
+    env_cli.add_parser(commands)
     return parser
 
 

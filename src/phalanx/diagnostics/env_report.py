@@ -1,0 +1,145 @@
+"""The env report: one machine's facts as one JSON document, and the part to compare across nodes.
+
+:func:`collect_env_report` never raises for what a machine lacks (no GPU, no /sys file, no
+InfiniBand): the fact is recorded as ``"unknown"`` (text), ``None`` (a number) or an empty list.
+Apart from importing torch it takes a few milliseconds, so the doctor calls it on every rank.
+
+The JSON document (:meth:`EnvReport.to_json`), schema 1; its keys are stable (new keys may be
+added, none renamed without raising ``schema``):
+
+``schema``        1
+``phalanx``       phalanx's version
+``host``          hostname, fqdn, hostname_addresses (what the hostname resolves to, IPv4 first),
+                  hostname_is_loopback, os, kernel, arch, cpus, cpus_usable, memory_bytes,
+                  python, python_implementation, python_executable
+``torch``         version, cuda_build, hip_build (None: not in this build), cuda_available, cudnn,
+                  nccl (None: not in this build), distributed_available, gloo_available,
+                  nccl_available, mpi_available
+``gpus``          driver ("none" without an NVIDIA driver), devices: [{index, name, memory_bytes,
+                  capability}] (empty without GPUs)
+``interfaces``    [{name, is_up, is_loopback, addresses, mtu, speed_mbps}] (speed None: unknown)
+``infiniband``    [{device, port, state, phys_state, rate, link_layer}]
+``shm``           path, total_bytes, free_bytes
+``limits``        open_files_soft, open_files_hard, locked_memory_soft, locked_memory_hard (None: unlimited)
+``variables``     {NAME: value} of the set NCCL_*, GLOO_*, TORCH_*, MASTER_*, PHALANX_* variables
+                  and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES
+``config_file``   the --config file the settings were read from, or None
+``settings``      [{flag, value, source, origin, refused, hint}]: what `phalanx run` would use,
+                  source "environment", "config" or "default"
+``findings``      [{topic, what, why, hint}]: known traps on this machine
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx import __version__
+from phalanx.diagnostics import launch_settings, machine, torch_facts, traps
+from phalanx.diagnostics.launch_settings import ResolvedSetting
+from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
+from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
+from phalanx.diagnostics.traps import Finding
+
+SCHEMA = 1
+
+#: Variables that differ between nodes (or ranks) of a healthy job, left out of the comparison:
+#: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's node label.
+PER_NODE_VARIABLES = (
+    "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PHALANX_NODE",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    phalanx: str
+    host: HostFacts
+    torch: TorchFacts
+    gpus: GpuReport
+    interfaces: tuple[InterfaceFacts, ...]
+    infiniband: tuple[InfinibandPort, ...]
+    shm: ShmFacts
+    limits: LimitFacts
+    variables: dict[str, str]
+    config_file: str | None
+    settings: tuple[ResolvedSetting, ...]
+    findings: tuple[Finding, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON data (dicts, lists, text, numbers): json.dumps takes it as is."""
+        # Through JSON once, so the tuples are lists: the same data a reader of the document gets.
+        return json.loads(json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}))
+
+    @property
+    def refused_settings(self) -> list[ResolvedSetting]:
+        return [setting for setting in self.settings if setting.refused]
+
+
+def collect_env_report(
+    environ: Mapping[str, str] | None = None,
+    config: Mapping[str, object] | None = None,
+    config_path: Path | None = None,
+    root: Path = Path("/"),
+) -> EnvReport:
+    """This machine's report. ``config`` is the already-read --config file (see
+    :func:`.launch_settings.load_config`), ``root`` the folder /sys, /proc, /etc and /dev are read under."""
+    environ = os.environ if environ is None else environ
+    host = machine.host_facts(root)
+    torch = torch_facts.torch_facts()
+    gpus = torch_facts.gpu_report(root=root) if torch.version != "not installed" else GpuReport("unknown", ())
+    interfaces = machine.interface_facts(root)
+    infiniband = machine.infiniband_ports(root)
+    shm = machine.shm_facts(root)
+    limits = machine.limit_facts()
+    variables = machine.distributed_variables(environ)
+    findings = [
+        *traps.hostname_trap(host),
+        *traps.driver_trap(torch, gpus),
+        *traps.interface_variable_traps(variables, interfaces),
+        *traps.infiniband_trap(infiniband),
+        *traps.shm_trap(shm),
+        *traps.limit_traps(limits, infiniband),
+    ]
+    return EnvReport(
+        phalanx=__version__,
+        host=host,
+        torch=torch,
+        gpus=gpus,
+        interfaces=tuple(interfaces),
+        infiniband=tuple(infiniband),
+        shm=shm,
+        limits=limits,
+        variables=variables,
+        config_file=str(config_path) if config_path else None,
+        settings=tuple(launch_settings.resolved_settings(environ, config or {}, config_path)),
+        findings=tuple(findings),
+    )
+
+
+def comparable_facts(report: EnvReport) -> dict[str, str]:
+    """The facts that must be equal on every node of one job, as flat text (key -> value).
+
+    Versions, the GPUs and the variables that steer the backends; a variable set on some nodes
+    only appears as a key on those (compare the union of keys, missing meaning unset).
+    """
+    facts = {
+        "phalanx": report.phalanx,
+        "python": report.host.python,
+        "torch": report.torch.version,
+        "cuda build": report.torch.cuda_build or "none",
+        "cudnn": report.torch.cudnn or "none",
+        "nccl": report.torch.nccl or "none",
+        "backends": ",".join(name for name, available in report.torch.backends().items() if available),
+        "gpu driver": report.gpus.driver,
+        "gpu count": str(len(report.gpus.devices)),
+        "gpu names": ", ".join(gpu.name for gpu in report.gpus.devices),
+    }
+    facts.update(
+        {f"env {name}": value for name, value in report.variables.items() if name not in PER_NODE_VARIABLES}
+    )
+    return facts

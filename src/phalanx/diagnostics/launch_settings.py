@@ -1,0 +1,80 @@
+"""The launch settings `phalanx run` would use on this machine, and where each one comes from.
+
+Without flags (the env report has none of run's), a setting comes from its ``PHALANX_<FLAG>``
+variable, else from the ``--config`` file, else from :class:`LaunchSpec`'s default: the same
+parsers and the same precedence as `phalanx run`, because each setting goes through
+:func:`phalanx.launch.options.resolve_settings` itself. A value `phalanx run` would refuse is
+reported with the refusal instead of raising, so that the rest of the report still appears.
+Checks that need the whole spec (--simulate-nodes with --nnodes, ...) are run's, at launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+from phalanx.errors import SettingsRefused
+from phalanx.launch.options import ENV_PREFIX, LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.launch.spec import LaunchSpec
+
+#: A setting's value as JSON holds it: numbers and switches as they are, the rest as text.
+JsonValue = Union[str, int, float, bool, None]
+
+#: The variable `phalanx run` reads the config file's path from when --config is not given.
+CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
+
+
+@dataclass(frozen=True)
+class ResolvedSetting:
+    flag: str  # e.g. "nproc-per-node"
+    value: JsonValue  # the typed value; the raw text when refused
+    source: str  # "environment", "config" or "default"
+    origin: str  # the variable's name, the config file's path, or "LaunchSpec default"
+    refused: str | None = None  # why `phalanx run` would refuse the value (None: it is fine)
+    hint: str | None = None
+
+
+def config_path_from(config_flag: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file as `phalanx run` finds it: --config, else $PHALANX_CONFIG, else none."""
+    text = config_flag if config_flag is not None else environ.get(CONFIG_VARIABLE)
+    return Path(text) if text else None
+
+
+def load_config(path: Path | None) -> dict[str, object]:
+    """The file's settings; a missing, unreadable or unknown-key file raises SettingsRefused (exit 2)."""
+    return read_config_file(path) if path is not None else {}
+
+
+def resolved_settings(
+    environ: Mapping[str, str], config: Mapping[str, object], config_path: Path | None
+) -> list[ResolvedSetting]:
+    defaults = {field.name: field.default for field in dataclasses.fields(LaunchSpec)}
+    settings = []
+    for option in LAUNCH_OPTIONS:
+        # One option at a time, so a value run would refuse is reported next to the others.
+        from_env = {option.env_var: environ[option.env_var]} if option.env_var in environ else {}
+        from_config = {option.field: config[option.field]} if option.field in config else {}
+        if from_env:
+            source, origin, raw = "environment", option.env_var, from_env[option.env_var]
+        elif from_config:
+            source, origin, raw = "config", str(config_path), from_config[option.field]
+        else:
+            default = json_value(defaults[option.field])
+            settings.append(ResolvedSetting(option.flag, default, "default", "LaunchSpec default"))
+            continue
+        try:
+            value = resolve_settings({}, from_env, from_config, config_path)[option.field]
+        except SettingsRefused as refused:
+            settings.append(ResolvedSetting(option.flag, json_value(raw), source, origin, refused.what, refused.hint))
+            continue
+        settings.append(ResolvedSetting(option.flag, json_value(value), source, origin))
+    return settings
+
+
+def json_value(value: object) -> JsonValue:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)  # NodeRange "2:4", Endpoint "10.0.0.1:29400", Path
