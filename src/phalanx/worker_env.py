@@ -17,8 +17,10 @@ class WorkerEnv:
     backend: str | None = None
     #: How the launcher names this node in its output: its address, or nodeK when simulated.
     node: str | None = None
+    #: The address this node advertises to the others (the route's source address).
+    address: str | None = None
 
-    _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE"}
+    _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS"}
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from phalanx.bench.device_sync import barrier, synchronize
+
 from phalanx.bench.collective_settings import CollectiveSettings
 from phalanx.bench.collectives import COLLECTIVES, DTYPES, INTEGER_DTYPES, REDUCE_OPS, Collective, Counts
 
@@ -125,15 +127,6 @@ class CollectiveBench:
         dist.all_to_all_single(recv, send)
         return recv
 
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _barrier(self) -> None:
-        # an all-reduce rather than dist.barrier(), which on NCCL guesses a device and warns
-        dist.all_reduce(torch.zeros(1, device=self.device))
-        self._synchronize()
-
     def _warm_up(self) -> None:
         """As nccl-tests: -w calls at the largest size, then -w at the smallest."""
         for size in (self.settings.max_bytes, self.settings.min_bytes):
@@ -141,7 +134,7 @@ class CollectiveBench:
             if counts.param:
                 for _ in range(self.settings.warmup_iters):
                     self._call(counts, in_place=not self.collective.out_of_place)
-        self._synchronize()
+        synchronize(self.device)
 
     # -- one row, one variant ---------------------------------------------------------------
     def _measure(self, counts: Counts, in_place: bool) -> Measurement:
@@ -149,11 +142,11 @@ class CollectiveBench:
         if settings.check:
             self._fill_inputs(counts, in_place, rep=99)
         self._call(counts, in_place)
-        self._barrier()
+        barrier(self.device)
         started = time.perf_counter()
         for _ in range(settings.iters):
             self._call(counts, in_place)
-        self._synchronize()
+        synchronize(self.device)
         seconds = self._combine_over_ranks((time.perf_counter() - started) / settings.iters)
         algbw = self.collective.algbw_bytes(counts, self.element_size, self.ranks) / 1e9 / seconds
         wrong = self._check(counts, in_place) if settings.check else None
@@ -206,7 +199,7 @@ class CollectiveBench:
         for rep in range(self.settings.check):
             self._fill_inputs(counts, in_place, rep)
             output = self._call(counts, in_place)
-            self._synchronize()
+            synchronize(self.device)
             if self.settings.corrupt and self.rank == 0:
                 altered = output[: self.settings.corrupt]
                 altered.copy_(altered + 1)

@@ -52,6 +52,7 @@ SCHEMA = 1
 #: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's node label.
 PER_NODE_VARIABLES = (
     "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PHALANX_NODE",
+    "PHALANX_NODE_ADDRESS",
 )  # fmt: skip
 
 

@@ -193,7 +193,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines += common_notes
     label = choice.local_addr if spec.is_multi_node else "node0"
-    worker_env = WorkerEnv(backend=resources.backend, node=label)
+    worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr)
     return NodePlan(
         **_job_fields(spec, str(choice.endpoint)),
         nproc_per_node=resources.nproc,
@@ -229,7 +229,8 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     ]
     plans = []
     for index in range(count):
-        env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}").to_env()}
+        address = f"127.0.0.{SIMULATED_ADDRESS_BASE + index}"
+        env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}", address=address).to_env()}
         if resources.backend == "nccl":  # each simulated node gets GPUs of its own, within the user's mask
             mask = os.environ.get("CUDA_VISIBLE_DEVICES")
             visible = mask.split(",") if mask else [str(k) for k in range(resources.gpu_count)]
@@ -240,7 +241,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
                 nproc_per_node=resources.nproc,
                 backend=resources.backend,
                 is_host=index == 0,
-                local_addr=f"127.0.0.{SIMULATED_ADDRESS_BASE + index}",
+                local_addr=address,
                 interface=interface,
                 node_label=f"node{index}",
                 run_dir=str(run_dir),

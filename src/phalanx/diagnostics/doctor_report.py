@@ -1,0 +1,84 @@
+"""`phalanx doctor`'s report as text: the nodes side by side, the measurements, the verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.console import format_table
+from phalanx.diagnostics.verdict import Finding
+
+
+def _nodes_table(report: dict[str, Any]) -> str:
+    nodes = report["nodes"]
+    offsets = {offset["rank"]: offset["offset_s"] for offset in report["clock_offsets"]}
+    headers = ["", *(node["label"] if node["label"] == node["address"] else f"{node['label']} ({node['address']})" for node in nodes), ""]
+    placed = [
+        ("host", [node["host"] for node in nodes]),
+        ("interface", [node["interface"] for node in nodes]),
+        ("processes / GPUs", [f"{node['processes']} / {node['gpus']}" for node in nodes]),
+        ("clock offset", ["rank 0" if 0 in node["ranks"] else f"{offsets.get(node['ranks'][0], 0.0):+.3f} s" for node in nodes]),
+    ]
+    keys = sorted({key for node in nodes for key in node["facts"]}, key=lambda key: (key.startswith("env "), key))
+    compared = [(key, [node["facts"].get(key, "(not set)") for node in nodes]) for key in keys]
+    rows = [[name, *values, ""] for name, values in placed]
+    rows += [[name, *values, "<- differs" if len(set(values)) > 1 else ""] for name, values in compared]
+    return "nodes (the rows below the line must be equal on every node)\n" + format_table(headers, [*rows[:4], ["-" * 16] + [""] * (len(headers) - 1), *rows[4:]])
+
+
+def _links_table(report: dict[str, Any]) -> str:
+    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    if not report["links"]:
+        return "links between nodes\n  none: one node (run with --nnodes or --simulate-nodes to measure links)"
+    rows = [
+        [labels[link["source"]], labels[link["target"]], f"{link['latency_s'] * 1e6:.0f}",
+         f"{link['bandwidth_bytes_per_s'] * 8 / 1e9:.3g}", f"{link['bandwidth_bytes_per_s'] / 1e9:.3g}"]
+        for link in report["links"]
+    ]  # fmt: skip
+    size = report["settings"]["p2p_bytes"]
+    title = f"links between nodes (lead ranks, point to point, {size // 1024**2} MiB one way)"
+    return title + "\n" + format_table(["from", "to", "latency (us)", "bandwidth (Gbit/s)", "(GB/s)"], rows)
+
+
+def _allreduce_table(report: dict[str, Any]) -> str:
+    result = report["allreduce"]
+    rows = [
+        [row["size_bytes"], f"{row['in_place']['time_us']:.0f}", f"{row['in_place']['busbw']:.3g}", row["in_place"]["wrong"]]
+        for row in result["rows"]
+    ]
+    title = f"all_reduce over all {report['world_size']} ranks (busbw as nccl-tests: algbw x 2(n-1)/n)"
+    return title + "\n" + format_table(["size (B)", "time (us)", "busbw (GB/s)", "#wrong"], rows)
+
+
+def _compute_table(report: dict[str, Any]) -> str:
+    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    speeds = sorted(c["gflops"] for c in report["compute"])
+    median = speeds[len(speeds) // 2]
+    rows = [[c["rank"], labels[c["rank"]], f"{c['gflops']:.1f}", f"{c['gflops'] / median:.0%}"] for c in report["compute"]]
+    size = report["compute"][0]["matrix"]
+    title = f"compute ({size}x{size} float32 matmul on every rank at once)"
+    return title + "\n" + format_table(["rank", "node", "GFLOP/s", "of median"], rows)
+
+
+def format_findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "verdict\n  no problems found"
+    lines = ["verdict"]
+    for finding in findings:
+        lines += [f"  {finding.severity.upper()}: {finding.what}", f"    HINT: {finding.hint}"]
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any], findings: list[Finding]) -> str:
+    nodes = len(report["nodes"])
+    head = (f"phalanx doctor: {nodes} node{'s' if nodes != 1 else ''}"
+            f"{' (simulated on this host)' if report['simulated'] else ''}, world size {report['world_size']}, "
+            f"backend {report['backend']}")  # fmt: skip
+    parts = [head, _nodes_table(report), _links_table(report), _allreduce_table(report), _compute_table(report),
+             format_findings(findings), summary(findings)]  # fmt: skip
+    return "\n\n".join(parts)
+
+
+def summary(findings: list[Finding]) -> str:
+    problems = sum(finding.severity == "problem" for finding in findings)
+    warnings = len(findings) - problems
+    return f"phalanx doctor: {problems} problem{'s' if problems != 1 else ''}, {warnings} warning{'s' if warnings != 1 else ''}"

@@ -1,0 +1,102 @@
+"""The program `phalanx doctor` runs on every rank (``python -m phalanx.diagnostics.doctor_worker``).
+
+Every rank takes part in each probe; global rank 0 gathers the results into the report that
+the command turns into tables and a verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from phalanx.bench.collective_report import collective_result
+from phalanx.bench.collective_runner import CollectiveBench
+from phalanx.bench.collective_settings import CollectiveSettings
+from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
+from phalanx.diagnostics.probes import Probe
+from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
+from phalanx.worker_env import WorkerEnv
+
+
+@dataclass(frozen=True)
+class DoctorSettings:
+    p2p_bytes: int = 16 * 1024**2
+    allreduce_min_bytes: int = 1024**2
+    allreduce_max_bytes: int = 64 * 1024**2
+    iters: int = 5
+
+    def allreduce(self) -> CollectiveSettings:
+        return CollectiveSettings(
+            collectives=("all_reduce",), min_bytes=self.allreduce_min_bytes, max_bytes=self.allreduce_max_bytes,
+            step_factor=8, iters=self.iters, warmup_iters=2, check=1,
+        )  # fmt: skip
+
+
+def _this_rank(context: Any) -> dict[str, Any]:
+    env = collect_env_report()
+    worker = WorkerEnv.from_env(os.environ)
+    return {
+        "address": worker.address or "127.0.0.1",
+        "interface": os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME") or "(default)",
+        "facts": comparable_facts(env),
+        "traps": [dataclasses.asdict(finding) for finding in env.findings],
+        "gpus": len(env.gpus.devices),
+        "processes": context.local_world_size,
+    }
+
+
+def _nodes(ranks: list[dict[str, Any]], details: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    nodes: dict[str, dict[str, Any]] = {}
+    for rank, detail in zip(ranks, details):
+        node = nodes.setdefault(rank["node"], {"label": rank["node"], "host": rank["host"], "ranks": [], **detail})
+        node["ranks"].append(rank["rank"])
+    return list(nodes.values())  # in order of their lowest rank
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    invocation = ToolInvocation.from_argv(sys.argv[1:] if argv is None else argv)
+    settings = DoctorSettings(**invocation.settings)
+    with tool_context() as context:
+        ranks = rank_identities(context)
+        details: list[Any] = [None] * context.world_size
+        dist.all_gather_object(details, _this_rank(context))
+        nodes = _nodes(ranks, details)
+        leads = [node["ranks"][0] for node in nodes]
+        probe = Probe(context.device)
+        say = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
+        say(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
+        offsets = probe.clock_offsets(leads)
+        links = [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]]
+        allreduce_settings = settings.allreduce()
+        rows = CollectiveBench(allreduce_settings, "all_reduce", context.device).rows()
+        compute = probe.compute()
+        gathered: list[Any] = [None] * context.world_size
+        dist.all_gather_object(gathered, ([dataclasses.asdict(o) for o in offsets],
+                                          [dataclasses.asdict(link) for link in links if link],
+                                          dataclasses.asdict(compute)))  # fmt: skip
+        if context.is_main:
+            measured_links = [link for _, rank_links, _ in gathered for link in rank_links]
+            slowest = min(measured_links, key=lambda link: link["bandwidth_bytes_per_s"], default=None)
+            invocation.write_report({
+                "tool": "doctor", "world_size": context.world_size, "backend": context.backend,
+                "simulated": all(node["address"].startswith("127.") for node in nodes) and len(nodes) > 1,
+                "settings": dataclasses.asdict(settings), "ranks": ranks, "nodes": nodes,
+                "clock_offsets": [offset for rank_offsets, _, _ in gathered for offset in rank_offsets],
+                "links": measured_links,
+                "allreduce": collective_result(allreduce_settings, "all_reduce", rows),
+                "compute": [rank_compute for _, _, rank_compute in gathered],
+                # the slowest link between nodes: what `phalanx plan --from-doctor` reads
+                "network": None if slowest is None else {"bandwidth_bytes_per_s": slowest["bandwidth_bytes_per_s"],
+                                                         "latency_s": slowest["latency_s"]},
+            })  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""`phalanx doctor`'s verdict: findings drawn from the measurements, each with its HINT.
+
+Pure functions over the report the doctor's rank 0 gathered, so every rule is tested on its
+own. A *problem* breaks a job or makes it silently wrong (the exit code is 1); a *warning*
+costs speed (the exit code stays 0 unless --strict).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: Links slower than this (bytes/s; 2.5 Gbit/s) make data-parallel training wait on the network.
+SLOW_LINK_BYTES_PER_S = 2.5e9 / 8
+#: A rank this much slower than the median at the same matmul is a straggler: everyone waits for it.
+STRAGGLER_RATIO = 0.75
+#: Clocks further apart than this make the nodes' logs disagree on what happened first.
+CLOCK_OFFSET_S = 1.0
+#: Forward and backward of a dense layer cost about 6 FLOPs per parameter per sample.
+FLOPS_PER_PARAMETER_SAMPLE = 6
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "problem" or "warning"
+    topic: str
+    what: str
+    hint: str
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _node_names(report: dict[str, Any]) -> dict[str, str]:
+    return {node["label"]: f"{node['label']} ({node['address']})" if node["address"] != node["label"] else node["label"]
+            for node in report["nodes"]}  # fmt: skip
+
+
+def fingerprint_findings(report: dict[str, Any]) -> list[Finding]:
+    """Every setting that is not the same on all nodes, naming the odd nodes out."""
+    names = _node_names(report)
+    facts = {node["label"]: node["facts"] for node in report["nodes"]}
+    findings = []
+    for key in sorted({key for node_facts in facts.values() for key in node_facts}):
+        values = {label: node_facts.get(key, "(not set)") for label, node_facts in facts.items()}
+        if len(set(values.values())) < 2:
+            continue
+        common, _ = Counter(values.values()).most_common(1)[0]
+        odd = [label for label, value in values.items() if value != common]
+        described = "; ".join(f"node {names[label]} has {key} = {values[label]}" for label in odd)
+        findings.append(Finding(
+            "problem", f"differs:{key}", f"{described}, the others {common}",
+            f"install or set the same {key} on every node (phalanx env shows it on each); nodes that differ "
+            "can hang in a collective or train on different code",
+        ))  # fmt: skip
+    return findings
+
+
+def hostname_findings(report: dict[str, Any]) -> list[Finding]:
+    if report["simulated"]:
+        return []  # simulated nodes share this host on purpose
+    by_host = Counter(node["host"] for node in report["nodes"])
+    return [
+        Finding("problem", "duplicate-hostname",
+                f"{count} nodes report the hostname {host!r}",
+                "give every machine its own hostname: NCCL and torchrun tell hosts apart by it "
+                "(hostnamectl set-hostname NAME)")  # fmt: skip
+        for host, count in by_host.items()
+        if count > 1
+    ]
+
+
+def gpu_findings(report: dict[str, Any]) -> list[Finding]:
+    findings = []
+    for node in report["nodes"]:
+        gpus, procs = node["gpus"], node["processes"]
+        name = _node_names(report)[node["label"]]
+        if report["backend"] == "nccl" and gpus < procs:
+            findings.append(Finding("problem", "gpus-short", f"node {name} runs {procs} processes on nccl but has {gpus} GPUs",
+                                    f"use --nproc-per-node {gpus} (one process per GPU) on that node"))  # fmt: skip
+        elif gpus > procs:
+            findings.append(Finding("warning", "gpus-idle", f"node {name} has {gpus} GPUs but runs {procs} processes",
+                                    f"use --nproc-per-node {gpus} (or gpu) to train on all of them"))  # fmt: skip
+    return findings
+
+
+def clock_findings(report: dict[str, Any]) -> list[Finding]:
+    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    names = _node_names(report)
+    return [
+        Finding("warning", "clock-offset", f"node {names[labels[c['rank']]]}'s clock is {c['offset_s']:+.2f} s off rank 0's",
+                "run NTP (chrony or systemd-timesyncd) on every node, so that their logs can be put side by side")  # fmt: skip
+        for c in report["clock_offsets"]
+        if abs(c["offset_s"]) > CLOCK_OFFSET_S
+    ]
+
+
+def link_findings(report: dict[str, Any]) -> list[Finding]:
+    links = report["links"]
+    if not links:
+        return []
+    slowest = min(links, key=lambda link: link["bandwidth_bytes_per_s"])
+    rate = slowest["bandwidth_bytes_per_s"]
+    findings = []
+    if rate < SLOW_LINK_BYTES_PER_S:
+        ranks = report["world_size"]
+        # the fp32 gradient ring all-reduce per step, against the dense compute it must hide behind
+        ring_s_per_parameter = 2 * (ranks - 1) / ranks * 4 / rate
+        speeds = [c["gflops"] for c in report["compute"]]
+        flops = statistics.median(speeds) * 1e9 if speeds else 0.0
+        batch = ring_s_per_parameter * flops / FLOPS_PER_PARAMETER_SAMPLE
+        findings.append(Finding(
+            "warning", "slow-link",
+            f"links measure about {rate * 8 / 1e9:.2g} Gbit/s ({rate / 1e9:.3g} GB/s): the gradient all-reduce costs "
+            f"{ring_s_per_parameter * 1e9:.0f} ms per step for every 1 M fp32 parameters, and at the measured "
+            f"{flops / 1e9:.0f} GFLOP/s a dense model's step computes for less than that with under ~{batch:.0f} samples "
+            "per process, so it will be communication-bound",
+            "try --compression powersgd (or fp16, half the bytes) and larger per-process batches; "
+            "phalanx plan --from-doctor FILE --params N predicts it for your model",
+        ))  # fmt: skip
+    others = [link["bandwidth_bytes_per_s"] for link in links if link is not slowest]
+    if others and rate < 0.5 * statistics.median(others):
+        labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+        pair = f"{labels[slowest['source']]} -> {labels[slowest['target']]}"
+        findings.append(Finding(
+            "warning", "uneven-links",
+            f"the link {pair} measures {rate * 8 / 1e9:.2g} Gbit/s, the others about {statistics.median(others) * 8 / 1e9:.2g}",
+            "a ring all-reduce runs at the pace of its slowest link: check that pair's cabling, NIC and "
+            "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME",
+        ))  # fmt: skip
+    return findings
+
+
+def straggler_findings(report: dict[str, Any]) -> list[Finding]:
+    speeds = {c["rank"]: c["gflops"] for c in report["compute"]}
+    if len(speeds) < 2:
+        return []
+    median = statistics.median(speeds.values())
+    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    return [
+        Finding("warning", "straggler",
+                f"rank {rank} on {labels[rank]} computes {speed:.1f} GFLOP/s, {speed / median:.0%} of the median {median:.1f}",
+                "every step waits for the slowest rank: look for other jobs, CPU frequency limits or a "
+                "throttled GPU on that node (nvidia-smi -q -d PERFORMANCE)")  # fmt: skip
+        for rank, speed in sorted(speeds.items())
+        if speed < STRAGGLER_RATIO * median
+    ]
+
+
+def allreduce_findings(report: dict[str, Any]) -> list[Finding]:
+    wrong = report["allreduce"]["wrong"]
+    if not wrong:
+        return []
+    return [Finding("problem", "allreduce-wrong", f"the all-reduce check found {wrong} wrong elements",
+                    "the backend returns wrong results: run phalanx bench collectives -c 5 to narrow it down, "
+                    "and check the NCCL/driver versions and NCCL_PROTO / NCCL_ALGO settings")]  # fmt: skip
+
+
+def machine_findings(report: dict[str, Any]) -> list[Finding]:
+    """The env report's known traps, once per trap: naming the nodes that have it, or all."""
+    names = _node_names(report)
+    holders: dict[tuple[str, str, str], list[str]] = {}
+    for node in report["nodes"]:
+        for trap in node["traps"]:
+            holders.setdefault((trap["topic"], trap["what"], trap["hint"]), []).append(names[node["label"]])
+    every = len(report["nodes"])
+    return [
+        Finding("warning", topic, f"{'every node' if len(nodes) == every > 1 else 'node ' + ', '.join(nodes)}: {what}", hint)
+        for (topic, what, hint), nodes in holders.items()
+    ]
+
+
+RULES = (fingerprint_findings, hostname_findings, gpu_findings, allreduce_findings, link_findings,
+         straggler_findings, clock_findings, machine_findings)  # fmt: skip
+
+
+def verdict(report: dict[str, Any]) -> list[Finding]:
+    findings = [finding for rule in RULES for finding in rule(report)]
+    return sorted(findings, key=lambda finding: finding.severity != "problem")

@@ -1,0 +1,56 @@
+"""`phalanx doctor` on two namespace hosts: a planted difference and a shaped 1 Gbit link.
+
+Skipped where network namespaces cannot be made (not root); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from tests.netns.hosts import run_on_both, two_hosts
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+PORT = "29400"
+
+
+def doctor_line(host, endpoint: str, report, *env: str) -> list[str]:
+    doctor = [sys.executable, "-m", "phalanx", "doctor", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:{PORT}",
+              "--join-timeout", "60", "--p2p-size", "8M", "--max-bytes", "8M", "--json"]  # fmt: skip
+    # the JSON goes to a file: stdout and stderr arrive merged here
+    return host.command(["env", *env, "sh", "-c", f"{shlex.join(doctor)} > {shlex.quote(str(report))}"])
+
+
+def test_doctor_names_the_planted_difference_and_the_slow_link(workdir):
+    with two_hosts("d", rate="1gbit") as (a, b):
+        reports = [workdir / "a.json", workdir / "b.json"]
+        outcomes = run_on_both(
+            [doctor_line(a, a.address, reports[0]), doctor_line(b, a.address, reports[1], "NCCL_IB_DISABLE=1")],
+            timeout=180, cwd=str(workdir),
+        )  # fmt: skip
+        assert [o.returncode for o in outcomes] == [1, 1], [o.output[-3000:] for o in outcomes]
+        report = json.loads(reports[0].read_text())  # host a ran rank 0
+        # both hosts run in one folder here, as nodes sharing a file system do: both print the report
+        assert json.loads(reports[1].read_text()) == report
+        findings = {f["topic"]: f for f in report["findings"]}
+        planted = findings["differs:env NCCL_IB_DISABLE"]
+        assert planted["severity"] == "problem"
+        assert planted["what"] == f"node {b.address} has env NCCL_IB_DISABLE = 1, the others (not set)"
+        [link] = report["links"]
+        gbit = link["bandwidth_bytes_per_s"] * 8 / 1e9
+        assert 0.5 < gbit < 1.1, link  # tbf rate 1gbit, measured
+        slow = findings["slow-link"]
+        assert slow["severity"] == "warning" and f"about {gbit:.2g} Gbit/s" in slow["what"]
+        assert [node["interface"] for node in report["nodes"]] == [a.device, b.device]
+
+
+def test_doctor_alone_reports_the_missing_node_and_stops(workdir):
+    with two_hosts("n") as (a, b):
+        line = a.command([sys.executable, "-m", "phalanx", "doctor", "--nnodes", "2", "--rdzv-endpoint",
+                          f"{a.address}:{PORT}", "--join-timeout", "4"])  # fmt: skip
+        [alone] = run_on_both([line], timeout=60, cwd=str(workdir))
+        assert alone.returncode == 3, alone.output[-3000:]
+        assert "only 1 of 2 nodes joined" in alone.output and f"joined: {a.address}" in alone.output, alone.output[-3000:]
