@@ -2,6 +2,7 @@
 
 Commands:
   run   launch a training script on one or many nodes (torchrun's vocabulary)
+  plan  predict the all-reduce time a step for a model, layout and link, with each compression
   env   this machine's report: versions, GPUs, network, limits, launch settings, known traps
 
 Exit codes, for every command:
@@ -17,6 +18,7 @@ import sys
 
 from phalanx import __version__
 from phalanx.cli import env as env_cli
+from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
 from phalanx.errors import PhalanxError
 
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run_cli.add_parser(commands)
+    plan_cli.add_parser(commands)
     env_cli.add_parser(commands)
     return parser
 
