@@ -6,7 +6,7 @@ import json
 
 
 def test_doctor_on_two_simulated_nodes_measures_and_finds_no_problem(phalanx) -> None:
-    done = phalanx("doctor", "--simulate-nodes", "2", "--nproc-per-node", "2", "--p2p-size", "4M", "--max-bytes", "8M",
+    done = phalanx("doctor", "--simulate-nodes", "2", "--nproc-per-node", "2", "--p2p-size", "4M", "--max-bytes", "4M",
                    "--json", timeout=240)  # fmt: skip
     assert done.returncode == 0, done.output
     report = json.loads(done.stdout)
@@ -17,7 +17,7 @@ def test_doctor_on_two_simulated_nodes_measures_and_finds_no_problem(phalanx) ->
     assert (link["source"], link["target"]) == (0, 2)  # the lead ranks of the two nodes
     assert link["bandwidth_bytes_per_s"] > 0 and 0 < link["latency_s"] < 1
     assert report["network"] == {"bandwidth_bytes_per_s": link["bandwidth_bytes_per_s"], "latency_s": link["latency_s"]}
-    assert [row["size_bytes"] for row in report["allreduce"]["rows"]] == [1024**2, 8 * 1024**2]
+    assert [row["size_bytes"] for row in report["allreduce"]["rows"]] == [1024**2, 4 * 1024**2]
     assert report["allreduce"]["wrong"] == 0
     assert sorted(c["rank"] for c in report["compute"]) == [0, 1, 2, 3]
     assert [offset["rank"] for offset in report["clock_offsets"]] == [2]

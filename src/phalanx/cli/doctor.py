@@ -37,7 +37,7 @@ def add_parser(commands: Any) -> None:
     )  # fmt: skip
     group = parser.add_argument_group("doctor")
     group.add_argument("--p2p-size", default="16M", metavar="SIZE", help="message size of the point-to-point bandwidth probe (default 16M)")
-    group.add_argument("--max-bytes", default="64M", metavar="SIZE", help="largest all-reduce size; measured at 1M, 8M, ... up to it (default 64M)")
+    group.add_argument("--max-bytes", default="16M", metavar="SIZE", help="largest all-reduce size; measured at 1M, 4M, ... up to it (default 16M)")
     group.add_argument("--strict", action="store_true", help="exit 1 on warnings too (for CI gates)")
     group.add_argument("--json", action="store_true", help="print the report and verdict as JSON")
     add_launch_options(parser)

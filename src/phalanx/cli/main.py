@@ -1,9 +1,11 @@
 """``phalanx``: multi-node synchronous data-parallel training with PyTorch.
 
 Commands:
-  run   launch a training script on one or many nodes (torchrun's vocabulary)
-  plan  predict the all-reduce time a step for a model, layout and link, with each compression
-  env   this machine's report: versions, GPUs, network, limits, launch settings, known traps
+  run     launch a training script on one or many nodes (torchrun's vocabulary)
+  env     this machine's report: versions, GPUs, network, limits, launch settings, known traps
+  doctor  check nodes and network before training: a comparison, measurements, a verdict
+  bench   measure collectives as nccl-tests does, and DDP training throughput
+  plan    predict the all-reduce time a step for a model, layout and link, with each compression
 
 Exit codes, for every command:
   0 success; 1 a worker failed (its root cause is printed last); 2 settings refused, or the
@@ -17,6 +19,8 @@ import argparse
 import sys
 
 from phalanx import __version__
+from phalanx.cli import bench as bench_cli
+from phalanx.cli import doctor as doctor_cli
 from phalanx.cli import env as env_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
@@ -35,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run_cli.add_parser(commands)
-    plan_cli.add_parser(commands)
     env_cli.add_parser(commands)
+    doctor_cli.add_parser(commands)
+    bench_cli.add_parser(commands)
+    plan_cli.add_parser(commands)
     return parser
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -23,19 +24,35 @@ from phalanx.diagnostics.probes import Probe
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 from phalanx.worker_env import WorkerEnv
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class DoctorSettings:
     p2p_bytes: int = 16 * 1024**2
     allreduce_min_bytes: int = 1024**2
-    allreduce_max_bytes: int = 64 * 1024**2
+    allreduce_max_bytes: int = 16 * 1024**2
     iters: int = 5
 
     def allreduce(self) -> CollectiveSettings:
         return CollectiveSettings(
             collectives=("all_reduce",), min_bytes=self.allreduce_min_bytes, max_bytes=self.allreduce_max_bytes,
-            step_factor=8, iters=self.iters, warmup_iters=2, check=1,
+            step_factor=4, iters=self.iters, warmup_iters=1, check=1,
         )  # fmt: skip
+
+
+class _PhaseTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, measure: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        result = measure()
+        self.seconds[name] = time.perf_counter() - started
+        return result
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
 
 
 def _this_rank(context: Any) -> dict[str, Any]:
@@ -71,11 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe = Probe(context.device)
         say = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
         say(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
-        offsets = probe.clock_offsets(leads)
-        links = [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]]
+        timer = _PhaseTimer()
+        offsets = timer.run("clocks", lambda: probe.clock_offsets(leads))
+        links = timer.run("links", lambda: [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]])
         allreduce_settings = settings.allreduce()
-        rows = CollectiveBench(allreduce_settings, "all_reduce", context.device).rows()
-        compute = probe.compute()
+        rows = timer.run("all-reduce", lambda: CollectiveBench(allreduce_settings, "all_reduce", context.device).rows())
+        compute = timer.run("compute", probe.compute)
+        say(f"doctor: measured in {timer}")
         gathered: list[Any] = [None] * context.world_size
         dist.all_gather_object(gathered, ([dataclasses.asdict(o) for o in offsets],
                                           [dataclasses.asdict(link) for link in links if link],
