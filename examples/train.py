@@ -89,6 +89,11 @@ def load_dataset(name: str, samples: int | None, seed: int) -> TensorDataset:
     return TensorDataset(images, labels)
 
 
+def build_model(dataset: TensorDataset) -> torch.nn.Module:
+    features, classes = dataset.tensors[0].shape[1], int(dataset.tensors[1].max()) + 1
+    return torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, classes))
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, dataset: TensorDataset, context: phalanx.DistributedContext, precision: phalanx.MixedPrecision
@@ -140,8 +145,7 @@ def main() -> None:
     context = phalanx.init()
     torch.manual_seed(args.seed)
     dataset = load_dataset(args.dataset, args.samples, args.seed)
-    features, classes = dataset.tensors[0].shape[1], int(dataset.tensors[1].max()) + 1
-    network = torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, classes))
+    network = build_model(dataset)
     check_consistency(context, model=network, dataset=dataset)  # before DDP could hang on a mismatch
     precision = phalanx.MixedPrecision(args.precision, context.device)  # refuses what the device cannot do
     model = wrap_model(network, context, compression=args.compression)

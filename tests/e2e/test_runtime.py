@@ -22,28 +22,110 @@ TRAIN = str(EXAMPLES / "train.py")
 
 
 def train(workdir: Path, name: str, *args: str, nproc: int = 1, timeout: float = 180) -> dict:
-    out = workdir / f"{name}.json"
-    argv = [TRAIN, *args, "--metrics-json", str(out), "--save-model", str(workdir / f"{name}.pt")]
+    """Runs train.py; its --metrics-json, with the --metrics-jsonl records under "records"."""
+    out, records = workdir / f"{name}.json", workdir / f"{name}.jsonl"
+    argv = [TRAIN, *args, "--metrics-json", str(out), "--save-model", str(workdir / f"{name}.pt"),
+            "--metrics-jsonl", str(records)]  # fmt: skip
     command = [sys.executable, *argv] if nproc == 1 else phalanx_argv("run", "--nproc-per-node", str(nproc), *argv)
     result = run_command(command, timeout=timeout, cwd=workdir)
     assert result.returncode == 0, result.output
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "records": read_records(records), "output": result.output}
 
 
-def test_more_processes_with_smaller_batches_give_the_same_model(workdir):
-    # 1792 samples divide evenly by every world size and batch, so no rank sees padding.
-    common = ("--samples", "1792", "--epochs", "2", "--lr", "0.05")
-    single = train(workdir, "w1", *common, "--batch-size", "32")
-    double = train(workdir, "w2", *common, "--batch-size", "16", nproc=2)
-    assert (single["world_size"], double["world_size"]) == (1, 2)
-    assert single["steps"] == double["steps"] == 2 * 1792 // 32
-    one, two = torch.load(workdir / "w1.pt"), torch.load(workdir / "w2.pt")
-    for key in one:
-        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5)
-    assert abs(single["final_loss"] - double["final_loss"]) < 1e-4
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-RESUME_ARGS = ("--epochs", "8", "--batch-size", "16", "--checkpoint-every", "20")
+# 1792 samples divide evenly by every world size and batch, so no rank sees padding; 112 steps.
+EQUIVALENCE_ARGS = ("--samples", "1792", "--epochs", "2", "--lr", "0.05", "--log-every", "8")
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> tuple[Path, dict]:
+    """One process, batch 32: what every world size with a 32-sample global batch must match."""
+    folder = tmp_path_factory.mktemp("single")
+    return folder, train(folder, "w1", *EQUIVALENCE_ARGS, "--batch-size", "32")
+
+
+def assert_same_training(single: tuple[Path, dict], folder: Path, name: str, world_size: int) -> dict:
+    (single_folder, one), other = single, json.loads((folder / f"{name}.json").read_text())
+    assert (one["world_size"], other["world_size"]) == (1, world_size)
+    assert one["steps"] == other["steps"] == 2 * 1792 // 32
+    reference, trained = torch.load(single_folder / "w1.pt"), torch.load(folder / f"{name}.pt")
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], rtol=1e-4, atol=1e-5)
+    assert abs(one["final_loss"] - other["final_loss"]) < 1e-4
+    return other
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_more_processes_with_smaller_batches_give_the_same_model_and_the_same_global_loss(workdir, single_process, nproc):
+    multi = train(workdir, f"w{nproc}", *EQUIVALENCE_ARGS, "--batch-size", str(32 // nproc), nproc=nproc)
+    assert_same_training(single_process, workdir, f"w{nproc}", nproc)
+    # The JSONL file: rank 0 wrote one record per logged step, with the loss of every rank's
+    # samples; one rank's own loss would differ from the single process's, which sees them all.
+    one, many = single_process[1]["records"], multi["records"]
+    assert [r["step"] for r in many] == [r["step"] for r in one] == list(range(8, 113, 8))
+    assert {r["world_size"] for r in many} == {nproc} and {r["samples"] for r in many} == {8 * 32}
+    assert [r["epoch"] for r in many] == [1] * 7 + [2] * 7
+    for mine, reference in zip(many, one):
+        assert mine["loss"] == pytest.approx(reference["loss"], rel=1e-4, abs=1e-5), mine["step"]
+    assert all(r["samples_per_second"] > 0 and r["step_time_s"] > 0 and r["eta_s"] >= 0 for r in many)
+    assert many[-1]["eta_s"] == 0
+    assert "step 112/112 (100%)" in multi["output"]  # the progress line, plain in a log
+
+
+def test_accumulated_micro_batches_give_the_same_model(workdir, single_process):
+    # 2 processes x 2 micro-batches of 8 per optimizer step: the same 32 samples a step.
+    train(workdir, "acc", *EQUIVALENCE_ARGS, "--batch-size", "8", "--accumulate", "2", nproc=2)
+    assert_same_training(single_process, workdir, "acc", 2)
+
+
+def test_accumulation_all_reduces_only_at_the_end_of_a_window(phalanx, workdir):
+    script = workdir / "accumulate.py"
+    script.write_text((Path(__file__).parent / "workers" / "accumulate.py").read_text())
+    result = phalanx("run", "--nproc-per-node", "2", str(script), str(workdir))
+    assert result.returncode == 0, result.output
+    ranks = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for mine in ranks:  # 8 micro-batches in windows of 4, one bucket: 2 all-reduces instead of 8
+        assert (mine["accumulate"]["all_reduces"], mine["every_backward"]["all_reduces"]) == (2, 8)
+        for with_no_sync, without in zip(mine["accumulate"]["gradients"], mine["every_backward"]["gradients"]):
+            for a, b in zip(with_no_sync, without):
+                torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+    # The gradients were all-reduced before clipping: every rank saw the same global norm.
+    assert ranks[0]["accumulate"]["norms"] == ranks[1]["accumulate"]["norms"]
+    assert all(norm > 0.01 for norm in ranks[0]["accumulate"]["norms"])  # so the clip was active
+
+
+def test_bf16_autocast_trains_on_cpu(workdir):
+    metrics = train(workdir, "bf16", "--epochs", "3", "--precision", "bf16", "--log-every", "5", nproc=2)
+    losses = [r["loss"] for r in metrics["records"]]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert metrics["accuracy"] > 0.7
+
+
+def test_fp16_on_cpu_is_refused_with_a_hint(workdir):
+    result = run_command([sys.executable, TRAIN, "--precision", "fp16"], timeout=60, cwd=workdir)
+    assert result.returncode == 1
+    assert "precision fp16 on device cpu" in result.stderr and "HINT: use --precision bf16" in result.stderr
+
+
+def test_clip_grad_bounds_every_update(workdir):
+    clip, lr, momentum = 0.01, 0.05, 0.9
+    start = train(workdir, "start", "--epochs", "0")  # the same seed: the initial parameters
+    clipped = train(workdir, "clipped", "--epochs", "1", "--lr", str(lr), "--clip-grad", str(clip),
+                    "--log-every", "1", nproc=2)  # fmt: skip
+    assert start["steps"] == 0 and clipped["steps"] == 29  # ceil(ceil(1797 / 2) / 32)
+    norms = [r["grad_norm"] for r in clipped["records"]]
+    assert len(norms) == 29 and min(norms) > 10 * clip  # the norm before clipping: clipping did act
+    # With every gradient clipped to norm c, SGD with momentum moves at most lr * c / (1 - momentum)
+    # a step; unclipped, these gradients would move the weights more than ten times as far.
+    before, after = torch.load(workdir / "start.pt"), torch.load(workdir / "clipped.pt")
+    moved = torch.cat([(after[k] - before[k]).flatten() for k in before]).norm()
+    assert 0 < moved <= 29 * lr * clip / (1 - momentum)
+
+
+RESUME_ARGS = ("--epochs", "8", "--batch-size", "16", "--checkpoint-every", "20", "--log-every", "5")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +140,8 @@ def reference(tmp_path_factory) -> dict:
 def interrupt_after_first_checkpoint(workdir: Path, interrupt, *launch: str) -> tuple[int, str, Path]:
     """Starts train.py under phalanx run, calls interrupt(process) once a checkpoint exists."""
     checkpoints, out = workdir / "ck", workdir / "resumed.json"
-    command = phalanx_argv("run", "--nproc-per-node", "2", *launch, TRAIN, *RESUME_ARGS,
-                           "--checkpoint-dir", str(checkpoints), "--metrics-json", str(out))  # fmt: skip
+    command = phalanx_argv("run", "--nproc-per-node", "2", *launch, TRAIN, *RESUME_ARGS, "--checkpoint-dir",
+                           str(checkpoints), "--metrics-json", str(out), "--metrics-jsonl", str(workdir / "resumed.jsonl"))  # fmt: skip
     process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
     try:
@@ -85,6 +167,11 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
     assert resumed["resumed_from_step"] is not None and resumed["resumed_from_step"] % 20 == 0, output
     assert resumed["steps"] == reference["steps"]
     assert resumed["params_sha256"] == reference["params_sha256"]
+    # The metrics file lost the steps after the checkpoint, logged them again, and now reads as
+    # the uninterrupted run's: every logged step once, the same global losses.
+    records, expected = read_records(workdir / "resumed.jsonl"), reference["records"]
+    assert [r["step"] for r in records] == [r["step"] for r in expected]
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
 
 
 def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference):
@@ -97,13 +184,15 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
 
     relaunch = run_command(
         phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
-                     "--metrics-json", str(out)),
+                     "--metrics-json", str(out), "--metrics-jsonl", str(workdir / "resumed.jsonl")),
         timeout=180, cwd=workdir,
     )  # fmt: skip
     assert relaunch.returncode == 0, relaunch.output
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] == int(stopped.group(1))
     assert resumed["params_sha256"] == reference["params_sha256"]
+    steps = [r["step"] for r in read_records(workdir / "resumed.jsonl")]
+    assert steps == [r["step"] for r in reference["records"]]
 
 
 def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
