@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,7 +35,9 @@ from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.progress import StepMeter, StepReport
 
 
-def positive(kind: type) -> object:
+def positive(kind: type) -> Callable[[str], int | float]:
+    """An argparse type: a number of ``kind`` above zero."""
+
     def parse(text: str) -> int | float:
         value = kind(text)
         if not value > 0:
@@ -57,15 +60,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--accumulate", type=positive(int), default=1, metavar="N",
-                        help="micro-batches of --batch-size per optimizer step; gradients all-reduce on the last only")
+                        help="micro-batches of --batch-size per optimizer step (default 1); the gradients all-reduce on "
+                             "the last only. Global batch: batch size x N x processes")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="bf16: autocast on CPU or a GPU with bf16; fp16: autocast and loss scaling, CUDA only")
     parser.add_argument("--clip-grad", type=positive(float), default=None, metavar="NORM",
                         help="clip the global gradient norm to NORM (the norm before clipping is logged)")
     parser.add_argument("--log-every", type=positive(int), default=10, metavar="STEPS",
-                        help="report the global loss, throughput and ETA every STEPS optimizer steps")
+                        help="report the global loss, throughput and ETA every STEPS optimizer steps (default 10)")
     parser.add_argument("--metrics-jsonl", type=Path, default=None, metavar="PATH",
-                        help="rank 0 appends one JSON object per logged step; a resume continues the file")
+                        help="rank 0 writes one JSON object per logged step; a resumed run continues the file, "
+                             "a fresh run starts it over")
     parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
                         help="also write the logged metrics as TensorBoard events (needs the tensorboard package)")
     parser.add_argument("--metrics-json", type=Path, default=None, help="rank 0 writes the final metrics here")
