@@ -1,0 +1,297 @@
+"""Gradient compression as one DDP communication hook, and ``auto``: measure, then keep the fastest.
+
+DDP takes a single ``register_comm_hook`` call, so phalanx registers one hook,
+:class:`GradientCompression`, that hands every gradient bucket to the current candidate (torch's
+all-reduce, fp16, bf16 or PowerSGD hook). With a fixed choice there is one candidate. With
+``auto`` the first steps of the real run are the trial:
+
+1. warm-up: each candidate runs a few steps that are not timed (PowerSGD the longest: its first
+   two steps are plain all-reduce by design, its third allocates its memories);
+2. rounds: the candidates take turns, ``steps_per_round`` steps each, in a rotating order, and
+   each step's time is taken (from the first bucket of one step to the first bucket of the next:
+   forward, backward, communication and optimizer, as the run really spends them);
+3. decision: at the step after the trial every rank starts one all-reduce (MAX) of its
+   per-candidate medians, asynchronously, inside the hook, before that step's own bucket
+   collectives: the same place in the collective order on every rank, so nothing can cross.
+   That step runs plain all-reduce; at the next step the (long finished) result is read and
+   every rank switches to the same winner, computed from the same numbers.
+
+Every trial step is a real training step: each candidate delivers the averaged gradient it
+always delivers (PowerSGD keeps its error feedback across its turns). The choice is the fastest
+candidate, except that a lossier one must beat the previous choice by ``min_gain``: a 1% gain
+is noise, not a reason to send approximate gradients.
+
+Resume: :meth:`GradientCompression.state_dict` carries the choice, the trial so far and
+PowerSGD's memories (every rank's residual), so a resumed run keeps the choice and continues
+bit for bit instead of trying again and perhaps choosing otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from phalanx.errors import SettingsRefused
+from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.powersgd_state import PowerSGD
+from phalanx.worker_env import WorkerEnv
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class AutoTrial:
+    """How ``auto`` measures: ``rounds`` turns of ``steps_per_round`` timed steps per candidate."""
+
+    rounds: int = 3
+    steps_per_round: int = 2
+    #: A lossier candidate is taken only when it is at least this much faster (0.03 = 3%).
+    min_gain: float = 0.03
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.steps_per_round < 1:
+            raise SettingsRefused(
+                f"auto compression trial of {self.rounds} round(s) x {self.steps_per_round} step(s)",
+                "each candidate needs at least one timed step to be compared",
+                "use rounds >= 1 and steps_per_round >= 1 (default 3 x 2)",
+            )
+        if not 0 <= self.min_gain < 1:
+            raise SettingsRefused(f"auto compression min_gain {self.min_gain}", "it is a fraction of a step time",
+                                  "use a value in [0, 1), e.g. 0.03")  # fmt: skip
+
+    def schedule(self, candidates: Sequence[Any]) -> tuple[tuple[str, bool], ...]:
+        """(candidate name, timed?) for every trial step, in order."""
+        steps = [(c.name, False) for c in candidates for _ in range(c.warmup_steps)]
+        names = [c.name for c in candidates]
+        for turn in range(self.rounds):
+            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                steps += [(name, True)] * self.steps_per_round
+        return tuple(steps)
+
+
+class HookCandidate:
+    """A stateless torch hook (all-reduce, fp16, bf16) on the default process group."""
+
+    warmup_steps = 1
+
+    def __init__(self, name: str, hook: Callable[[Any, Any], torch.futures.Future[torch.Tensor]]) -> None:
+        self.name = name
+        self._hook = hook
+
+    def __call__(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        return self._hook(None, bucket)
+
+    def shared_state(self) -> dict[str, Any]:
+        return {}
+
+    def rank_state(self) -> dict[str, Any]:
+        return {}
+
+    def load(self, shared: dict[str, Any], rank_state: dict[str, Any] | None, device: torch.device) -> None:
+        pass
+
+
+def make_candidate(name: str, names: dict[int, str], powersgd_rank: int) -> HookCandidate | PowerSGD:
+    if name == "powersgd":
+        return PowerSGD(names, powersgd_rank)
+    hooks = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+             "bf16": default_hooks.bf16_compress_hook}  # fmt: skip
+    return HookCandidate(name, hooks[name])
+
+
+def _dispatch(compression, bucket):  # no annotations: DDP refuses a hook whose annotations are strings
+    return compression.communicate(bucket)
+
+
+class GradientCompression:
+    """What gradient compression a DDP model uses and why; :func:`phalanx.runtime.model.compression_of`.
+
+    ``mode`` is what was asked (``auto``, ``fp16``, ...); ``chosen`` what runs (None while the
+    trial of ``auto`` runs); ``timings_ms`` the trial's ms/step per candidate (the slowest rank's
+    median).
+    """
+
+    def __init__(
+        self, mode: str, context: DistributedContext, candidates: Sequence[HookCandidate | PowerSGD],
+        trial: AutoTrial | None = None,
+    ) -> None:  # fmt: skip
+        self.mode = mode
+        self.context = context
+        self.candidates = {c.name: c for c in candidates}
+        self.trial = trial if mode == "auto" and len(candidates) > 1 else None
+        self.chosen: str | None = None if self.trial else (candidates[0].name if candidates else "none")
+        self.timings_ms: dict[str, float] | None = None
+        self.from_checkpoint = False
+        self.steps = 0  # steps whose gradients went through the hook (optimizer steps, accumulation aside)
+        self.last_used: str | None = None  # the candidate of the latest step
+        self._schedule = self.trial.schedule(candidates) if self.trial else ()
+        self._samples: dict[str, list[float]] = {name: [] for name in self.candidates}
+        self._first_bucket = True
+        self._fresh = True  # the first step of a process is never timed: it pays for being first
+        self._step_started: float | None = None
+        self._timed_step: str | None = None  # the candidate whose step is being timed
+        self._pending: tuple[Any, torch.Tensor] | None = None  # the decision's all-reduce in flight
+
+    def register(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        if self.candidates:
+            ddp.register_comm_hook(self, _dispatch)
+
+    # -- inside DDP's backward --------------------------------------------------------------
+
+    def communicate(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        if self._first_bucket:
+            self._first_bucket = False
+            self.last_used = self._begin_step(bucket.buffer().device)
+        future = self.candidates[self.last_used](bucket)
+        if bucket.is_last():
+            self._first_bucket = True
+            self.steps += 1
+        return future
+
+    def _begin_step(self, device: torch.device) -> str:
+        """The candidate for this step: the same on every rank, from the step count alone."""
+        if self.chosen is not None:
+            return self.chosen
+        self._take_time(device)
+        if self.steps < len(self._schedule):
+            name, timed = self._schedule[self.steps]
+            self._timed_step = name if timed and not self._fresh else None
+            self._fresh = False
+            return name
+        self._timed_step = None
+        if self._pending is None:
+            self._start_decision(device)
+            return next(iter(self.candidates))  # plain all-reduce while the decision travels
+        self._finish_decision()
+        return self.chosen  # type: ignore[return-value]
+
+    def _take_time(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the host runs ahead of the GPU: time what the GPU did
+        now = time.perf_counter()
+        if self._timed_step is not None and self._step_started is not None:
+            self._samples[self._timed_step].append(now - self._step_started)
+        self._step_started = now
+
+    def _start_decision(self, device: torch.device) -> None:
+        medians = [statistics.median(s) * 1000 if s else math.inf for s in self._samples.values()]
+        slowest = torch.tensor(medians, dtype=torch.float64, device=device)
+        work = dist.all_reduce(slowest, op=dist.ReduceOp.MAX, async_op=True)
+        self._pending = (work, slowest)
+
+    def _finish_decision(self) -> None:
+        if self._pending is None:
+            return
+        work, slowest = self._pending
+        work.wait()  # every rank started it a step ago: this returns at once
+        self._pending = None
+        self.timings_ms = dict(zip(self.candidates, slowest.cpu().tolist()))
+        self.chosen = choose(self.timings_ms, self.trial.min_gain if self.trial else 0.0)
+        self._announce(self.decision_line())
+
+    # -- what users read --------------------------------------------------------------------
+
+    def decision_line(self) -> str:
+        """One line: the choice, why when it is not the fastest, and the ms/step of every candidate."""
+        if self.timings_ms is None:
+            return f"phalanx: compression {self.mode}: {self.chosen or 'still measuring'}"
+        timed = self.trial.rounds * self.trial.steps_per_round if self.trial else 0
+        measured = ", ".join(f"{name} {ms:.1f}" if math.isfinite(ms) else f"{name} (not measured)"
+                             for name, ms in self.timings_ms.items())  # fmt: skip
+        fastest = min(self.timings_ms, key=self.timings_ms.__getitem__)
+        notes = []
+        if fastest != self.chosen:
+            gain = 1 - self.timings_ms[fastest] / self.timings_ms[self.chosen]  # type: ignore[index]
+            notes.append(f"{fastest} is only {gain:.1%} faster, not worth lossier gradients")
+        if self.from_checkpoint:
+            notes.append("kept from the checkpoint")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        return (f"phalanx: compression auto chose {self.chosen}{note}: {measured} ms/step "
+                f"(median of {timed} trial steps each, slowest rank)")
+
+    def _announce(self, line: str) -> None:
+        """Rank 0 prints the decision. Under phalanx run every other rank writes it too: its output
+        goes to its own log file (the console shows rank 0), so each rank's log records its choice."""
+        if self.context.is_main or WorkerEnv.from_env(os.environ).node is not None:
+            print(line, file=sys.stdout, flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: mode, chosen (None while measuring), ms_per_step (None until decided),
+        timed_steps per candidate, trial_steps (the steps before the choice runs), from_checkpoint."""
+        self._finish_decision()  # a decision in flight finishes without a new collective
+        return {
+            "mode": self.mode, "chosen": self.chosen, "ms_per_step": self.timings_ms,
+            "timed_steps": {name: len(samples) for name, samples in self._samples.items()} if self.trial else {},
+            "trial_steps": len(self._schedule) + 1 if self.trial else 0, "from_checkpoint": self.from_checkpoint,
+        }  # fmt: skip
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The choice, the trial so far and the candidates' memories; a collective.
+
+        Call it on every rank, as CheckpointManager.save is: PowerSGD's residual differs per
+        rank, so rank 0 gathers all of them (the returned dict is complete on rank 0 only).
+        """
+        self._finish_decision()
+        mine = {name: c.rank_state() for name, c in self.candidates.items()}
+        ranks: list[Any] = [mine]
+        if self.context.is_distributed and dist.is_initialized():
+            ranks = [None] * self.context.world_size if self.context.is_main else None  # type: ignore[assignment]
+            dist.gather_object(mine, ranks, dst=0)
+        return {
+            "format": STATE_FORMAT, "mode": self.mode, "candidates": list(self.candidates), "steps": self.steps,
+            "chosen": self.chosen, "timings_ms": self.timings_ms, "samples_s": self._samples,
+            "world_size": self.context.world_size,
+            "shared": {name: c.shared_state() for name, c in self.candidates.items()}, "ranks": ranks,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues where ``state`` stopped: the same choice, or the trial at the same step.
+
+        A state from another mode is ignored (said on rank 0); with another world size the
+        choice is kept but PowerSGD's error feedback starts from zero.
+        """
+        if state.get("mode") != self.mode or state.get("candidates") != list(self.candidates):
+            self._announce_main(f"phalanx: the checkpoint's gradient compression is {state.get('mode')!r} with "
+                                f"{state.get('candidates')}; this run uses {self.mode!r} with {list(self.candidates)}, "
+                                "so it starts afresh (not an exact continuation)")  # fmt: skip
+            return
+        same_world = state["world_size"] == self.context.world_size and state["ranks"] is not None
+        for name, candidate in self.candidates.items():
+            errors = state["ranks"][self.context.rank][name] if same_world else None
+            candidate.load(state["shared"][name], errors, self.context.device)
+        if not same_world and "powersgd" in self.candidates:
+            self._announce_main(f"phalanx: the checkpoint was written by {state['world_size']} processes, this run has "
+                                f"{self.context.world_size}: PowerSGD's error feedback restarts from zero")  # fmt: skip
+        self.steps = state["steps"]
+        self._samples = {name: list(values) for name, values in state["samples_s"].items()}
+        self.chosen, self.timings_ms = state["chosen"], state["timings_ms"]
+        self._step_started, self._timed_step, self._pending, self._fresh = None, None, None, True
+        if self.trial and self.chosen is not None:
+            self.from_checkpoint = True
+            self._announce(self.decision_line())
+
+    def _announce_main(self, line: str) -> None:
+        if self.context.is_main:
+            print(line, file=sys.stderr, flush=True)
+
+
+def choose(timings_ms: dict[str, float], min_gain: float) -> str:
+    """The fastest candidate, walking from the least lossy; a lossier one must gain ``min_gain``."""
+    names = list(timings_ms)
+    best = names[0]
+    for name in names[1:]:
+        if timings_ms[name] < timings_ms[best] * (1 - min_gain):
+            best = name
+    return best

@@ -1,0 +1,128 @@
+"""Gradient compression under real launches over gloo: auto's trial, agreement, exact resume.
+
+The worker (workers/compression_worker.py) records on every rank which candidate ran each step,
+checks each step's delivered gradient against the true average, and hashes the parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from phalanx.runtime.compression import choose
+from tests.conftest import EXAMPLES, phalanx_argv, run_command
+
+pytestmark = pytest.mark.slow
+TRAIN = str(EXAMPLES / "train.py")
+WORKER = str(Path(__file__).parent / "workers" / "compression_worker.py")
+DECISION = re.compile(
+    r"phalanx: compression auto chose (\w+)(?: \(([^)]*)\))?: (.+) ms/step \(median of (\d+) trial steps each, slowest rank\)"
+)
+#: The default trial: warm-up (none 1, fp16 1, powersgd 2 plain + 1 compressed), 3 rounds x 2
+#: steps x 3 candidates, then one step while the decision's all-reduce travels.
+TRIAL = ["none", "fp16", "powersgd", "powersgd", "powersgd"] + [
+    name for turn in (["none", "fp16", "powersgd"], ["fp16", "powersgd", "none"], ["powersgd", "none", "fp16"])
+    for name in turn for _ in range(2)
+] + ["none"]  # fmt: skip
+
+
+def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
+    found = []
+    for chosen, _note, measured, _count in DECISION.findall(text):
+        timings = {name: float(ms) for name, ms in (part.split() for part in measured.split(", "))}
+        found.append((chosen, timings))
+    return found
+
+
+def launch(workdir: Path, *args: str, launcher: tuple[str, ...] = ("--nproc-per-node", "2"), timeout: float = 240):
+    result = run_command(phalanx_argv("run", *launcher, *args), timeout=timeout, cwd=workdir)
+    assert result.returncode == 0, result.output
+    return result
+
+
+def worker(workdir: Path, name: str, *args: str) -> tuple[list[dict], str]:
+    result = launch(workdir, WORKER, str(workdir / name), *args)
+    return [json.loads((workdir / name / f"rank{r}.json").read_text()) for r in (0, 1)], result.output
+
+
+@pytest.mark.parametrize("launcher", [("--nproc-per-node", "2"), ("--simulate-nodes", "2")], ids=["2procs", "2nodes"])
+def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
+    out = workdir / "metrics.json"
+    result = launch(workdir, TRAIN, "--epochs", "3", "--compression", "auto", "--metrics-json", str(out), launcher=launcher)
+    metrics = json.loads(out.read_text())
+    assert metrics["world_size"] == 2 and metrics["accuracy"] > 0.7, metrics
+    losses = [float(x) for x in re.findall(r"epoch \d/3  step \d+  loss (\d+\.\d+)", result.stdout)]
+    assert len(losses) == 3 and losses[-1] < losses[0], result.stdout
+
+    shown = decisions(result.stdout)
+    assert len(shown) == 1, result.stdout  # the console shows rank 0's line, once
+    chosen, timings = shown[0]
+    assert set(timings) == {"none", "fp16", "powersgd"} and all(0 < ms < 10_000 for ms in timings.values()), timings
+    assert chosen == choose(timings, 0.03)  # the fastest, lossier ones only for a real gain
+    logged = [decisions(log.read_text()) for log in sorted(workdir.glob("phalanx-logs/*/attempt_0/rank*/stdout.log"))]
+    assert logged == [shown, shown], logged  # every rank wrote the same choice from the same numbers
+
+
+def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir):
+    ranks, output = worker(workdir, "auto", "--compression", "auto", "--steps", "40")
+    used = [[rank["used"][str(step)] for step in range(40)] for rank in ranks]
+    assert used[0] == used[1]
+    chosen = ranks[0]["summary"]["chosen"]
+    assert used[0] == TRIAL + [chosen] * (40 - len(TRIAL)), used[0]
+    assert ranks[0]["summary"] == ranks[1]["summary"]
+    assert ranks[0]["summary"]["trial_steps"] == len(TRIAL)
+    assert decisions(output)[0] == (chosen, {k: round(v, 1) for k, v in ranks[0]["summary"]["ms_per_step"].items()})
+    # The worker asserted at every step: identical gradients on both ranks, none exact, fp16
+    # within its rounding; powersgd's uncompressed biases exact.
+    assert ranks[0]["worst_error"]["none"] < 1e-5 and 0 < ranks[0]["worst_error"]["fp16"] < 2e-2
+    assert ranks[0]["biases_exact"] and ranks[1]["biases_exact"]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+    first, last = ranks[0]["losses"][:5], ranks[0]["losses"][-5:]
+    assert sum(last) < 0.8 * sum(first), ranks[0]["losses"]
+
+
+def interrupted(workdir: Path, compression: str, save_at: int, *control: str) -> tuple[dict, dict, str]:
+    """Rank 0's record of a run saving at save_at and going on to 50, and of a run resumed from that save."""
+    ck = workdir / f"ck-{compression}-{save_at}{''.join(control)}"
+    common = ("--compression", compression, "--steps", "50", "--checkpoint-dir", str(ck), *control)
+    full, _ = worker(workdir, f"full-{ck.name}", *common, "--save-at", str(save_at))
+    resumed, output = worker(workdir, f"resumed-{ck.name}", *common)
+    assert resumed[0]["resumed_from"] == save_at and resumed[0]["used"] == resumed[1]["used"]
+    return full[0], resumed[0], output
+
+
+def test_powersgd_resumes_bit_for_bit_with_its_error_feedback(workdir):
+    full, resumed, _ = interrupted(workdir, "powersgd", 30)
+    assert resumed["params_sha256"] == full["params_sha256"]
+    # The control: the same resume without the compression state drifts from the first step.
+    full, resumed, _ = interrupted(workdir, "powersgd", 30, "--no-compression-state")
+    assert resumed["sha_after"]["30"] != full["sha_after"]["30"]
+    assert resumed["params_sha256"] != full["params_sha256"]
+
+
+def test_auto_resumed_after_its_decision_keeps_the_choice_and_continues_exactly(workdir):
+    full, resumed, output = interrupted(workdir, "auto", 30)
+    assert resumed["summary"]["chosen"] == full["summary"]["chosen"]
+    assert resumed["summary"]["ms_per_step"] == full["summary"]["ms_per_step"]
+    assert resumed["summary"]["from_checkpoint"] and not full["summary"]["from_checkpoint"]
+    assert set(resumed["used"].values()) == {full["summary"]["chosen"]}  # no second trial
+    assert resumed["params_sha256"] == full["params_sha256"]
+    assert f"compression auto chose {full['summary']['chosen']} (kept from the checkpoint)" in output
+
+
+def test_auto_resumed_mid_trial_continues_the_trial_where_it_stopped(workdir):
+    full, resumed, _ = interrupted(workdir, "auto", 10)
+    steps = range(10, len(TRIAL))
+    assert [resumed["used"][str(s)] for s in steps] == [full["used"][str(s)] for s in steps] == TRIAL[10:]
+    # Every trial step after the resume, PowerSGD's included, lands on the same parameters.
+    assert [resumed["sha_after"][str(s)] for s in steps] == [full["sha_after"][str(s)] for s in steps]
+    # Timings from both processes decide. Lost: step 9 (its end fell in the next process) and
+    # step 10 (a fresh process's first step is never timed), both powersgd's.
+    assert resumed["summary"]["timed_steps"] == {"none": 6, "fp16": 6, "powersgd": 4}
+    assert full["summary"]["timed_steps"] == {"none": 6, "fp16": 6, "powersgd": 6}
+    assert resumed["summary"]["trial_steps"] == len(TRIAL) and not resumed["summary"]["from_checkpoint"]
+    assert all(math.isfinite(ms) for ms in resumed["summary"]["ms_per_step"].values())
