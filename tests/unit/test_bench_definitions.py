@@ -73,3 +73,27 @@ def test_refusals_say_what_and_hint(make, fragment: str) -> None:
 def test_nccl_is_not_refused_what_only_gloo_lacks() -> None:
     assert unsupported_reason("nccl", "all_reduce", "uint32", "sum") is None
     assert unsupported_reason("gloo", "all_gather", "int8", "avg") is None  # no reduction, no average
+
+
+@pytest.mark.parametrize("per_rank", [16, 256, 4096, 1000])
+def test_the_check_data_tells_every_ranks_chunk_apart(per_rank: int) -> None:
+    """A collective that put one rank's chunk where another's belongs must count wrong."""
+    import torch
+
+    from phalanx.bench.collective_runner import _count_wrong, _pattern
+
+    chunks = [_pattern(rank, rank * per_rank, per_rank, 1, "sum", torch.device("cpu")) for rank in range(8)]
+    for rank in range(1, 8):
+        wrong = _count_wrong(chunks[0].float(), chunks[rank].double(), "sum", 8)
+        assert wrong > 0.6 * per_rank, (rank, wrong)  # about 4 in 5 differ, as for random values
+
+
+def test_the_check_is_exact_where_the_type_is() -> None:
+    import torch
+
+    from phalanx.bench.collective_runner import _count_wrong
+
+    exact = torch.tensor([40.0, 12.0])
+    assert _count_wrong(torch.tensor([39.0, 12.0], dtype=torch.bfloat16), exact, "sum", 8) == 1  # one lost contribution
+    assert _count_wrong(torch.tensor([40.0, 12.0], dtype=torch.bfloat16), exact, "sum", 8) == 0
+    assert _count_wrong(torch.tensor([300 - 256, 12], dtype=torch.int8), torch.tensor([300, 12]), "sum", 8) == 0  # wraps

@@ -99,3 +99,34 @@ def test_problems_come_before_warnings() -> None:
     report["compute"][1]["gflops"] = 10.0
     report["allreduce"]["wrong"] = 1
     assert [finding.severity for finding in verdict(report)] == ["problem", "warning"]
+
+
+def test_a_logging_variable_or_a_python_patch_release_apart_is_only_a_warning() -> None:
+    report = healthy_report()
+    report["nodes"][1]["facts"]["env NCCL_DEBUG"] = "INFO"
+    report["nodes"][0]["facts"]["python"], report["nodes"][1]["facts"]["python"] = "3.11.7", "3.11.9"
+    assert topics(report) == {"differs:env NCCL_DEBUG": "warning", "differs:python": "warning"}
+    report["nodes"][1]["facts"]["python"] = "3.12.1"
+    assert topics(report)["differs:python"] == "problem"
+
+
+def test_a_link_too_short_to_time_is_said_not_hidden() -> None:
+    report = healthy_report()
+    report["links"][0]["bandwidth_bytes_per_s"] = None
+    assert topics(report) == {"link-unmeasured": "warning"}
+
+
+def test_the_clock_says_ahead_or_behind() -> None:
+    report = healthy_report()
+    report["clock_offsets"][0]["offset_s"] = -2.5
+    [finding] = verdict(report)
+    assert finding.what == "node 10.0.0.2's clock is 2.50 s behind rank 0's"
+
+
+def test_a_fast_link_still_warns_when_dense_steps_cannot_hide_it() -> None:
+    report = healthy_report()
+    report["world_size"] = 16
+    report["links"][0]["bandwidth_bytes_per_s"] = 1.25e9  # 10 Gbit/s
+    for rank in report["compute"]:
+        rank["gflops"] = 50_000.0  # a GPU: the all-reduce needs batches of ~50,000 to hide
+    assert topics(report) == {"slow-link": "warning"}

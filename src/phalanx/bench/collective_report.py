@@ -18,13 +18,15 @@ from phalanx.bench.collectives import AVERAGE_MODES, COLLECTIVES
 def collective_result(settings: CollectiveSettings, name: str, rows: list[Row]) -> dict[str, Any]:
     measured = [m for row in rows for m in (row.out_of_place, row.in_place) if m is not None]
     wrong = sum(m.wrong or 0 for m in measured)
+    failed_cells = sum(1 for m in measured if m.wrong)
     return {
         "collective": name,
         "type": settings.dtype,
         "redop": settings.op if COLLECTIVES[name].reduces else "none",
         "root": settings.root if COLLECTIVES[name].rooted else -1,
         "rows": [asdict(row) for row in rows],
-        "wrong": wrong,
+        "wrong": wrong,  # elements, over every cell
+        "failed_cells": failed_cells,  # what nccl-tests' "Out of bounds values" counts
         # nccl-tests' footer: the mean busbw over every measured cell, both variants
         "avg_busbw": sum(m.busbw for m in measured) / len(measured) if measured else 0.0,
     }
@@ -56,7 +58,7 @@ def format_table(result: dict[str, Any]) -> str:
         head = f"{row['size_bytes']:12d}  {row['count']:12d}  {result['type']:>8}  {result['redop']:>6}  {result['root']:6d}"
         lines.append(head + _cells(row["out_of_place"]) + _cells(row["in_place"]))
     status = "FAILED" if result["wrong"] else "OK"
-    lines += [f"# Out of bounds values : {result['wrong']} {status}", f"# Avg bus bandwidth    : {result['avg_busbw']:g}", "#"]
+    lines += [f"# Out of bounds values : {result['failed_cells']} {status}", f"# Avg bus bandwidth    : {result['avg_busbw']:g}", "#"]
     return "\n".join(lines)
 
 
@@ -64,7 +66,7 @@ def _line_rate_text(report: dict[str, Any]) -> str:
     rate = report.get("line_rate")
     if not rate:
         return f"unknown ({report['interface'] or 'the default interface'} does not report a speed; give --line-rate)"
-    return f"{rate * 8 / 1e9:g} Gbit/s = {rate / 1e9:g} GB/s ({report['interface']})"
+    return f"{rate * 8 / 1e9:g} Gbit/s = {rate / 1e9:g} GB/s ({report['interface'] or 'given'})"
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from phalanx.bench.device_sync import barrier, synchronize
-
 from phalanx.bench.collective_settings import CollectiveSettings
-from phalanx.bench.collectives import COLLECTIVES, DTYPES, INTEGER_DTYPES, REDUCE_OPS, Collective, Counts
+from phalanx.bench.collectives import COLLECTIVES, DTYPES, REDUCE_OPS, Collective, Counts
+from phalanx.bench.device_sync import barrier, synchronize
 
 # torch 2.13 renamed the tensor forms of all_gather and reduce_scatter; 2.4 has only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -45,21 +44,31 @@ class Row:
 class _Buffers:
     """Send and receive buffers for the largest row, viewed per row and per variant."""
 
-    def __init__(self, largest: Counts, dtype: torch.dtype, device: torch.device) -> None:
-        self.send = torch.zeros(max(largest.send, 1), dtype=dtype, device=device)
+    def __init__(self, largest: Counts, uses_send: bool, dtype: torch.dtype, device: torch.device) -> None:
+        self.send = torch.zeros(max(largest.send, 1) if uses_send else 1, dtype=dtype, device=device)
         self.recv = torch.zeros(max(largest.recv, 1), dtype=dtype, device=device)
 
 
-def _pattern(rank: int, start: int, length: int, rep: int, op: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Small integers every rank can recompute: sums stay exact in every type for a few dozen ranks."""
+#: A hash of (position, rank, repetition): xorshift-multiply rounds on 32 bits, so that no two
+#: ranks' chunks, and no two checks, hold the same values: a misplaced chunk shows.
+_MASK32 = 0xFFFFFFFF
+
+
+def _pattern(rank: int, start: int, length: int, rep: int, op: str, device: torch.device) -> torch.Tensor:
+    """Small integers (int64) every rank can recompute: 1..5, or 1..2 for prod."""
     index = torch.arange(start, start + length, dtype=torch.int64, device=device)
-    modulus = 2 if op == "prod" else 5  # products of 1s and 2s stay exact, sums of 1..5 too
-    return ((index * 3 + rank * 7 + rep) % modulus + 1).to(dtype)
+    mixed = (index + rank * 1_000_003 + rep * 7_777_777) & 0x7FFFFFFF
+    for multiplier, shift in ((0x9E3779B1, 15), (0x85EBCA77, 13)):
+        mixed = (mixed * multiplier) & _MASK32
+        mixed = mixed ^ (mixed >> shift)
+    return mixed % (2 if op == "prod" else 5) + 1
 
 
 def _combine(parts: list[torch.Tensor], op: str, ranks: int) -> torch.Tensor:
+    """The exact result, in int64 (integer types) or float64: cast to the type it is what a
+    correct backend returns, as long as sums stay within the type's exact integers."""
     if op == "avg":
-        return (torch.stack([p.double() for p in parts]).sum(0) / ranks).to(parts[0].dtype)
+        return torch.stack([p.double() for p in parts]).sum(0) / ranks
     combine = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}[op]
     result = parts[0].clone()
     for part in parts[1:]:
@@ -67,11 +76,22 @@ def _combine(parts: list[torch.Tensor], op: str, ranks: int) -> torch.Tensor:
     return result
 
 
-def _count_wrong(result: torch.Tensor, expected: torch.Tensor, dtype_name: str) -> int:
-    if dtype_name in INTEGER_DTYPES:
-        return int((result != expected).sum())
-    tolerance = 4 * torch.finfo(result.dtype).eps
-    return int((~torch.isclose(result.double(), expected.double(), rtol=tolerance, atol=0.0)).sum())
+def _count_wrong(result: torch.Tensor, exact: torch.Tensor, op: str, ranks: int) -> int:
+    """Elements of ``result`` that differ from the exact result cast to the result's type."""
+    floating = result.dtype.is_floating_point
+    wide = torch.float64 if floating else torch.int64
+    expected = exact.to(result.dtype).to(wide)  # integer types wrap around here as the backend does
+    got = result.to(wide)
+    if not floating:
+        return int((got != expected).sum())
+    info = torch.finfo(result.dtype)
+    largest_exact = 2 / info.eps  # 2^(mantissa bits + 1): every integer up to it is a float of this type
+    exact_enough = (op == "sum" and 5 * ranks <= largest_exact) or op in ("prod", "max", "min")
+    if exact_enough:
+        return int((got != expected).sum())
+    # avg (NCCL scales each input by 1/n before summing), or sums past the exact integers:
+    # each of the n additions or scalings may round once
+    return int((~torch.isclose(got, expected, rtol=(ranks + 1) * info.eps, atol=0.0)).sum())
 
 
 class CollectiveBench:
@@ -86,7 +106,8 @@ class CollectiveBench:
         self.dtype = getattr(torch, torch_name)
         self.reduce_op = getattr(dist.ReduceOp, REDUCE_OPS[settings.op])
         largest = self.collective.counts(settings.max_bytes // self.element_size, self.ranks)
-        self.buffers = _Buffers(largest, self.dtype, device)
+        self.buffers = _Buffers(largest, self.collective.uses_send, self.dtype, device)
+        self._rep = 0  # fresh data for every check, as nccl-tests
 
     def rows(self, on_row: Callable[[Row], None] | None = None) -> list[Row]:
         self._warm_up()
@@ -140,7 +161,7 @@ class CollectiveBench:
     def _measure(self, counts: Counts, in_place: bool) -> Measurement:
         settings = self.settings
         if settings.check:
-            self._fill_inputs(counts, in_place, rep=99)
+            self._fill_inputs(counts, in_place, rep=self._next_rep())
         self._call(counts, in_place)
         barrier(self.device)
         started = time.perf_counter()
@@ -163,7 +184,7 @@ class CollectiveBench:
 
     # -- data check -------------------------------------------------------------------------
     def _input(self, rank: int, start: int, length: int, rep: int) -> torch.Tensor:
-        return _pattern(rank, start, length, rep, self.settings.op, self.dtype, self.device)
+        return _pattern(rank, start, length, rep, self.settings.op, self.device)
 
     def _fill_inputs(self, counts: Counts, in_place: bool, rep: int) -> None:
         self.buffers.send.zero_()
@@ -194,16 +215,21 @@ class CollectiveBench:
         chunk = counts.param  # all_to_all: chunk `rank` of every rank's input, in rank order
         return torch.cat([self._input(r, rank * chunk, chunk, rep) for r in range(ranks)])
 
+    def _next_rep(self) -> int:
+        self._rep += 1
+        return self._rep
+
     def _check(self, counts: Counts, in_place: bool) -> int:
         wrong = 0
-        for rep in range(self.settings.check):
+        for _ in range(self.settings.check):
+            rep = self._next_rep()
             self._fill_inputs(counts, in_place, rep)
             output = self._call(counts, in_place)
             synchronize(self.device)
             if self.settings.corrupt and self.rank == 0:
                 altered = output[: self.settings.corrupt]
-                altered.copy_(altered + 1)
-            mine = _count_wrong(output, self._expected(counts, rep), self.settings.dtype)
+                altered.copy_(altered.to(torch.float64) + 1)
+            mine = _count_wrong(output, self._expected(counts, rep), self.settings.op, self.ranks)
             total = torch.tensor([mine], dtype=torch.int64, device=self.device)
             dist.all_reduce(total)
             wrong = int(total.item())

@@ -42,6 +42,7 @@ class Collective:
     # torch.distributed has no out-of-place all_reduce or broadcast, and no in-place all_to_all
     out_of_place: bool = True
     in_place: bool = True
+    uses_send: bool = True  # False: works in the receive buffer alone
 
     def algbw_bytes(self, counts: Counts, element_size: int, ranks: int) -> int:
         return counts.param * element_size * self.moved_per_param(ranks)
@@ -58,10 +59,10 @@ def _ring(ranks: int) -> float:
 COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
-        Collective("all_reduce", _whole, lambda n: 1, lambda n: 2 * (n - 1) / n, reduces=True, out_of_place=False),
+        Collective("all_reduce", _whole, lambda n: 1, lambda n: 2 * (n - 1) / n, reduces=True, out_of_place=False, uses_send=False),
         Collective("all_gather", lambda c, n: Counts(c // n, (c // n) * n, c // n), lambda n: n, _ring),
         Collective("reduce_scatter", lambda c, n: Counts((c // n) * n, c // n, c // n), lambda n: n, _ring, reduces=True),
-        Collective("broadcast", _whole, lambda n: 1, lambda n: 1.0, rooted=True, out_of_place=False),
+        Collective("broadcast", _whole, lambda n: 1, lambda n: 1.0, rooted=True, out_of_place=False, uses_send=False),
         Collective("all_to_all", lambda c, n: Counts((c // n) * n, (c // n) * n, c // n), lambda n: n, _ring, in_place=False),
     )
 }

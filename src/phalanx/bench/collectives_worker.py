@@ -20,7 +20,8 @@ def link_of_this_node(line_rate_override: float | None) -> tuple[str | None, flo
     """The interface the launcher chose for this node, and its line rate in bytes/s when known."""
     import psutil
 
-    interface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+    interface = chosen.split(",")[0] if chosen else None  # gloo and NCCL take a list: name the first
     if line_rate_override:
         return interface, line_rate_override
     stats = psutil.net_if_stats().get(interface or "")

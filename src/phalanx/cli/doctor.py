@@ -1,4 +1,4 @@
-"""``phalanx doctor``: check the nodes and the network before a training job wastes a day.
+"""``phalanx doctor``: Check the nodes and the network before a training job wastes a day.
 
 Examples:
   phalanx doctor --simulate-nodes 2 --nproc-per-node 2
@@ -13,7 +13,9 @@ problems), with the same launch options, and:
     bandwidth of the whole world at a few sizes (nccl-tests' busbw);
   - times a fixed matmul on every rank and flags stragglers;
   - ends with a verdict: PROBLEM lines (a job would hang, fail or silently differ) and WARNING
-    lines (it would be slow), each with a HINT.
+    lines (it would be slow), each with a HINT. Warnings: a link under 2.5 Gbit/s, or one that
+    needs per-process batches above 64 samples to hide the all-reduce behind dense compute; a
+    rank under 75% of the median matmul speed; a clock more than 1 s off rank 0's.
 
 The report is printed by the node that ran global rank 0. Exit codes: 0 no problem found
 (warnings allowed, unless --strict), 1 a problem was found or a worker failed, 2 settings
@@ -51,17 +53,17 @@ def run(args: argparse.Namespace) -> int:
     from phalanx.bench.collective_settings import parse_size
     from phalanx.console import say
     from phalanx.diagnostics.doctor_report import format_report
-    from phalanx.diagnostics.doctor_worker import DoctorSettings
+    from phalanx.diagnostics.doctor_settings import DoctorSettings
     from phalanx.diagnostics.verdict import verdict
     from phalanx.exit_codes import ExitCode
     from phalanx.launch.tool import run_tool
 
     settings = DoctorSettings(p2p_bytes=parse_size(args.p2p_size, "--p2p-size"),
-                              allreduce_max_bytes=max(parse_size(args.max_bytes, "--max-bytes"), 1024**2))  # fmt: skip
+                              allreduce_max_bytes=parse_size(args.max_bytes, "--max-bytes"))  # fmt: skip
     outcome = run_tool(args, "phalanx.diagnostics.doctor_worker", dataclasses.asdict(settings))
     if outcome.report is None:
         if outcome.exit_code == 0 and not args.dry_run:
-            say(f"phalanx: the doctor's report is on the node that ran global rank 0 ({outcome.report_path} there)")
+            say("phalanx: the doctor's report is printed by the node that ran global rank 0 (and kept in its --log-dir)")
         return outcome.exit_code
     findings = verdict(outcome.report)
     if args.json:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from phalanx.console import format_table
-from phalanx.diagnostics.verdict import Finding
+from phalanx.diagnostics.verdict import Finding, node_names, rank_nodes
 
 
 def _nodes_table(report: dict[str, Any]) -> str:
     nodes = report["nodes"]
     offsets = {offset["rank"]: offset["offset_s"] for offset in report["clock_offsets"]}
-    headers = ["", *(node["label"] if node["label"] == node["address"] else f"{node['label']} ({node['address']})" for node in nodes), ""]
+    names = node_names(report)
+    headers = ["", *(names[node["label"]] for node in nodes), ""]
     placed = [
         ("host", [node["host"] for node in nodes]),
         ("interface", [node["interface"] for node in nodes]),
@@ -26,16 +28,19 @@ def _nodes_table(report: dict[str, Any]) -> str:
 
 
 def _links_table(report: dict[str, Any]) -> str:
-    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    labels = rank_nodes(report)
     if not report["links"]:
         return "links between nodes\n  none: one node (run with --nnodes or --simulate-nodes to measure links)"
+    def rate(link: dict[str, Any], scale: float) -> str:
+        value = link["bandwidth_bytes_per_s"]
+        return "too short to time" if value is None else f"{value * scale:.3g}"
+
     rows = [
-        [labels[link["source"]], labels[link["target"]], f"{link['latency_s'] * 1e6:.0f}",
-         f"{link['bandwidth_bytes_per_s'] * 8 / 1e9:.3g}", f"{link['bandwidth_bytes_per_s'] / 1e9:.3g}"]
+        [labels[link["source"]], labels[link["target"]], f"{link['latency_s'] * 1e6:.0f}", rate(link, 8 / 1e9), rate(link, 1e-9)]
         for link in report["links"]
-    ]  # fmt: skip
+    ]
     size = report["settings"]["p2p_bytes"]
-    title = f"links between nodes (lead ranks, point to point, {size // 1024**2} MiB one way)"
+    title = f"links between nodes (lead ranks, point to point, {size / 1024**2:g} MiB one way)"
     return title + "\n" + format_table(["from", "to", "latency (us)", "bandwidth (Gbit/s)", "(GB/s)"], rows)
 
 
@@ -50,10 +55,9 @@ def _allreduce_table(report: dict[str, Any]) -> str:
 
 
 def _compute_table(report: dict[str, Any]) -> str:
-    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
-    speeds = sorted(c["gflops"] for c in report["compute"])
-    median = speeds[len(speeds) // 2]
-    rows = [[c["rank"], labels[c["rank"]], f"{c['gflops']:.1f}", f"{c['gflops'] / median:.0%}"] for c in report["compute"]]
+    labels = rank_nodes(report)
+    median = statistics.median(c["gflops"] for c in report["compute"])
+    rows = [[c["rank"], labels[c["rank"]], f"{c['gflops']:.1f}", f"{c['gflops'] / median:.1%}"] for c in report["compute"]]
     size = report["compute"][0]["matrix"]
     title = f"compute ({size}x{size} float32 matmul on every rank at once)"
     return title + "\n" + format_table(["rank", "node", "GFLOP/s", "of median"], rows)

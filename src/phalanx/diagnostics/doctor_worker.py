@@ -11,34 +11,19 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
-from phalanx.bench.collective_settings import CollectiveSettings
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
+from phalanx.diagnostics.doctor_settings import DoctorSettings
 from phalanx.diagnostics.probes import Probe
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 from phalanx.worker_env import WorkerEnv
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class DoctorSettings:
-    p2p_bytes: int = 16 * 1024**2
-    allreduce_min_bytes: int = 1024**2
-    allreduce_max_bytes: int = 16 * 1024**2
-    iters: int = 5
-
-    def allreduce(self) -> CollectiveSettings:
-        return CollectiveSettings(
-            collectives=("all_reduce",), min_bytes=self.allreduce_min_bytes, max_bytes=self.allreduce_max_bytes,
-            step_factor=4, iters=self.iters, warmup_iters=1, check=1,
-        )  # fmt: skip
 
 
 class _PhaseTimer:
@@ -86,22 +71,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = _nodes(ranks, details)
         leads = [node["ranks"][0] for node in nodes]
         probe = Probe(context.device)
-        say = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
-        say(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
+        progress = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
+        progress(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
         timer = _PhaseTimer()
         offsets = timer.run("clocks", lambda: probe.clock_offsets(leads))
         links = timer.run("links", lambda: [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]])
         allreduce_settings = settings.allreduce()
         rows = timer.run("all-reduce", lambda: CollectiveBench(allreduce_settings, "all_reduce", context.device).rows())
         compute = timer.run("compute", probe.compute)
-        say(f"doctor: measured in {timer}")
+        progress(f"doctor: measured in {timer}")
         gathered: list[Any] = [None] * context.world_size
         dist.all_gather_object(gathered, ([dataclasses.asdict(o) for o in offsets],
                                           [dataclasses.asdict(link) for link in links if link],
                                           dataclasses.asdict(compute)))  # fmt: skip
         if context.is_main:
             measured_links = [link for _, rank_links, _ in gathered for link in rank_links]
-            slowest = min(measured_links, key=lambda link: link["bandwidth_bytes_per_s"], default=None)
+            timed = [link for link in measured_links if link["bandwidth_bytes_per_s"] is not None]
+            slowest = min(timed, key=lambda link: link["bandwidth_bytes_per_s"], default=None)
             invocation.write_report({
                 "tool": "doctor", "world_size": context.world_size, "backend": context.backend,
                 "simulated": all(node["address"].startswith("127.") for node in nodes) and len(nodes) > 1,

@@ -31,7 +31,7 @@ class LinkFigure:
     source: int  # global ranks: the leads of the two nodes
     target: int
     latency_s: float  # half the median round trip of a one-element message
-    bandwidth_bytes_per_s: float
+    bandwidth_bytes_per_s: float | None  # None: the transfer was too short to time (a noisy host)
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class Probe:
             elif self.rank == 0:
                 for _ in range(ROUNDS):
                     dist.recv(stamp, src=lead)
+                    synchronize(self.device)  # on NCCL the receive is only queued until here
                     stamp.fill_(time.time())
                     dist.send(stamp, dst=lead)
             barrier(self.device)
@@ -93,8 +94,10 @@ class Probe:
         if self.rank != source:
             return None
         round_trip = statistics.median(round_trips)
-        transfer = max(statistics.median(transfers) - round_trip / 2, 1e-9)  # less the reply's way back
-        return LinkFigure(source, target, round_trip / 2, large.numel() * 4 / transfer)
+        transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
+        # a large message that took no longer than a small round trip was not measured: say so
+        bandwidth = large.numel() * 4 / transfer if transfer > round_trip / 2 else None
+        return LinkFigure(source, target, round_trip / 2, bandwidth)
 
     def _exchange(self, outbound: torch.Tensor, reply: torch.Tensor, peer: int) -> None:
         if self.rank < peer:

@@ -20,6 +20,13 @@ STRAGGLER_RATIO = 0.75
 CLOCK_OFFSET_S = 1.0
 #: Forward and backward of a dense layer cost about 6 FLOPs per parameter per sample.
 FLOPS_PER_PARAMETER_SAMPLE = 6
+#: Warn when dense steps need per-process batches above this to hide the all-reduce.
+BREAK_EVEN_BATCH = 64
+#: Differences between nodes that change only logging or speed: warnings, not problems.
+HARMLESS_DIFFERENCES = frozenset({
+    "gpu driver", "env NCCL_DEBUG", "env NCCL_DEBUG_SUBSYS", "env NCCL_DEBUG_FILE", "env TORCH_CPP_LOG_LEVEL",
+    "env TORCH_DISTRIBUTED_DEBUG", "env TORCH_SHOW_CPP_STACKTRACES", "env PHALANX_STALL_TIMEOUT",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -33,14 +40,32 @@ class Finding:
         return asdict(self)
 
 
-def _node_names(report: dict[str, Any]) -> dict[str, str]:
-    return {node["label"]: f"{node['label']} ({node['address']})" if node["address"] != node["label"] else node["label"]
+def node_names(report: dict[str, Any]) -> dict[str, str]:
+    """How output names each node: ``node 10.0.0.2``, or ``node1 (127.0.0.102)`` when simulated."""
+    return {node["label"]: f"{node['label']} ({node['address']})" if node["address"] != node["label"] else f"node {node['label']}"
             for node in report["nodes"]}  # fmt: skip
+
+
+def rank_nodes(report: dict[str, Any]) -> dict[int, str]:
+    """Global rank -> the label of its node."""
+    return {rank["rank"]: rank["node"] for rank in report["ranks"]}
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith('s') else 's'}"
+
+
+def _severity(key: str, values: dict[str, str]) -> str:
+    if key in HARMLESS_DIFFERENCES:
+        return "warning"
+    if key == "python":  # a patch release apart is harmless; a minor one changes pickles and wheels
+        return "problem" if len({".".join(value.split(".")[:2]) for value in values.values()}) > 1 else "warning"
+    return "problem"
 
 
 def fingerprint_findings(report: dict[str, Any]) -> list[Finding]:
     """Every setting that is not the same on all nodes, naming the odd nodes out."""
-    names = _node_names(report)
+    names = node_names(report)
     facts = {node["label"]: node["facts"] for node in report["nodes"]}
     findings = []
     for key in sorted({key for node_facts in facts.values() for key in node_facts}):
@@ -49,11 +74,13 @@ def fingerprint_findings(report: dict[str, Any]) -> list[Finding]:
             continue
         common, _ = Counter(values.values()).most_common(1)[0]
         odd = [label for label, value in values.items() if value != common]
-        described = "; ".join(f"node {names[label]} has {key} = {values[label]}" for label in odd)
+        described = "; ".join(f"{names[label]} has {key} = {values[label]}" for label in odd)
+        severity = _severity(key, values)
+        effect = ("nodes that differ can hang in a collective or train on different code" if severity == "problem"
+                  else "it changes only logging or speed, but a job is easier to read when every node matches")  # fmt: skip
         findings.append(Finding(
-            "problem", f"differs:{key}", f"{described}, the others {common}",
-            f"install or set the same {key} on every node (phalanx env shows it on each); nodes that differ "
-            "can hang in a collective or train on different code",
+            severity, f"differs:{key}", f"{described}, the others {common}",
+            f"install or set the same {key} on every node (phalanx env shows it on each); {effect}",
         ))  # fmt: skip
     return findings
 
@@ -76,21 +103,23 @@ def gpu_findings(report: dict[str, Any]) -> list[Finding]:
     findings = []
     for node in report["nodes"]:
         gpus, procs = node["gpus"], node["processes"]
-        name = _node_names(report)[node["label"]]
+        name = node_names(report)[node["label"]]
+        runs, has = _plural(procs, "process"), _plural(gpus, "GPU")
         if report["backend"] == "nccl" and gpus < procs:
-            findings.append(Finding("problem", "gpus-short", f"node {name} runs {procs} processes on nccl but has {gpus} GPUs",
+            findings.append(Finding("problem", "gpus-short", f"{name} runs {runs} on nccl but has {has}",
                                     f"use --nproc-per-node {gpus} (one process per GPU) on that node"))  # fmt: skip
         elif gpus > procs:
-            findings.append(Finding("warning", "gpus-idle", f"node {name} has {gpus} GPUs but runs {procs} processes",
+            findings.append(Finding("warning", "gpus-idle", f"{name} has {has} but runs {runs}",
                                     f"use --nproc-per-node {gpus} (or gpu) to train on all of them"))  # fmt: skip
     return findings
 
 
 def clock_findings(report: dict[str, Any]) -> list[Finding]:
-    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
-    names = _node_names(report)
+    labels, names = rank_nodes(report), node_names(report)
     return [
-        Finding("warning", "clock-offset", f"node {names[labels[c['rank']]]}'s clock is {c['offset_s']:+.2f} s off rank 0's",
+        Finding("warning", "clock-offset",
+                f"{names[labels[c['rank']]]}'s clock is {abs(c['offset_s']):.2f} s {'ahead of' if c['offset_s'] > 0 else 'behind'} "
+                "rank 0's",
                 "run NTP (chrony or systemd-timesyncd) on every node, so that their logs can be put side by side")  # fmt: skip
         for c in report["clock_offsets"]
         if abs(c["offset_s"]) > CLOCK_OFFSET_S
@@ -98,31 +127,38 @@ def clock_findings(report: dict[str, Any]) -> list[Finding]:
 
 
 def link_findings(report: dict[str, Any]) -> list[Finding]:
-    links = report["links"]
+    labels = rank_nodes(report)
+    unmeasured = [link for link in report["links"] if link["bandwidth_bytes_per_s"] is None]
+    findings = [
+        Finding("warning", "link-unmeasured",
+                f"the link {labels[link['source']]} -> {labels[link['target']]} could not be timed: the transfer took no "
+                "longer than a small message's round trip",
+                "run again with a larger --p2p-size, on quieter nodes")  # fmt: skip
+        for link in unmeasured
+    ]
+    links = [link for link in report["links"] if link["bandwidth_bytes_per_s"] is not None]
     if not links:
-        return []
+        return findings
     slowest = min(links, key=lambda link: link["bandwidth_bytes_per_s"])
     rate = slowest["bandwidth_bytes_per_s"]
-    findings = []
-    if rate < SLOW_LINK_BYTES_PER_S:
-        ranks = report["world_size"]
-        # the fp32 gradient ring all-reduce per step, against the dense compute it must hide behind
-        ring_s_per_parameter = 2 * (ranks - 1) / ranks * 4 / rate
-        speeds = [c["gflops"] for c in report["compute"]]
-        flops = statistics.median(speeds) * 1e9 if speeds else 0.0
-        batch = ring_s_per_parameter * flops / FLOPS_PER_PARAMETER_SAMPLE
+    ranks = report["world_size"]
+    # the fp32 gradient ring all-reduce per step, against the dense compute it must hide behind
+    ring_s_per_parameter = 2 * (ranks - 1) / ranks * 4 / rate
+    speeds = [c["gflops"] for c in report["compute"]]
+    flops = statistics.median(speeds) * 1e9 if speeds else 0.0
+    batch = ring_s_per_parameter * flops / FLOPS_PER_PARAMETER_SAMPLE
+    if rate < SLOW_LINK_BYTES_PER_S or batch > BREAK_EVEN_BATCH:
         findings.append(Finding(
             "warning", "slow-link",
             f"links measure about {rate * 8 / 1e9:.2g} Gbit/s ({rate / 1e9:.3g} GB/s): the gradient all-reduce costs "
-            f"{ring_s_per_parameter * 1e9:.0f} ms per step for every 1 M fp32 parameters, and at the measured "
-            f"{flops / 1e9:.0f} GFLOP/s a dense model's step computes for less than that with under ~{batch:.0f} samples "
-            "per process, so it will be communication-bound",
+            f"{ring_s_per_parameter * 1e9:.0f} ms per step for every 1 M fp32 parameters, and at the {flops / 1e9:.0f} "
+            f"GFLOP/s measured (float32 matmul) a dense model's step computes for less than that with under "
+            f"~{batch:.0f} samples (tokens, for a transformer) per process: such steps will wait on the network",
             "try --compression powersgd (or fp16, half the bytes) and larger per-process batches; "
             "phalanx plan --from-doctor FILE --params N predicts it for your model",
         ))  # fmt: skip
     others = [link["bandwidth_bytes_per_s"] for link in links if link is not slowest]
     if others and rate < 0.5 * statistics.median(others):
-        labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
         pair = f"{labels[slowest['source']]} -> {labels[slowest['target']]}"
         findings.append(Finding(
             "warning", "uneven-links",
@@ -138,10 +174,11 @@ def straggler_findings(report: dict[str, Any]) -> list[Finding]:
     if len(speeds) < 2:
         return []
     median = statistics.median(speeds.values())
-    labels = {rank["rank"]: rank["node"] for rank in report["ranks"]}
+    labels = rank_nodes(report)
     return [
         Finding("warning", "straggler",
-                f"rank {rank} on {labels[rank]} computes {speed:.1f} GFLOP/s, {speed / median:.0%} of the median {median:.1f}",
+                f"rank {rank} on {labels[rank]} computes {speed:.1f} GFLOP/s, {speed / median:.1%} of the median "
+                f"{median:.1f} (a straggler is below {STRAGGLER_RATIO:.0%})",
                 "every step waits for the slowest rank: look for other jobs, CPU frequency limits or a "
                 "throttled GPU on that node (nvidia-smi -q -d PERFORMANCE)")  # fmt: skip
         for rank, speed in sorted(speeds.items())
@@ -160,14 +197,14 @@ def allreduce_findings(report: dict[str, Any]) -> list[Finding]:
 
 def machine_findings(report: dict[str, Any]) -> list[Finding]:
     """The env report's known traps, once per trap: naming the nodes that have it, or all."""
-    names = _node_names(report)
+    names = node_names(report)
     holders: dict[tuple[str, str, str], list[str]] = {}
     for node in report["nodes"]:
         for trap in node["traps"]:
             holders.setdefault((trap["topic"], trap["what"], trap["hint"]), []).append(names[node["label"]])
     every = len(report["nodes"])
     return [
-        Finding("warning", topic, f"{'every node' if len(nodes) == every > 1 else 'node ' + ', '.join(nodes)}: {what}", hint)
+        Finding("warning", topic, f"{'every node' if len(nodes) == every > 1 else ', '.join(nodes)}: {what}", hint)
         for (topic, what, hint), nodes in holders.items()
     ]
 

@@ -14,8 +14,10 @@ from phalanx import __version__
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.spec import Entrypoint
 
-#: The settings compared, in the order the mismatch table lists them.
+#: The settings compared, in the order the mismatch table lists them (extra ones follow, sorted).
 COMPARED = ("nnodes", "nproc-per-node", "backend", "script", "script sha256", "phalanx", "torch")
+#: What the lobby adds to a fingerprint to say which node it is from: never compared.
+IDENTITY_KEYS = ("address", "label")
 
 
 def file_sha256(path: Path | None) -> str:
@@ -45,8 +47,10 @@ def node_fingerprint(plan: NodePlan) -> dict[str, str]:
         "script sha256": file_sha256(entrypoint.source_file()),
         "phalanx": __version__,
         "torch": _torch_version(),
+        **plan.extra_fingerprint,
     }
 
 
 def differing_settings(fingerprints: list[dict[str, str]]) -> list[str]:
-    return [key for key in COMPARED if len({fp.get(key) for fp in fingerprints}) > 1]
+    extra = sorted({key for fp in fingerprints for key in fp} - set(COMPARED) - set(IDENTITY_KEYS))
+    return [key for key in (*COMPARED, *extra) if len({fp.get(key) for fp in fingerprints}) > 1]

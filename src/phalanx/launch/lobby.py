@@ -19,7 +19,7 @@ from typing import Any
 from phalanx.console import format_table, say
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
-from phalanx.launch.fingerprint import COMPARED, differing_settings
+from phalanx.launch.fingerprint import differing_settings
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.values import parse_endpoint
 
@@ -173,7 +173,7 @@ class Lobby:
 
 def mismatch_table(fingerprints: list[dict[str, str]], mismatch: list[str]) -> str:
     headers = ["setting", *(f"{fp['address']} ({fp['label']})" for fp in fingerprints)]
-    rows = [[key, *(_short(fp.get(key, "")) for fp in fingerprints)] for key in COMPARED if key in mismatch]
+    rows = [[key, *(_short(fp.get(key, "(not set)")) for fp in fingerprints)] for key in mismatch]
     return format_table(headers, rows).lstrip()
 
 

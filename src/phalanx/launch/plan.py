@@ -57,6 +57,8 @@ class NodePlan:
     env: dict[str, str] = field(default_factory=dict)
     #: One line each: what phalanx decided and why (the decision block).
     notes: tuple[str, ...] = ()
+    #: More settings the nodes compare before the first step (LaunchSpec.extra_fingerprint).
+    extra_fingerprint: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_simulated(self) -> bool:
@@ -266,6 +268,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "rdzv_id": spec.rdzv_id,
         "max_restarts": spec.max_restarts,
         "join_timeout": spec.join_timeout,
+        "extra_fingerprint": dict(spec.extra_fingerprint),
     }
 
 

@@ -93,6 +93,9 @@ class LaunchSpec:
     all_ranks: bool = False
     dry_run: bool = False
     config_file: Path | None = field(default=None, compare=False)
+    #: Settings beyond the launch settings that every node must share, compared by the lobby
+    #: like them (phalanx's own tools put theirs here: nodes measuring differently would hang).
+    extra_fingerprint: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         self._check_node_count()

@@ -49,7 +49,8 @@ def run_tool(
     run_dir = new_run_dir(spec)
     report_path = (run_dir / "report.json").resolve()
     worker_args = (SETTINGS_FLAG, json.dumps(dict(settings), sort_keys=True), REPORT_FLAG, str(report_path))
-    spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True))
+    # nodes started with different tool settings would issue different collectives and hang
+    spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True), extra_fingerprint=_flat(settings))
     plans = plan_nodes(spec, run_dir)
     if check_plans is not None:
         check_plans(plans)
@@ -58,6 +59,17 @@ def run_tool(
         return ToolOutcome(0, None, report_path)
     exit_code = start(plans)
     return ToolOutcome(exit_code, read_report(report_path), report_path)
+
+
+def _flat(settings: Mapping[str, Any], prefix: str = "") -> tuple[tuple[str, str], ...]:
+    """{"collectives": {"iters": 20}} -> (("collectives.iters", "20"),): one row each in the lobby's table."""
+    rows: list[tuple[str, str]] = []
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", json.dumps(value)))
+    return tuple(rows)
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
