@@ -2,6 +2,8 @@
 
   phalanx bench collectives   nccl-tests' method and table for all_reduce, all_gather,
                               reduce_scatter, broadcast and all_to_all, on gloo or nccl
+  phalanx bench ddp           training throughput of small models with each gradient
+                              compression: samples/s, scaling efficiency, time on communication
 
 Each runs as a job through the same launcher as `phalanx run`, so it takes the same launch
 options and runs on one machine (--nproc-per-node 2), simulated nodes (--simulate-nodes 2) or
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx.bench.ddp_models import MODELS
 from phalanx.launch.options import add_launch_options
 
 COLLECTIVES_HELP = """\
@@ -36,6 +39,43 @@ The report is printed by the node that ran global rank 0. Exit codes: 0 ok, 1 a 
 wrong elements or a worker failed, 2 settings refused, 3 nodes did not join in time.
 """
 
+DDP_HELP = f"""\
+Measures DDP training throughput through phalanx's launcher: for each model and gradient
+compression, real training steps through phalanx.runtime.wrap_model (a fixed synthetic batch
+made on the device from a fixed seed, forward, cross-entropy, backward with DDP's gradient
+all-reduce, SGD step).
+
+Examples:
+  phalanx bench ddp --nproc-per-node 2
+  phalanx bench ddp --simulate-nodes 2 --model linear --compression none,fp16,powersgd --plot ddp.png
+  phalanx bench ddp --nnodes 2 --rdzv-endpoint 10.0.0.1:29400 --json > ddp.json   (on both nodes)
+
+Models (--model), each scoring 10 classes:
+{chr(10).join(f"  {m.name:<12} {m.summary}: {m.parameters:,} parameters" for m in MODELS.values())}
+
+Compressions (--compression, wrap_model's names): none (fp32 all-reduce), fp16 and bf16 (half
+the bytes; bf16 needs NCCL), powersgd (rank-1 factors with error feedback; its first 2 steps
+are plain all-reduces and its 3rd allocates its memories: the warm-up is at least 3 steps).
+all: every one the backend can run. Not auto: it times the others in a run's first steps and
+keeps the fastest, which is what this bench shows you side by side.
+
+Method. The job runs at the launched world size N. Each round, rank 0 first trains its own copy
+of the model alone, without DDP (the 1-process baseline), while the other ranks wait in a gloo
+barrier (a gloo group of its own on NCCL), which blocks in a socket read and so takes no CPU
+from it (the report shows the CPU they used); then every rank runs a DDP step; then the same step inside model.no_sync(), which
+leaves DDP's communication out. The three kinds interleave so that they meet the same noise.
+Every time is the median over --steps rounds per rank, then the slowest rank's.
+  samples/s     = N x batch / step time
+  scaling eff.  = samples/s / (N x 1-process samples/s) = 1-process step time / step time
+  comm %        = 1 - compute time (no_sync) / step time, at least 0: the share of a DDP step
+                  spent on communication that the backward pass does not hide
+With more ranks than CPU cores on a host, the efficiency measures the shared cores too (the
+report says so).
+
+The report is printed by the node that ran global rank 0. Exit codes: 0 ok, 1 a worker failed,
+2 settings refused, 3 nodes did not join in time.
+"""
+
 
 def add_parser(commands: Any) -> None:
     summary = __doc__.split("\n")[0].split(": ", 1)[1]
@@ -43,15 +83,17 @@ def add_parser(commands: Any) -> None:
         "bench", help=summary, description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    collectives = kinds.add_parser(
-        "collectives",
-        help="collective bandwidth with nccl-tests' definitions",
-        description=COLLECTIVES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_collective_flags(collectives)
-    add_launch_options(collectives)
-    collectives.set_defaults(handler=run_collectives)
+    _add_benchmark(kinds, "collectives", "collective bandwidth with nccl-tests' definitions", COLLECTIVES_HELP,
+                   _add_collective_flags, run_collectives)  # fmt: skip
+    _add_benchmark(kinds, "ddp", "DDP training throughput, scaling efficiency and communication share per model and "
+                   "compression", DDP_HELP, _add_ddp_flags, run_ddp)  # fmt: skip
+
+
+def _add_benchmark(kinds: Any, name: str, summary: str, description: str, add_flags: Any, handler: Any) -> None:
+    parser = kinds.add_parser(name, help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser)
+    add_launch_options(parser)
+    parser.set_defaults(handler=handler)
 
 
 def _add_collective_flags(parser: argparse.ArgumentParser) -> None:
@@ -122,12 +164,26 @@ def _line_rate(text: str | None) -> float | None:
         raise SettingsRefused(invalid.why, hint=invalid.hint) from None
 
 
-def run_collectives(args: argparse.Namespace) -> int:
+def _show(outcome: Any, args: argparse.Namespace, format_report: Any, plot: Any) -> bool:
+    """Prints rank 0's report (JSON or the table) and draws the plot; False when this node has none."""
     import json
 
+    from phalanx.console import say
+
+    if outcome.report is None:
+        if outcome.exit_code == 0 and not args.dry_run:
+            say(f"phalanx: the report is on the node that ran global rank 0 ({outcome.report_path} there)")
+        return False
+    print(json.dumps(outcome.report, indent=1) if args.json else format_report(outcome.report))
+    if args.plot:
+        plot(outcome.report, args.plot)
+        say(f"phalanx: plot written to {args.plot}")
+    return True
+
+
+def run_collectives(args: argparse.Namespace) -> int:
     from phalanx.bench.collective_report import format_report, total_wrong
     from phalanx.bench.plot import check_plot_path, plot_busbw
-    from phalanx.console import say
     from phalanx.exit_codes import ExitCode
     from phalanx.launch.tool import run_tool
 
@@ -141,14 +197,57 @@ def run_collectives(args: argparse.Namespace) -> int:
         settings.check_world(plan.backend, plan.nnodes_max * plan.nproc_per_node)
 
     outcome = run_tool(args, "phalanx.bench.collectives_worker", {"collectives": settings.to_dict(), "line_rate": line_rate}, check_world)
-    if outcome.report is None:
-        if outcome.exit_code == 0 and not args.dry_run:
-            say(f"phalanx: the report is on the node that ran global rank 0 ({outcome.report_path} there)")
+    if not _show(outcome, args, format_report, plot_busbw):
         return outcome.exit_code
-    print(json.dumps(outcome.report, indent=1) if args.json else format_report(outcome.report))
-    if args.plot:
-        plot_busbw(outcome.report, args.plot)
-        say(f"phalanx: plot written to {args.plot}")
     if total_wrong(outcome.report):
         return ExitCode.FAILED
+    return outcome.exit_code
+
+
+def _add_ddp_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("what to measure")
+    add = group.add_argument
+    add("--model", default="all", metavar="NAMES", help=f"{', '.join(MODELS)}, comma-separated, or all (default all)")
+    add("--compression", default="all", metavar="NAMES",
+        help="none, fp16, bf16, powersgd, comma-separated, or all that the backend can run (default all)")
+    add("--batch-size", "--batch_size", dest="batch_size", default="32", metavar="N",
+        help="samples per process per step (default 32)")
+    add("--steps", default="20", metavar="N", help="timed rounds; every time is a median over them (default 20)")
+    add("--warmup-steps", "--warmup_steps", dest="warmup_steps", default="3", metavar="N",
+        help="untimed rounds first (default 3; powersgd: at least 3)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    out.add_argument("--plot", default=None, metavar="PNG", help="also draw samples/s per model and compression into this PNG "
+                     "(needs matplotlib)")  # fmt: skip
+
+
+def ddp_settings_from_args(args: argparse.Namespace) -> Any:
+    from phalanx.bench.ddp_settings import DdpSettings, parse_compressions, parse_models
+
+    compressions, skip_unsupported = parse_compressions(args.compression)
+    return DdpSettings(
+        models=parse_models(args.model),
+        compressions=compressions,
+        skip_unsupported=skip_unsupported,
+        batch_size=_integer(args.batch_size, "--batch-size"),
+        steps=_integer(args.steps, "--steps"),
+        warmup_steps=_integer(args.warmup_steps, "--warmup-steps"),
+    )
+
+
+def run_ddp(args: argparse.Namespace) -> int:
+    from phalanx.bench.ddp_report import format_report
+    from phalanx.bench.plot import check_plot_path, plot_ddp_throughput
+    from phalanx.launch.tool import run_tool
+
+    settings = ddp_settings_from_args(args)
+    if args.plot:
+        check_plot_path(args.plot)
+
+    def check_world(plans: list[Any]) -> None:
+        plan = plans[0]  # every node of a job runs the same backend and process count
+        settings.runnable(plan.backend, plan.nnodes_max * plan.nproc_per_node)
+
+    outcome = run_tool(args, "phalanx.bench.ddp_worker", {"ddp": settings.to_dict()}, check_world)
+    _show(outcome, args, format_report, plot_ddp_throughput)
     return outcome.exit_code
