@@ -172,7 +172,7 @@ def _show(outcome: Any, args: argparse.Namespace, format_report: Any, plot: Any)
 
     if outcome.report is None:
         if outcome.exit_code == 0 and not args.dry_run:
-            say(f"phalanx: the report is on the node that ran global rank 0 ({outcome.report_path} there)")
+            say("phalanx: the report is printed by the node that ran global rank 0 (and kept in its --log-dir)")
         return False
     print(json.dumps(outcome.report, indent=1) if args.json else format_report(outcome.report))
     if args.plot:
