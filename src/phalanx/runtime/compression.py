@@ -21,9 +21,23 @@ always delivers (PowerSGD keeps its error feedback across its turns). The choice
 candidate, except that a lossier one must beat the previous choice by ``min_gain``: a 1% gain
 is noise, not a reason to send approximate gradients.
 
+Timing is honest about the GPU: during the trial the hook synchronizes the device at each step
+start, so the host's lead over the GPU is not taken for speed.
+
 Resume: :meth:`GradientCompression.state_dict` carries the choice, the trial so far and
-PowerSGD's memories (every rank's residual), so a resumed run keeps the choice and continues
-bit for bit instead of trying again and perhaps choosing otherwise.
+PowerSGD's memories (every rank's residual and the warm-start Q), so a resumed run keeps the
+choice instead of trying again (and perhaps choosing otherwise) and continues bit for bit,
+PowerSGD included (:mod:`phalanx.runtime.powersgd_state`). A run resumed mid-trial goes on with
+the trial where it stopped. To measure again (other machines, another network), resume without
+this state. In a training loop::
+
+    compression = compression_of(model)                           # after wrap_model
+    state["compression"] = compression.state_dict()               # on every rank, with the rest
+    compression.load_state_dict(latest.state["compression"])      # before the first step
+    metrics["compression"] = compression.summary()                # chosen, ms_per_step, ...
+
+Not supported: DDP's ``join()`` context for uneven inputs (it shadows DDP's collectives, not
+the decision's); phalanx's sampler evens the shards out instead.
 """
 
 from __future__ import annotations
@@ -98,6 +112,9 @@ class HookCandidate:
         return {}
 
     def load(self, shared: dict[str, Any], rank_state: dict[str, Any] | None, device: torch.device) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
 
@@ -197,6 +214,9 @@ class GradientCompression:
         self._pending = None
         self.timings_ms = dict(zip(self.candidates, slowest.cpu().tolist()))
         self.chosen = choose(self.timings_ms, self.trial.min_gain if self.trial else 0.0)
+        for name, candidate in self.candidates.items():
+            if name != self.chosen:
+                candidate.release()  # never runs again: its memories would only fill RAM and checkpoints
         self._announce(self.decision_line())
 
     # -- what users read --------------------------------------------------------------------

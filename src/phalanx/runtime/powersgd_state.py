@@ -117,19 +117,20 @@ class PowerSGD:
         )
         self._names = names  # id(parameter) -> its name in the model
         self._layouts: dict[int, Layout] = {}  # bucket index -> the layout its memories are in
+        self._restored: set[int] = set()  # indices of layouts from a checkpoint that no bucket has had yet
         self._waiting: dict[str, dict[str, torch.Tensor]] = {}  # name -> memories moving to another bucket
 
     def __call__(self, bucket: Any) -> Future[torch.Tensor]:
         index = bucket.index()
         layout = bucket_layout(bucket, self._names, self.state.matrix_approximation_rank, self.state.min_compression_rate)
-        known = self._layouts.get(index, layout)
-        if known != layout:
-            saved = self._saved_buckets_holding(layout)
+        if self._layouts.get(index, layout) != layout:
+            saved = self._restored_buckets_holding(layout)
             if saved:
                 return self._reenact(bucket, layout, saved)
             # Buckets are handed over in index order, so the ones below this index are in their
             # layout of this step already (and may be in flight): move this and the later ones.
             self._waiting.update(self._lift(lambda other: other >= index))
+        self._restored.discard(index)  # from here on, this index has the live layout
         if self._waiting:
             self._lay_out(index, layout, bucket.buffer())
         self._layouts[index] = layout
@@ -137,10 +138,10 @@ class PowerSGD:
 
     # -- a fresh DDP's first step over the saved buckets --------------------------------------
 
-    def _saved_buckets_holding(self, layout: Layout) -> list[int]:
-        """Saved buckets whose parameters together are exactly this bucket's, or []."""
+    def _restored_buckets_holding(self, layout: Layout) -> list[int]:
+        """Restored buckets whose parameters together are exactly this bucket's, or []."""
         names = {slot.name for slot in layout}
-        inside = [i for i, saved in sorted(self._layouts.items()) if {s.name for s in saved} <= names]
+        inside = [i for i in sorted(self._restored) if {s.name for s in self._layouts[i]} <= names]
         covered = [slot.name for i in inside for slot in self._layouts[i]]
         return inside if len(covered) == len(names) and set(covered) == names else []
 
@@ -169,6 +170,7 @@ class PowerSGD:
         memories: dict[str, dict[str, torch.Tensor]] = {}
         for index in [index for index in self._layouts if which(index)]:
             layout = self._layouts.pop(index)
+            self._restored.discard(index)
             if index in self.state.error_dict:
                 for name, error in _pieces(self.state.error_dict.pop(index), layout, [s.numel for s in layout]).items():
                     memories.setdefault(name, {})["error"] = error
@@ -190,6 +192,12 @@ class PowerSGD:
             self.state.p_memory_dict[index] = _p_memory(layout, buffer)
         for slot in layout:
             self._waiting.pop(slot.name, None)
+
+    def release(self) -> None:
+        """Drops the memories (auto chose another candidate)."""
+        for memory in (self.state.error_dict, self.state.p_memory_dict, self.state.q_memory_dict, self._layouts,
+                       self._restored, self._waiting):  # fmt: skip
+            memory.clear()
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -220,6 +228,7 @@ class PowerSGD:
         self.state.total_numel_after_compression = shared["numel_after"]
         self._waiting = {}
         self._layouts = {int(i): tuple(Slot(*slot) for slot in layout) for i, layout in shared["layouts"].items()}
+        self._restored = set(self._layouts)
         self.state.q_memory_dict = {int(i): q.to(device) for i, q in shared["q"].items()}
         self.state.p_memory_dict = {i: _p_memory(self._layouts[i], q) for i, q in self.state.q_memory_dict.items()}
         self.state.error_dict = {int(i): error.to(device) for i, error in (errors or {}).items()}

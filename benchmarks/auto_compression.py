@@ -1,0 +1,109 @@
+"""--compression auto against every fixed choice: samples/s on the same workload, side by side.
+
+Each run trains the tutorial's model (one Linear 3x224x224 -> 10, batch 32 per process; or
+examples/train.py's synthetic MLP with --model mlp) for --steps steps on 2 processes
+(benchmarks/auto_compression_worker.py) and reports the global samples/s over all its steps:
+auto's trial is included, since that is what auto costs. The modes run alternately (interleaved,
+in a rotating order, so that the machine's noise hits all alike), --repeats times each; reported
+per mode: the median samples/s and its ratio to the best fixed choice, and what auto chose in
+each of its runs. Target: auto >= 0.95 x the best fixed choice.
+
+Links:
+  loopback  both processes on this host (`phalanx run --nproc-per-node 2`)
+  1gbit     two network namespaces joined by a veth pair shaped to 1 Gbit/s (tc tbf), one
+            process on each (`phalanx run --nnodes 2` in each); needs root
+  veth      the same two namespaces, unshaped
+
+Usage: python benchmarks/auto_compression.py [--repeats 3] [--steps 400] [--link loopback 1gbit veth]
+                                             [--model linear|mlp] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.netns.hosts makes the two namespaces
+
+from tests.netns.hosts import Host, run_on_both, two_hosts  # noqa: E402
+
+WORKER = str(REPO / "benchmarks" / "auto_compression_worker.py")
+FIXED = ("none", "fp16", "powersgd")
+MODES = ("auto", *FIXED)
+RATES = {"loopback": None, "1gbit": "1gbit", "veth": None}
+
+
+def hosts_for(link: str) -> AbstractContextManager[tuple[Host, Host] | None]:
+    return nullcontext() if link == "loopback" else two_hosts(f"b{link[0]}", rate=RATES[link])
+
+
+def timed_run(hosts: tuple[Host, Host] | None, mode: str, args: argparse.Namespace, folder: str, port: int) -> dict:
+    out = f"{folder}/{mode}.json"
+    worker = [WORKER, out, "--compression", mode, "--steps", str(args.steps), "--model", args.model]
+    if hosts is None:
+        argv = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *worker]
+        done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
+        codes, output = [done.returncode], done.stdout + done.stderr
+    else:
+        a, b = hosts
+        line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{port}", *worker]
+        outcomes = run_on_both([a.command(line), b.command(line)], timeout=args.timeout, cwd=folder)
+        codes, output = [o.returncode for o in outcomes], "\n".join(o.output for o in outcomes)
+    if any(codes):
+        raise SystemExit(f"a benchmark run failed ({codes}):\n{output[-4000:]}")
+    return json.loads(Path(out).read_text())
+
+
+def measure(link: str, args: argparse.Namespace) -> dict:
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    with hosts_for(link) as hosts, tempfile.TemporaryDirectory() as folder:
+        port = 29500
+        for repeat in range(args.repeats):
+            for mode in MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]:
+                port += 1
+                result = timed_run(hosts, mode, args, folder, port)
+                runs[mode].append(result)
+                print(f"  {link:<8} {mode:<8} {result['samples_per_second']:8.0f} samples/s", file=sys.stderr, flush=True)
+    median = {mode: statistics.median(r["samples_per_second"] for r in results) for mode, results in runs.items()}
+    best = max(FIXED, key=median.__getitem__)
+    return {
+        "link": link, "model": args.model, "steps": args.steps, "repeats": args.repeats,
+        "median_samples_per_second": median, "best_fixed": best,
+        "ratio_to_best_fixed": {mode: median[mode] / median[best] for mode in MODES},
+        "auto_chose": [r["summary"]["chosen"] for r in runs["auto"]],
+        "auto_ms_per_step": [r["summary"]["ms_per_step"] for r in runs["auto"]],
+        "samples_per_second": {mode: [r["samples_per_second"] for r in results] for mode, results in runs.items()},
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=400, help="steps per run, auto's trial (24 steps) included")
+    parser.add_argument("--link", nargs="+", default=["loopback", "1gbit", "veth"], choices=list(RATES))
+    parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for one run")
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "auto_compression.json")
+    args = parser.parse_args()
+    results = [measure(link, args) for link in args.link]
+    print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13}  auto chose")
+    for result in results:
+        for mode in MODES:
+            chose = ", ".join(result["auto_chose"]) if mode == "auto" else ""
+            print(f"{result['link']:<9} {mode:<9} {result['median_samples_per_second'][mode]:>10.0f} "
+                  f"{result['ratio_to_best_fixed'][mode]:>12.3f}x  {chose}")  # fmt: skip
+    print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes); "
+          "target: auto >= 0.95x the best fixed choice")  # fmt: skip
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
