@@ -59,3 +59,13 @@ def test_refused_before_anything_starts(phalanx, workdir) -> None:
         assert done.returncode == 2, (args, done.output)
         assert fragment in done.stderr and hint in done.stderr, (args, done.stderr)
         assert "rank plan" not in done.stderr and "training" not in done.stderr  # no job was started
+
+
+def test_powersgd_on_gloo_survives_a_model_of_two_buckets(phalanx) -> None:
+    """The MLP's gradients fill two DDP buckets; torch's PowerSGD hook alone mismatches gloo's
+    collectives there (each rank orders the buckets' later all-reduces differently)."""
+    done = phalanx("bench", "ddp", "--nproc-per-node", "2", "--model", "mlp", "--compression", "powersgd",
+                   "--batch-size", "8", "--steps", "6", "--warmup-steps", "1", "--json", timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.output
+    [row] = json.loads(done.stdout)["results"]
+    assert row["model"] == "mlp" and row["compression"] == "powersgd" and row["samples_per_s"] > 0

@@ -170,6 +170,12 @@ class GradientCompression:
             self._first_bucket = False
             self.last_used = self._begin_step(bucket.buffer().device)
         future = self.candidates[self.last_used](bucket)
+        if self.last_used == "powersgd" and self.context.backend == "gloo":
+            # torch's PowerSGD hook issues its later all-reduces from future callbacks, which gloo
+            # runs on its own threads: with two buckets in flight the ranks issue them in different
+            # orders and the collectives mismatch (gloo aborts or hangs). One bucket at a time
+            # keeps the order the same on every rank.
+            future.wait()
         if bucket.is_last():
             self._first_bucket = True
             self.steps += 1
