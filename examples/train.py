@@ -7,7 +7,7 @@ where it stopped, also after torchrun restarted the workers (``--max-restarts``)
 
     phalanx run --nproc-per-node 2 examples/train.py --epochs 5 --checkpoint-dir ckpt
 
-Every --log-every optimizer steps (and at the last) rank 0 shows the global mean loss of the
+Every --log-every optimizer steps and at each epoch's end, rank 0 shows the global mean loss of the
 steps since the previous report, the global throughput, the step time and the ETA: a progress
 bar on a terminal, plain lines in a log. --metrics-jsonl keeps the same numbers, one JSON
 object per logged step (step, epoch counted from 1, loss, samples, samples_per_second,
@@ -117,28 +117,43 @@ def evaluate(
 
 
 class Reporter:
-    """The logging points: global loss of the steps since the last one (one all-reduce), rates,
-    the progress display and the metrics files, all on rank 0."""
+    """The logging points: every --log-every steps and at each epoch's end, the global loss of
+    the steps since the previous one, rates, the progress display and the metrics files.
+
+    One running sum per epoch (adding to it is the only per-batch cost); a logging point
+    all-reduces it once, and the difference to the previous point is the window's loss. So the
+    epoch's summary costs no collective of its own: it is the epoch's last logging point.
+    """
 
     def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
         self.context, self.epochs, self.total_steps = context, args.epochs, total_steps
-        self.window = phalanx.GlobalMean(context, "loss")
+        self.epoch_totals = phalanx.GlobalMean(context, "loss")
+        self._logged = (0.0, 0.0)  # (loss sum, samples) of this epoch at the previous logging point
         self.meter = StepMeter(total_steps, start_step=step)
         self.progress = phalanx.ProgressReporter(total_steps, enabled=context.is_main)
         self.files = phalanx.MetricsLog(jsonl=args.metrics_jsonl, tensorboard=args.tensorboard,
                                         continue_from_step=step, enabled=context.is_main)  # fmt: skip
 
-    def report(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> None:
-        window = self.window.compute()  # a collective: every rank reaches the same logging points
-        self.window.reset()
-        rates = self.meter.measure(step, window["samples"])
+    def start_epoch(self) -> None:
+        self.epoch_totals.reset()
+        self._logged = (0.0, 0.0)
+
+    def report(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> dict[str, float]:
+        """A collective (every rank reaches the same logging points); returns the epoch's totals so far."""
+        totals = self.epoch_totals.compute()
+        loss_sum = totals["loss"] * totals["samples"] if totals["samples"] else 0.0
+        samples = totals["samples"] - self._logged[1]
+        loss = (loss_sum - self._logged[0]) / samples if samples else float("nan")
+        self._logged = (loss_sum, totals["samples"])
+        rates = self.meter.measure(step, samples)
         report = StepReport(
-            step=step, total_steps=self.total_steps, epoch=epoch + 1, epochs=self.epochs, loss=window["loss"],
-            samples=int(window["samples"]), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
+            step=step, total_steps=self.total_steps, epoch=epoch + 1, epochs=self.epochs, loss=loss,
+            samples=int(samples), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
             eta_s=rates.eta_s, grad_norm=None if grad_norm is None else float(grad_norm),
         )  # fmt: skip
         self.progress.update(report)
         self.files.write({**report.record(), "world_size": self.context.world_size})
+        return totals
 
     def close(self) -> None:
         self.progress.close()
@@ -176,13 +191,13 @@ def main() -> None:
     if latest is not None:
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: stop together after this step
-    epoch_metrics = phalanx.GlobalMean(context, "loss")
     started, trained = time.perf_counter(), 0
     while sampler.epoch < args.epochs:
         epoch, epoch_start = sampler.epoch, sampler.position
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
         micro_batches = math.ceil((sampler.num_samples - epoch_start) / args.batch_size)
-        epoch_metrics.reset()
+        reporter.start_epoch()
+        summary = None
         real_before = sampler.real_handed_out
         for index, (images, labels) in enumerate(loader):
             images, labels = images.to(context.device), labels.to(context.device)
@@ -194,9 +209,7 @@ def main() -> None:
             # The metrics count real samples only: the padding that evens out the shards (the
             # last samples of a rank's epoch) would otherwise count twice.
             real, real_before = sampler.real_handed_out - real_before, sampler.real_handed_out
-            loss_sum = per_sample[:real].detach().float().sum()
-            epoch_metrics.add(real, loss=loss_sum)
-            reporter.window.add(real, loss=loss_sum)
+            reporter.epoch_totals.add(real, loss=per_sample[:real].detach().float().sum())
             if not micro.sync:
                 continue
             grad_norm = None
@@ -207,8 +220,8 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             context.mark_step(step)
-            if step % args.log_every == 0 or step == total_steps:
-                reporter.report(step, epoch, grad_norm)
+            if step % args.log_every == 0 or index + 1 == micro_batches:  # the epoch's last step too
+                summary = reporter.report(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
@@ -220,9 +233,9 @@ def main() -> None:
                 reporter.close()
                 context.close()
                 raise SystemExit(ExitCode.PREEMPTED)
-        summary = epoch_metrics.compute()  # the mean over every rank's samples of this epoch
-        note = f" (resumed at sample {epoch_start})" if epoch_start else ""
-        reporter.progress.write(f"epoch {epoch + 1}/{args.epochs}  step {step}  loss {summary['loss']:.4f}{note}")
+        if summary is not None:  # the mean over every rank's samples of this epoch (none: resumed at its end)
+            note = f" (resumed at sample {epoch_start})" if epoch_start else ""
+            reporter.progress.write(f"epoch {epoch + 1}/{args.epochs}  step {step}  loss {summary['loss']:.4f}{note}")
     reporter.close()
 
     elapsed = time.perf_counter() - started
