@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import phalanx
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.consistency import check_consistency
-from phalanx.runtime.model import COMPRESSIONS, parameters_sha256, unwrap, wrap_model
+from phalanx.runtime.model import COMPRESSIONS, compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import PRECISIONS
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.progress import StepMeter, StepReport
@@ -181,6 +181,8 @@ def main() -> None:
         optimizer.load_state_dict(latest.state["optimizer"])
         sampler.load_state_dict(latest.state["sampler"])
         precision.load_state_dict(latest.state.get("precision", {}))
+        if "compression" in latest.state:  # auto's choice, PowerSGD's error feedback
+            compression_of(model).load_state_dict(latest.state["compression"])
         if latest.rng is not None:
             phalanx.runtime.checkpoint.restore_rng_state(latest.rng)
         step = resumed_from = latest.step
@@ -225,7 +227,8 @@ def main() -> None:
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                                        "sampler": sampler.state_dict(), "precision": precision.state_dict()})  # fmt: skip
+                                        "sampler": sampler.state_dict(), "precision": precision.state_dict(),
+                                        "compression": compression_of(model).state_dict()})  # fmt: skip
             if preempted:
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
                 reporter.progress.write(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
