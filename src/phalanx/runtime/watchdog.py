@@ -49,7 +49,10 @@ class Progress:
 def flight_recorder_progress(rank: int, node: str, step: int | None) -> Progress:
     import torch
 
-    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    # Without stack traces: symbolizing them imports torch._dynamo and torch._inductor in this
+    # thread, which races the training thread's own import of them (DDP's constructor) and can
+    # kill the rank with a partially-initialized-module ImportError. The report never reads them.
+    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
     entries = [e for e in trace.get("entries", []) if not e.get("is_p2p")]
     issued = max((e["collective_seq_id"] for e in entries), default=0)
     done = [e for e in entries if e.get("retired") or e.get("state") == "completed"]
