@@ -192,7 +192,7 @@ def main() -> None:
     reporter = Reporter(args, context, total_steps, step)
     if latest is not None:
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
-    preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: stop together after this step
+    preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
     while sampler.epoch < args.epochs:
         epoch, epoch_start = sampler.epoch, sampler.position
