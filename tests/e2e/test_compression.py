@@ -6,6 +6,7 @@ checks each step's delivered gradient against the true average, and hashes the p
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -38,6 +39,13 @@ def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
     return found
 
 
+def choices_near(printed: dict[str, float]) -> set[str]:
+    """What choose() gives for the timings the line rounds to 0.1 ms: a near tie may go either way."""
+    names = list(printed)
+    nudged = itertools.product(*[(printed[n] - 0.05, printed[n], printed[n] + 0.05) for n in names])
+    return {choose(dict(zip(names, values)), 0.03) for values in nudged}
+
+
 def launch(workdir: Path, *args: str, launcher: tuple[str, ...] = ("--nproc-per-node", "2"), timeout: float = 240):
     result = run_command(phalanx_argv("run", *launcher, *args), timeout=timeout, cwd=workdir)
     assert result.returncode == 0, result.output
@@ -62,7 +70,7 @@ def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
     assert len(shown) == 1, result.stdout  # the console shows rank 0's line, once
     chosen, timings = shown[0]
     assert set(timings) == {"none", "fp16", "powersgd"} and all(0 < ms < 10_000 for ms in timings.values()), timings
-    assert chosen == choose(timings, 0.03)  # the fastest, lossier ones only for a real gain
+    assert chosen in choices_near(timings)  # the fastest, lossier ones only for a real gain
     logged = [decisions(log.read_text()) for log in sorted(workdir.glob("phalanx-logs/*/attempt_0/rank*/stdout.log"))]
     assert logged == [shown, shown], logged  # every rank wrote the same choice from the same numbers
 
@@ -85,10 +93,10 @@ def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_average
     assert sum(last) < 0.8 * sum(first), ranks[0]["losses"]
 
 
-def interrupted(workdir: Path, compression: str, save_at: int, *control: str) -> tuple[dict, dict, str]:
-    """Rank 0's record of a run saving at save_at and going on to 50, and of a run resumed from that save."""
+def interrupted(workdir: Path, compression: str, save_at: int, *control: str, steps: int = 50) -> tuple[dict, dict, str]:
+    """Rank 0's record of a run saving at save_at and going on, and of a run resumed from that save."""
     ck = workdir / f"ck-{compression}-{save_at}{''.join(control)}"
-    common = ("--compression", compression, "--steps", "50", "--checkpoint-dir", str(ck), *control)
+    common = ("--compression", compression, "--steps", str(steps), "--checkpoint-dir", str(ck), *control)
     full, _ = worker(workdir, f"full-{ck.name}", *common, "--save-at", str(save_at))
     resumed, output = worker(workdir, f"resumed-{ck.name}", *common)
     assert resumed[0]["resumed_from"] == save_at and resumed[0]["used"] == resumed[1]["used"]
@@ -102,6 +110,13 @@ def test_powersgd_resumes_bit_for_bit_with_its_error_feedback(workdir):
     full, resumed, _ = interrupted(workdir, "powersgd", 30, "--no-compression-state")
     assert resumed["sha_after"]["30"] != full["sha_after"]["30"]
     assert resumed["params_sha256"] != full["params_sha256"]
+
+
+def test_powersgd_resumes_bit_for_bit_over_several_buckets(workdir):
+    # 64 -> 4096 -> 2048 -> 10: the 2048x4096 weight alone passes DDP's 25 MB bucket cap, so the
+    # saved state has 2 buckets while the fresh DDP's first step has 1 (everything, in order).
+    full, resumed, _ = interrupted(workdir, "powersgd", 6, "--widths", "4096,2048", steps=10)
+    assert [resumed["sha_after"][str(s)] for s in range(6, 10)] == [full["sha_after"][str(s)] for s in range(6, 10)]
 
 
 def test_auto_resumed_after_its_decision_keeps_the_choice_and_continues_exactly(workdir):

@@ -146,22 +146,21 @@ class PowerSGD:
         return inside if len(covered) == len(names) and set(covered) == names else []
 
     def _reenact(self, bucket: Any, layout: Layout, saved: list[int]) -> Future[torch.Tensor]:
+        """One saved bucket after the other, each finished before the next starts: torch's hook
+        issues its later all-reduces from gloo's callback threads, so two in flight could reach
+        the ranks in different orders. It is one step after a resume; speed does not matter."""
         real = bucket.buffer()
         views = _pieces(real, layout, [slot.numel for slot in layout])
-        copies = []
-        for k, index in enumerate(saved):  # started in index order, as DDP starts its buckets
+        for k, index in enumerate(saved):
             slots = self._layouts[index]
             buffer = torch.cat([views[slot.name] for slot in slots])  # fresh and aligned, in the saved order
             last = bucket.is_last() and k == len(saved) - 1
-            copies.append((slots, powerSGD_hook.powerSGD_hook(self.state, _SavedBucket(index, slots, buffer, last))))
-
-        def copy_back(_: Any) -> torch.Tensor:
-            for slots, future in copies:
-                for slot, piece in zip(slots, future.value().split([s.numel for s in slots])):
-                    views[slot.name].copy_(piece)
-            return real
-
-        return torch.futures.collect_all([future for _, future in copies]).then(copy_back)
+            result = powerSGD_hook.powerSGD_hook(self.state, _SavedBucket(index, slots, buffer, last)).wait()
+            for slot, piece in zip(slots, result.split([s.numel for s in slots])):
+                views[slot.name].copy_(piece)
+        done: Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(real)
+        return done
 
     # -- moving memories by parameter ---------------------------------------------------------
 

@@ -63,11 +63,16 @@ def main() -> None:
     parser.add_argument("--no-compression-state", action="store_true", help="control: leave it out of checkpoints")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
+    parser.add_argument("--widths", default="128", help="hidden layer widths; 4096,2048 makes DDP use 2 buckets")
     args = parser.parse_args()
 
     context = phalanx.init()
     torch.manual_seed(0)
-    network = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    widths = [64, *map(int, args.widths.split(",")), 10]
+    layers: list[torch.nn.Module] = []
+    for inputs, outputs in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
+    network = torch.nn.Sequential(*layers[:-1])
     reference = copy.deepcopy(network)
     model = wrap_model(network, context, compression=args.compression,
                        trial=AutoTrial(rounds=args.rounds, steps_per_round=args.steps_per_round))  # fmt: skip
