@@ -2,11 +2,16 @@
 
 Each run trains the tutorial's model (one Linear 3x224x224 -> 10, batch 32 per process; or
 examples/train.py's synthetic MLP with --model mlp) for --steps steps on 2 processes
-(benchmarks/auto_compression_worker.py) and reports the global samples/s over all its steps:
-auto's trial is included, since that is what auto costs. The modes run alternately (interleaved,
-in a rotating order, so that the machine's noise hits all alike), --repeats times each; reported
-per mode: the median samples/s and its ratio to the best fixed choice, and what auto chose in
-each of its runs. Target: auto >= 0.95 x the best fixed choice.
+(benchmarks/auto_compression_worker.py) and counts the global samples/s over all its steps:
+auto's trial is included, since that is what auto costs. The modes run alternately, in a
+rotating order, --repeats times each, so that the machine's noise hits all alike. Reported per
+mode: the median samples/s and its ratio to the best fixed choice, and what auto chose in each
+of its runs. Target: auto >= 0.95 x the best fixed choice.
+
+Methods:
+  in-process  one launch per link; inside it every run builds and wraps a fresh model (so auto
+              runs its whole trial each time). Launch-to-launch noise stays out (default).
+  launches    one launch per run: also catches what a fresh process and fresh connections do.
 
 Links:
   loopback  both processes on this host (`phalanx run --nproc-per-node 2`)
@@ -14,8 +19,8 @@ Links:
             process on each (`phalanx run --nnodes 2` in each); needs root
   veth      the same two namespaces, unshaped
 
-Usage: python benchmarks/auto_compression.py [--repeats 3] [--steps 400] [--link loopback 1gbit veth]
-                                             [--model linear|mlp] [--json PATH]
+Usage: python benchmarks/auto_compression.py [--repeats 5] [--steps 400] [--link loopback 1gbit veth]
+                                             [--method in-process|launches] [--model linear|mlp] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from contextlib import AbstractContextManager, nullcontext
+from itertools import count
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,9 +50,10 @@ def hosts_for(link: str) -> AbstractContextManager[tuple[Host, Host] | None]:
     return nullcontext() if link == "loopback" else two_hosts(f"b{link[0]}", rate=RATES[link])
 
 
-def timed_run(hosts: tuple[Host, Host] | None, mode: str, args: argparse.Namespace, folder: str, port: int) -> dict:
-    out = f"{folder}/{mode}.json"
-    worker = [WORKER, out, "--compression", mode, "--steps", str(args.steps), "--model", args.model]
+def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argparse.Namespace, folder: str,
+           port: int) -> dict:  # fmt: skip
+    out = f"{folder}/run-{port}.json"
+    worker = [WORKER, out, "--steps", str(args.steps), "--model", args.model, *worker_args]
     if hosts is None:
         argv = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *worker]
         done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=args.timeout)
@@ -58,36 +65,44 @@ def timed_run(hosts: tuple[Host, Host] | None, mode: str, args: argparse.Namespa
         codes, output = [o.returncode for o in outcomes], "\n".join(o.output for o in outcomes)
     if any(codes):
         raise SystemExit(f"a benchmark run failed ({codes}):\n{output[-4000:]}")
-    return json.loads(Path(out).read_text())
+    return json.loads(Path(out).read_text())["modes"]
 
 
 def measure(link: str, args: argparse.Namespace) -> dict:
-    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    runs: dict[str, dict[str, list]] = {mode: {"samples_per_second": [], "summaries": []} for mode in MODES}
+    ports = count(29501)
     with hosts_for(link) as hosts, tempfile.TemporaryDirectory() as folder:
-        port = 29500
-        for repeat in range(args.repeats):
-            for mode in MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]:
-                port += 1
-                result = timed_run(hosts, mode, args, folder, port)
-                runs[mode].append(result)
-                print(f"  {link:<8} {mode:<8} {result['samples_per_second']:8.0f} samples/s", file=sys.stderr, flush=True)
-    median = {mode: statistics.median(r["samples_per_second"] for r in results) for mode, results in runs.items()}
+        if args.method == "in-process":
+            timeout = args.timeout * args.repeats * len(MODES)
+            found = launch(hosts, ["--modes", ",".join(MODES), "--repeats", str(args.repeats)],
+                           argparse.Namespace(**{**vars(args), "timeout": timeout}), folder, next(ports))  # fmt: skip
+            runs = {mode: found[mode] for mode in MODES}
+        else:
+            for repeat in range(args.repeats):
+                for mode in MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]:
+                    found = launch(hosts, ["--modes", mode], args, folder, next(ports))[mode]
+                    for key in runs[mode]:
+                        runs[mode][key] += found[key]
+                    print(f"  {link:<8} {mode:<8} {found['samples_per_second'][0]:8.0f} samples/s", file=sys.stderr,
+                          flush=True)  # fmt: skip
+    median = {mode: statistics.median(run["samples_per_second"]) for mode, run in runs.items()}
     best = max(FIXED, key=median.__getitem__)
     return {
-        "link": link, "model": args.model, "steps": args.steps, "repeats": args.repeats,
+        "link": link, "method": args.method, "model": args.model, "steps": args.steps, "repeats": args.repeats,
         "median_samples_per_second": median, "best_fixed": best,
         "ratio_to_best_fixed": {mode: median[mode] / median[best] for mode in MODES},
-        "auto_chose": [r["summary"]["chosen"] for r in runs["auto"]],
-        "auto_ms_per_step": [r["summary"]["ms_per_step"] for r in runs["auto"]],
-        "samples_per_second": {mode: [r["samples_per_second"] for r in results] for mode, results in runs.items()},
+        "auto_chose": [s["chosen"] for s in runs["auto"]["summaries"]],
+        "auto_ms_per_step": [s["ms_per_step"] for s in runs["auto"]["summaries"]],
+        "samples_per_second": {mode: run["samples_per_second"] for mode, run in runs.items()},
     }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=400, help="steps per run, auto's trial (24 steps) included")
     parser.add_argument("--link", nargs="+", default=["loopback", "1gbit", "veth"], choices=list(RATES))
+    parser.add_argument("--method", choices=["in-process", "launches"], default="in-process")
     parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for one run")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "auto_compression.json")
@@ -99,8 +114,8 @@ def main() -> None:
             chose = ", ".join(result["auto_chose"]) if mode == "auto" else ""
             print(f"{result['link']:<9} {mode:<9} {result['median_samples_per_second'][mode]:>10.0f} "
                   f"{result['ratio_to_best_fixed'][mode]:>12.3f}x  {chose}")  # fmt: skip
-    print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes); "
-          "target: auto >= 0.95x the best fixed choice")  # fmt: skip
+    print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
+          f"{args.method}); target: auto >= 0.95x the best fixed choice")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
 

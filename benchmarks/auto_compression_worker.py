@@ -1,16 +1,19 @@
-"""One timed training run for benchmarks/auto_compression.py: the tutorial's model, a compression.
+"""Timed training runs for benchmarks/auto_compression.py: the tutorial's model, each compression.
 
-    auto_compression_worker.py OUT.json --compression auto --steps 300 [--model linear|mlp]
+    auto_compression_worker.py OUT.json --modes auto,none,fp16,powersgd --steps 400 --repeats 1
+                               [--model linear|mlp]
 
-linear is the tutorial's model (one Linear 3x224x224 -> 10, batch 32 per process); mlp is
-examples/train.py's synthetic one (150528 -> 128 -> 10). Rank 0 writes the global samples/s over
-all steps (the trial of auto included: that is what auto costs), the compression summary and
-the loss of the first and last steps.
+For each repeat, each mode in turn (the order rotates) trains a freshly built and wrapped model
+for --steps steps, so auto runs its whole trial every time. linear is the tutorial's model (one
+Linear 3x224x224 -> 10, batch 32 per process); mlp is examples/train.py's synthetic one
+(150528 -> 128 -> 10). Rank 0 writes, per mode, the global samples/s of every run over all its
+steps (auto's trial included: that is what auto costs) and auto's compression summaries.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -19,51 +22,62 @@ import torch
 import torch.distributed as dist
 
 import phalanx
+from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.model import compression_of, wrap_model
 
 FEATURES = 3 * 224 * 224
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--compression", default="auto")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
-    parser.add_argument("--batch-size", type=int, default=32)
-    args = parser.parse_args()
-
-    context = phalanx.init()
+def build(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if args.model == "linear":
-        network: torch.nn.Module = torch.nn.Linear(FEATURES, 10)
-    else:
-        network = torch.nn.Sequential(torch.nn.Linear(FEATURES, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
-    model = wrap_model(network, context, compression=args.compression)
+    if kind == "linear":
+        return torch.nn.Linear(FEATURES, 10)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def timed_run(context: DistributedContext, mode: str, args: argparse.Namespace, images, labels) -> tuple[float, dict]:
+    model = wrap_model(build(args.model), context, compression=mode)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    generator = torch.Generator().manual_seed(1 + context.rank)
-    images = torch.randn(4 * args.batch_size, FEATURES, generator=generator)  # cycled: data is not what is timed
-    labels = (images @ torch.randn(FEATURES, 10, generator=torch.Generator().manual_seed(0))).argmax(1)
-    losses = []
     context.barrier()
     started = time.perf_counter()
     for step in range(args.steps):
         part = slice((step % 4) * args.batch_size, (step % 4 + 1) * args.batch_size)
         optimizer.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(images[part]), labels[part])
-        loss.backward()
+        torch.nn.functional.cross_entropy(model(images[part]), labels[part]).backward()
         optimizer.step()
-        if step in (0, args.steps - 1):
-            losses.append(loss.item())
     elapsed = torch.tensor([time.perf_counter() - started])
     if context.is_distributed:
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the job is as fast as its slowest rank
+    summary = compression_of(model).summary()
+    del model, optimizer
+    gc.collect()  # DDP holds itself in a reference cycle: free this model before the next is built
+    return args.steps * args.batch_size * context.world_size / elapsed.item(), summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--modes", default="auto,none,fp16,powersgd")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+
+    context = phalanx.init()
+    generator = torch.Generator().manual_seed(1 + context.rank)
+    images = torch.randn(4 * args.batch_size, FEATURES, generator=generator)  # cycled: data is not what is timed
+    labels = (images @ torch.randn(FEATURES, 10, generator=torch.Generator().manual_seed(0))).argmax(1)
+    modes = args.modes.split(",")
+    results: dict[str, dict[str, list]] = {mode: {"samples_per_second": [], "summaries": []} for mode in modes}
+    for repeat in range(args.repeats):
+        for mode in modes[repeat % len(modes) :] + modes[: repeat % len(modes)]:
+            rate, summary = timed_run(context, mode, args, images, labels)
+            results[mode]["samples_per_second"].append(rate)
+            results[mode]["summaries"].append(summary)
     if context.is_main:
-        samples = args.steps * args.batch_size * context.world_size
-        result = {"compression": args.compression, "model": args.model, "world_size": context.world_size,
-                  "steps": args.steps, "samples_per_second": samples / elapsed.item(),
-                  "first_loss": losses[0], "last_loss": losses[-1], "summary": compression_of(model).summary()}  # fmt: skip
-        args.out.write_text(json.dumps(result, indent=1))
+        args.out.write_text(json.dumps({"model": args.model, "world_size": context.world_size, "steps": args.steps,
+                                        "modes": results}, indent=1))  # fmt: skip
     context.close()
 
 
