@@ -107,7 +107,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds for one run")
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "auto_compression.json")
     args = parser.parse_args()
-    results = [measure(link, args) for link in args.link]
+    results = []
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    for link in args.link:
+        results.append(measure(link, args))
+        args.json.write_text(json.dumps(results, indent=1))  # after each link: an interrupted run keeps what it has
     print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13}  auto chose")
     for result in results:
         for mode in MODES:
@@ -116,8 +120,6 @@ def main() -> None:
                   f"{result['ratio_to_best_fixed'][mode]:>12.3f}x  {chose}")  # fmt: skip
     print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
           f"{args.method}); target: auto >= 0.95x the best fixed choice")  # fmt: skip
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
