@@ -78,9 +78,8 @@ The report is printed by the node that ran global rank 0. Exit codes: 0 ok, 1 a 
 
 
 def add_parser(commands: Any) -> None:
-    summary = __doc__.split("\n")[0].split(": ", 1)[1]
     bench = commands.add_parser(
-        "bench", help=summary, description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+        "bench", help="measure collectives (nccl-tests' method) and DDP training throughput", description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     _add_benchmark(kinds, "collectives", "collective bandwidth with nccl-tests' definitions", COLLECTIVES_HELP,
