@@ -5,7 +5,8 @@ progress lines, metrics file, preemption guard, consistency check; no checkpoint
 loop below is what a user writes from the PyTorch tutorial: DistributedSampler, DDP, SGD, no
 metrics. Both train the same model (train.py's build_model) on the same data with the same
 per-process batch, launched the same way (`phalanx run --nproc-per-node 2`), alternately
-(interleaved, so that the machine's noise hits both alike), --repeats times each.
+(interleaved, so that the machine's noise hits both alike; which goes first alternates too),
+--repeats times each.
 
 Both time the steady state on rank 0 in intervals of --log-every optimizer steps, the first
 interval (warm-up) left out: samples/s = samples trained in the intervals / their seconds. The
@@ -36,13 +37,16 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train.py"
 #: train.py arguments per workload; the plain loop reads the same ones.
 WORKLOADS = {
-    "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "20", "--log-every", "50"],
+    "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "80", "--log-every", "50"],
     "synthetic": ["--dataset", "synthetic", "--samples", "512", "--batch-size", "32", "--epochs", "6", "--log-every", "8"],
 }
 
 
+WORLD_SIZE = 2
+
+
 def launch(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", "2", *argv]
+    return [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", str(WORLD_SIZE), *argv]
 
 
 def steady_rate(intervals: list[tuple[float, float]]) -> float:
@@ -116,17 +120,24 @@ def measure(name: str, repeats: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         run_plain(workload, folder)  # warms the file cache and the dataset load, not counted
-        for _ in range(repeats):
-            samples["plain"].append(run_plain(workload, folder))
-            samples["phalanx"].append(run_phalanx(workload, folder))
+        for round_ in range(repeats):
+            # Which loop goes first alternates: the second run of a pair can meet the first's teardown.
+            first, second = (run_plain, run_phalanx) if round_ % 2 == 0 else (run_phalanx, run_plain)
+            rates = {first: first(workload, folder)}
+            rates[second] = second(workload, folder)
+            samples["plain"].append(rates[run_plain])
+            samples["phalanx"].append(rates[run_phalanx])
     medians = {loop: statistics.median(rates) for loop, rates in samples.items()}
     spread = {loop: (max(rates) - min(rates)) / statistics.median(rates) for loop, rates in samples.items()}
-    # Each phalanx run against the plain run just before it: the two saw the same machine state.
+    # Each phalanx run against the plain run next to it: the two saw the same machine state.
     pairs = [mine / plain for mine, plain in zip(samples["phalanx"], samples["plain"])]
+    per_step = int(workload[workload.index("--batch-size") + 1]) * WORLD_SIZE  # samples per optimizer step
+    step_ms = {loop: per_step / rate * 1e3 for loop, rate in medians.items()}
     return {
-        "workload": name, "train_args": workload, "world_size": 2, "repeats": repeats,
+        "workload": name, "train_args": workload, "world_size": WORLD_SIZE, "repeats": repeats,
         "samples_per_second": samples, "median_samples_per_second": medians, "spread_of_runs": spread,
         "ratio": medians["phalanx"] / medians["plain"], "pair_ratios": pairs, "median_pair_ratio": statistics.median(pairs),
+        "step_ms": step_ms, "extra_us_per_step": (step_ms["phalanx"] - step_ms["plain"]) * 1e3,
     }  # fmt: skip
 
 
@@ -143,13 +154,16 @@ def main() -> None:
     rows = [
         (r["workload"], f"{r['median_samples_per_second']['plain']:.0f}", f"{r['median_samples_per_second']['phalanx']:.0f}",
          f"{r['ratio']:.3f}", f"{r['median_pair_ratio']:.3f} ({min(r['pair_ratios']):.2f}-{max(r['pair_ratios']):.2f})",
+         f"{r['step_ms']['plain']:.2f} / {r['step_ms']['phalanx']:.2f}", f"{r['extra_us_per_step']:.0f}",
          f"{r['spread_of_runs']['plain']:.0%} / {r['spread_of_runs']['phalanx']:.0%}")
         for r in results
     ]  # fmt: skip
-    headers = ("workload", "plain (samples/s)", "phalanx (samples/s)", "ratio", "pair ratio (range)", "spread plain / phalanx")
+    headers = ("workload", "plain (samples/s)", "phalanx (samples/s)", "ratio", "pair ratio (range)",
+               "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
     print(format_table(headers, rows, indent=""))
-    print(f"medians of {args.repeats} interleaved runs each, 2 processes, steady state; target: ratio >= 0.97")
-    print("pair ratio: each phalanx run over the plain run just before it; spread: (max - min) / median of a loop's")
+    print(f"medians of {args.repeats} interleaved runs each, {WORLD_SIZE} processes, steady state; target: ratio >= 0.97")
+    print("extra us/step: the phalanx loop's cost per optimizer step over the plain loop's, from the medians")
+    print("pair ratio: each phalanx run over the plain run next to it; spread: (max - min) / median of a loop's")
     print("runs. A spread wider than the 3% margin means the machine's noise is larger than what is measured.")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))

@@ -254,3 +254,21 @@ def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir
     assert re.search(r"preempted by SIGUSR1 after step \d+; checkpoint saved", output), output
     assert "stopped for preemption after saving a checkpoint; run the same command again" in output
     assert "root cause" not in output and not out.exists()
+
+
+def test_preemption_votes_are_rare_on_short_steps_and_every_rank_stops_after_the_same_step(workdir):
+    """The guard votes about every period (0.3 s here), not at every boundary, and a signal on
+    one rank still stops every rank after one and the same step, soon after it arrived."""
+    worker = Path(__file__).parent / "workers" / "preemption_votes.py"
+    signal_step, period_s = 300, 0.3
+    argv = ("run", "--nproc-per-node", "2", str(worker), str(workdir), "1", str(signal_step), str(period_s))
+    result = run_command(phalanx_argv(*argv), timeout=120, cwd=workdir)
+    assert result.returncode == 0, result.output
+    lines = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    stops = {line["stopped_after"] for line in lines}
+    assert len(stops) == 1, lines  # the same step on every rank
+    (stopped_after,) = stops
+    # A step takes at least 2 ms: a vote every 0.3 s is at most one per 150 steps. The signal
+    # is read within two votes and one boundary.
+    assert signal_step < stopped_after <= signal_step + 2 * period_s / 0.002 + 1, lines
+    assert all(line["votes"] <= stopped_after / 20 for line in lines), lines

@@ -48,3 +48,33 @@ def test_real_samples_are_counted_up_to_the_end_of_the_epoch():
     assert len(list(sampler)) == 3 and sampler.real_handed_out == 2  # the third was padding
     list(sampler)
     assert sampler.real_handed_out == 4
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("length", "world_size"), [(10, 4), (7, 3), (8, 2), (5, 8), (1, 1)])
+def test_real_count_matches_the_padding_of_distributed_sampler(length, world_size, drop_last):
+    """Each handed-out index is real when it is the first occurrence of its position in
+    DistributedSampler's padded order: the brute-force count the closed form must equal."""
+    for rank in range(world_size):
+        sampler = ResumableSampler(length, rank=rank, world_size=world_size, shuffle=False, drop_last=drop_last)
+        real_positions = [p for p in range(sampler.num_samples) if rank + p * world_size < length]
+        counts = []
+        for _ in iter(sampler):
+            counts.append(sampler.real_handed_out)
+        assert counts == [sum(1 for p in real_positions if p < taken) for taken in range(1, sampler.num_samples + 1)]
+        assert sampler.real_samples(0, sampler.num_samples) == len(real_positions)
+
+
+def test_real_count_only_grows_by_what_is_handed_out():
+    """Moving the position (set_epoch mid-pass, a resume) hands nothing out: the counter keeps
+    its value, so a loop's per-batch differences stay the batch's real samples."""
+    sampler = ResumableSampler(10, rank=2, world_size=4, shuffle=False)
+    it = iter(sampler)
+    next(it), next(it)
+    assert sampler.real_handed_out == 2
+    sampler.set_epoch(5)  # a new epoch from its beginning
+    assert sampler.real_handed_out == 2
+    resumed = ResumableSampler(10, rank=2, world_size=4, shuffle=False)
+    resumed.load_state_dict({**sampler.state_dict(), "position": 2})
+    assert resumed.real_handed_out == 0
+    assert len(list(resumed)) == 1 and resumed.real_handed_out == 0  # position 2 is this rank's padding

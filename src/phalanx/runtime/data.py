@@ -34,9 +34,9 @@ class ResumableSampler(Sampler[int]):
         self.total_size = self.num_samples * world_size
         self.epoch = 0
         self.position = 0  # samples of this epoch already handed out on this rank
-        #: Real (not padding) samples handed out since this sampler was made; the difference
-        #: across a batch is that batch's real count, also for the batch that ends an epoch.
-        self.real_handed_out = 0
+        # This rank's positions below this hold real data; the padding (if any) comes after.
+        self._real_positions = min(self.num_samples, max(0, math.ceil((dataset_length - rank) / world_size)))
+        self._real_offset = 0  # real_handed_out minus the real samples below the current position
         self._remaining_at_start = self.num_samples
 
     def _epoch_indices(self) -> list[int]:
@@ -56,13 +56,22 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         indices = self._epoch_indices()
         self._remaining_at_start = self.num_samples - self.position
-        while self.position < self.num_samples:
-            index = indices[self.position]
-            self.real_handed_out += self._is_real(self.position)
+        while self.position < self.num_samples:  # per sample: only the position moves (it is resumed from)
             self.position += 1
-            yield index
+            yield indices[self.position - 1]
         self.epoch += 1  # exhausted: the next pass is the next epoch, reshuffled
-        self.position = 0
+        self._move_to(0)
+
+    @property
+    def real_handed_out(self) -> int:
+        """Real (not padding) samples handed out since this sampler was made; the difference
+        across a batch is that batch's real count, also for the batch that ends an epoch."""
+        return self._real_offset + min(self.position, self._real_positions)
+
+    def _move_to(self, position: int) -> None:
+        """Sets the position without handing anything out: real_handed_out keeps its value."""
+        self._real_offset += min(self.position, self._real_positions) - min(position, self._real_positions)
+        self.position = position
 
     def __len__(self) -> int:
         return self._remaining_at_start
@@ -70,16 +79,13 @@ class ResumableSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """DistributedSampler's API, for loops that call it; a new epoch starts at its beginning."""
         if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+            self.epoch = epoch
+            self._move_to(0)
         self._remaining_at_start = self.num_samples - self.position
-
-    def _is_real(self, position: int) -> bool:
-        """Whether this rank's sample at ``position`` of the epoch is real data, not padding."""
-        return self.rank + position * self.world_size < self.dataset_length
 
     def real_samples(self, start: int, stop: int) -> int:
         """How many of this rank's samples [start, stop) of the epoch are real, not padding."""
-        return sum(self._is_real(position) for position in range(start, stop))
+        return max(0, min(stop, self._real_positions) - min(start, self._real_positions))
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}
@@ -90,5 +96,6 @@ class ResumableSampler(Sampler[int]):
                 f"the checkpoint's sampler was for world size {state['world_size']} and seed {state['seed']}; "
                 f"this run has world size {self.world_size} and seed {self.seed}: resuming would not be exact"
             )
-        self.epoch, self.position = state["epoch"], state["position"]
+        self.epoch = state["epoch"]
+        self._move_to(state["position"])
         self._remaining_at_start = self.num_samples - self.position
