@@ -100,6 +100,16 @@ def build_model(dataset: TensorDataset) -> torch.nn.Module:
 
 
 @torch.no_grad()
+def real_loss_sum(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, real: int) -> torch.Tensor:
+    """The batch's loss summed over its real samples, for the metrics. Only a rank's last batch
+    of an epoch can hold padding (the samples that even out the shards), which would otherwise
+    count twice; every other batch reuses the mean loss the gradient came from."""
+    if real == len(labels):
+        return loss * real
+    return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real], reduction="sum")
+
+
+@torch.no_grad()
 def evaluate(
     model: torch.nn.Module, dataset: TensorDataset, context: phalanx.DistributedContext, precision: phalanx.MixedPrecision
 ) -> dict[str, float]:
@@ -205,13 +215,12 @@ def main() -> None:
             images, labels = images.to(context.device), labels.to(context.device)
             with phalanx.accumulate(model, index, args.accumulate, total=micro_batches) as micro:
                 with precision.autocast():
-                    per_sample = torch.nn.functional.cross_entropy(model(images), labels, reduction="none")
-                precision.backward(per_sample.mean() * micro.loss_scale)  # all-reduces on the window's last only
+                    logits = model(images)
+                    loss = torch.nn.functional.cross_entropy(logits, labels)
+                precision.backward(loss, scale=micro.loss_scale)  # all-reduces on the window's last only
             trained += len(labels)
-            # The metrics count real samples only: the padding that evens out the shards (the
-            # last samples of a rank's epoch) would otherwise count twice.
             real, real_before = sampler.real_handed_out - real_before, sampler.real_handed_out
-            reporter.epoch_totals.add(real, loss=per_sample[:real].detach().float().sum())
+            reporter.epoch_totals.add(real, loss=real_loss_sum(loss, logits, labels, real))
             if not micro.sync:
                 continue
             grad_norm = None

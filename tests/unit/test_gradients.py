@@ -74,3 +74,14 @@ def test_fp16_on_cpu_is_refused_with_what_to_use():
 def test_an_unknown_precision_is_refused():
     with pytest.raises(SettingsRefused, match="precision 'int8' is not one of fp32, bf16, fp16"):
         MixedPrecision("int8", torch.device("cpu"))
+
+
+def test_backward_applies_the_window_scale():
+    weight = torch.ones(3, requires_grad=True)
+    fp32 = MixedPrecision("fp32", torch.device("cpu"))
+    fp32.backward((weight * 4).sum(), scale=0.25)
+    assert torch.equal(weight.grad, torch.ones(3))
+    loss = (weight * 2).sum()
+    weight.grad = None
+    fp32.backward(loss)
+    assert torch.equal(weight.grad, torch.full((3,), 2.0))

@@ -69,11 +69,19 @@ def no_backward_sync(model: torch.nn.Module, enabled: bool = True) -> Iterator[N
         yield
 
 
-@contextlib.contextmanager
-def accumulate(model: torch.nn.Module, index: int, every: int, total: int | None = None) -> Iterator[MicroStep]:
+def accumulate(
+    model: torch.nn.Module, index: int, every: int, total: int | None = None
+) -> contextlib.AbstractContextManager[MicroStep]:
     """Runs a micro-batch's backward inside: all-reduces only when the window ends there."""
     micro = micro_step(index, every, total)
-    with no_backward_sync(model, enabled=not micro.sync):
+    if micro.sync:  # every step without accumulation: nothing to enter, so nothing to pay per step
+        return contextlib.nullcontext(micro)
+    return _without_sync(model, micro)
+
+
+@contextlib.contextmanager
+def _without_sync(model: torch.nn.Module, micro: MicroStep) -> Iterator[MicroStep]:
+    with no_backward_sync(model):
         yield micro
 
 

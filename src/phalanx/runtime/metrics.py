@@ -8,6 +8,10 @@ import torch.distributed as dist
 from phalanx.runtime.context import DistributedContext
 
 
+#: Kept per-batch values are summed into the totals this often: a bounded list, one reduction per many steps.
+_FOLD_EVERY = 256
+
+
 class GlobalMean:
     """Sums of named values and a sample count, all-reduced in one collective on demand."""
 
@@ -17,24 +21,43 @@ class GlobalMean:
         self.reset()
 
     def reset(self) -> None:
-        self._sums = [torch.zeros((), dtype=torch.float64, device=self.context.device) for _ in self.names]
+        self._sums = torch.zeros(len(self.names), dtype=torch.float64, device=self.context.device)
+        self._pending: list[list[torch.Tensor | float]] = [[] for _ in self.names]
         self._samples = 0.0
 
-    @torch.no_grad()
     def add(self, samples: int, **sums: torch.Tensor | float) -> None:
         """Adds per-batch sums (for a mean loss: the loss summed over the batch's real samples).
 
-        Called every step, so it stays a single in-place add per value on the device, with no
-        host-device sync: the values are read only when :meth:`compute` all-reduces them.
+        Called every step, so it only keeps the values (detached; no device work, no sync):
+        they are summed in float64 every ``_FOLD_EVERY`` additions and when :meth:`compute` reads them.
         """
-        for total, name in zip(self._sums, self.names):
-            total.add_(sums[name])
+        for pending, name in zip(self._pending, self.names):
+            value = sums[name]
+            pending.append(value.detach() if isinstance(value, torch.Tensor) else value)
         self._samples += samples
+        if self._pending and len(self._pending[0]) >= _FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Moves the kept values into the float64 sums."""
+        device = self.context.device
+        for index, pending in enumerate(self._pending):
+            if pending:
+                # Tensors keep their type until here (each converts exactly to float64 below);
+                # Python numbers become float64 at once, not the default float32.
+                values = [
+                    torch.as_tensor(v, device=device).reshape(()) if isinstance(v, torch.Tensor)
+                    else torch.tensor(float(v), dtype=torch.float64, device=device)
+                    for v in pending
+                ]  # fmt: skip
+                self._sums[index] += torch.stack(values).to(torch.float64).sum()
+                pending.clear()
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective."""
+        self._fold()
         samples_so_far = torch.tensor([self._samples], dtype=torch.float64, device=self.context.device)
-        totals = torch.cat([torch.stack(self._sums), samples_so_far]) if self._sums else samples_so_far
+        totals = torch.cat([self._sums, samples_so_far])
         if self.context.is_distributed and dist.is_initialized():
             dist.all_reduce(totals)
         *sums, samples = totals.tolist()

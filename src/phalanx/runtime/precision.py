@@ -50,7 +50,11 @@ class MixedPrecision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=_DTYPES[self.name])
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, scale: float = 1.0) -> None:
+        """``loss.backward()``, of ``loss x scale`` (an accumulation window's ``micro.loss_scale``)
+        and scaled by the GradScaler with fp16. A scale of 1 adds no operation to the graph."""
+        if scale != 1.0:
+            loss = loss * scale
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
