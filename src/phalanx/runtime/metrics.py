@@ -40,17 +40,10 @@ class GlobalMean:
 
     def _fold(self) -> None:
         """Moves the kept values into the float64 sums."""
-        device = self.context.device
         for index, pending in enumerate(self._pending):
-            if pending:
-                # Tensors keep their type until here (each converts exactly to float64 below);
-                # Python numbers become float64 at once, not the default float32.
-                values = [
-                    torch.as_tensor(v, device=device).reshape(()) if isinstance(v, torch.Tensor)
-                    else torch.tensor(float(v), dtype=torch.float64, device=device)
-                    for v in pending
-                ]  # fmt: skip
-                self._sums[index] += torch.stack(values).to(torch.float64).sum()
+            if pending:  # each value converts exactly to float64 (a Python number never passes float32)
+                values = [torch.as_tensor(v, dtype=torch.float64, device=self.context.device).reshape(()) for v in pending]
+                self._sums[index] += torch.stack(values).sum()
                 pending.clear()
 
     def compute(self) -> dict[str, float]:
