@@ -22,13 +22,15 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 import phalanx
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.consistency import check_consistency
+from phalanx.runtime.metrics import PendingMeans
 from phalanx.runtime.model import COMPRESSIONS, compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import PRECISIONS
 from phalanx.runtime.preemption import PreemptionGuard
@@ -59,6 +61,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="DataLoader worker processes per rank (default 0); a resume stays exact with any number")
     parser.add_argument("--accumulate", type=positive(int), default=1, metavar="N",
                         help="micro-batches of --batch-size per optimizer step (default 1); the gradients all-reduce on "
                              "the last only. Global batch: batch size x N x processes")
@@ -99,14 +103,14 @@ def build_model(dataset: TensorDataset) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, classes))
 
 
-@torch.no_grad()
-def real_loss_sum(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, real: int) -> torch.Tensor:
-    """The batch's loss summed over its real samples, for the metrics. Only a rank's last batch
+def real_mean_loss(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, real: int) -> torch.Tensor:
+    """The batch's mean loss over its real samples, for the metrics. Only a rank's last batch
     of an epoch can hold padding (the samples that even out the shards), which would otherwise
-    count twice; every other batch reuses the mean loss the gradient came from."""
-    if real == len(labels):
-        return loss * real
-    return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real], reduction="sum")
+    count twice; every other batch reuses the mean loss the gradient came from, at no cost."""
+    if real == len(labels) or real == 0:  # a batch of padding only is not counted at all
+        return loss
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real])
 
 
 @torch.no_grad()
@@ -126,48 +130,76 @@ def evaluate(
     return {"loss": result["loss"], "accuracy": result["correct"]}
 
 
+class LoggingPoint(NamedTuple):
+    """A logging point whose all-reduce is in flight."""
+
+    totals: PendingMeans
+    step: int
+    epoch: int
+    ended_at: float  # the meter's clock when the step ended
+    grad_norm: torch.Tensor | None
+    epoch_start: int | None  # the epoch's first sample on this rank, when this point ends the epoch
+
+
 class Reporter:
     """The logging points: every --log-every steps and at each epoch's end, the global loss of
     the steps since the previous one, rates, the progress display and the metrics files.
 
-    One running sum per epoch (adding to it is the only per-batch cost); a logging point
-    all-reduces it once, and the difference to the previous point is the window's loss. So the
-    epoch's summary costs no collective of its own: it is the epoch's last logging point.
+    One running sum for the whole run; adding to it is the only per-batch cost. A logging point
+    starts its all-reduce (:meth:`start`) and is shown at the next step boundary (:meth:`finish`),
+    so the round trip overlaps a step instead of holding every rank. Consecutive sums differ by
+    the window's loss, the sums at two epoch ends by the epoch's: no collective of their own.
     """
 
     def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
         self.context, self.epochs, self.total_steps = context, args.epochs, total_steps
-        self.epoch_totals = phalanx.GlobalMean(context, "loss")
-        self._logged = (0.0, 0.0)  # (loss sum, samples) of this epoch at the previous logging point
+        self.totals = phalanx.GlobalMean(context, "loss")
+        self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
+        self._pending: LoggingPoint | None = None
         self.meter = StepMeter(total_steps, start_step=step)
         self.progress = phalanx.ProgressReporter(total_steps, enabled=context.is_main)
         self.files = phalanx.MetricsLog(jsonl=args.metrics_jsonl, tensorboard=args.tensorboard,
                                         continue_from_step=step, enabled=context.is_main)  # fmt: skip
 
-    def start_epoch(self) -> None:
-        self.epoch_totals.reset()
-        self._logged = (0.0, 0.0)
+    def start(self, step: int, epoch: int, grad_norm: torch.Tensor | None, epoch_start: int | None = None) -> None:
+        """A collective (every rank reaches the same logging points). ``epoch_start``: this
+        point ends the epoch, which began at that sample (not 0: resumed mid-epoch)."""
+        self.finish()
+        self._pending = LoggingPoint(self.totals.compute_async(), step, epoch, self.meter.clock(), grad_norm, epoch_start)
 
-    def report(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> dict[str, float]:
-        """A collective (every rank reaches the same logging points); returns the epoch's totals so far."""
-        totals = self.epoch_totals.compute()
-        loss_sum = totals["loss"] * totals["samples"] if totals["samples"] else 0.0
-        samples = totals["samples"] - self._logged[1]
-        loss = (loss_sum - self._logged[0]) / samples if samples else float("nan")
-        self._logged = (loss_sum, totals["samples"])
-        rates = self.meter.measure(step, samples)
+    def finish(self) -> None:
+        """Shows the logging point in flight, if any: call it at every step boundary."""
+        if self._pending is None:
+            return
+        point, self._pending = self._pending, None
+        totals = point.totals.result()
+        running = (totals["loss"] * totals["samples"] if totals["samples"] else 0.0, totals["samples"])
+        loss, samples = mean_between(self._logged, running)
+        self._logged = running
+        rates = self.meter.measure(point.step, samples, at=point.ended_at)
         report = StepReport(
-            step=step, total_steps=self.total_steps, epoch=epoch + 1, epochs=self.epochs, loss=loss,
+            step=point.step, total_steps=self.total_steps, epoch=point.epoch + 1, epochs=self.epochs, loss=loss,
             samples=int(samples), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
-            eta_s=rates.eta_s, grad_norm=None if grad_norm is None else float(grad_norm),
+            eta_s=rates.eta_s, grad_norm=None if point.grad_norm is None else float(point.grad_norm),
         )  # fmt: skip
         self.progress.update(report)
         self.files.write({**report.record(), "world_size": self.context.world_size})
-        return totals
+        if point.epoch_start is not None:  # the mean over every rank's samples of this epoch
+            epoch_loss, _ = mean_between(self._epoch_logged, running)
+            self._epoch_logged = running
+            note = f" (resumed at sample {point.epoch_start})" if point.epoch_start else ""
+            self.progress.write(f"epoch {point.epoch + 1}/{self.epochs}  step {point.step}  loss {epoch_loss:.4f}{note}")
 
     def close(self) -> None:
+        self.finish()
         self.progress.close()
         self.files.close()
+
+
+def mean_between(earlier: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
+    """The mean loss and the sample count between two running (loss sum, samples) totals."""
+    samples = later[1] - earlier[1]
+    return ((later[0] - earlier[0]) / samples if samples else float("nan")), samples
 
 
 def main() -> None:
@@ -181,7 +213,7 @@ def main() -> None:
     model = wrap_model(network, context, compression=args.compression)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = phalanx.ResumableSampler(len(dataset), rank=context.rank, world_size=context.world_size, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    loader = phalanx.ResumableLoader(dataset, sampler, batch_size=args.batch_size, num_workers=args.workers)
     checkpoints = phalanx.CheckpointManager(args.checkpoint_dir, context) if args.checkpoint_dir else None
 
     step, resumed_from = 0, None
@@ -189,7 +221,7 @@ def main() -> None:
     if latest is not None:
         unwrap(model).load_state_dict(latest.state["model"])
         optimizer.load_state_dict(latest.state["optimizer"])
-        sampler.load_state_dict(latest.state["sampler"])
+        loader.load_state_dict(latest.state["sampler"])
         precision.load_state_dict(latest.state.get("precision", {}))
         if "compression" in latest.state:  # auto's choice, PowerSGD's error feedback
             compression_of(model).load_state_dict(latest.state["compression"])
@@ -204,13 +236,11 @@ def main() -> None:
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
-    while sampler.epoch < args.epochs:
-        epoch, epoch_start = sampler.epoch, sampler.position
+    while loader.position[0] < args.epochs:
+        epoch, epoch_start = loader.position  # (epoch, sample) where this pass starts
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
         micro_batches = math.ceil((sampler.num_samples - epoch_start) / args.batch_size)
-        reporter.start_epoch()
-        summary = None
-        real_before = sampler.real_handed_out
+        real_before = loader.real_delivered
         for index, (images, labels) in enumerate(loader):
             images, labels = images.to(context.device), labels.to(context.device)
             with phalanx.accumulate(model, index, args.accumulate, total=micro_batches) as micro:
@@ -219,8 +249,8 @@ def main() -> None:
                     loss = torch.nn.functional.cross_entropy(logits, labels)
                 precision.backward(loss, scale=micro.loss_scale)  # all-reduces on the window's last only
             trained += len(labels)
-            real, real_before = sampler.real_handed_out - real_before, sampler.real_handed_out
-            reporter.epoch_totals.add(real, loss=real_loss_sum(loss, logits, labels, real))
+            real, real_before = loader.real_delivered - real_before, loader.real_delivered
+            reporter.totals.add_mean(real, loss=real_mean_loss(loss, logits, labels, real))
             if not micro.sync:
                 continue
             grad_norm = None
@@ -231,23 +261,24 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             context.mark_step(step)
-            if step % args.log_every == 0 or index + 1 == micro_batches:  # the epoch's last step too
-                summary = reporter.report(step, epoch, grad_norm)
+            reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
+            ends_epoch = index + 1 == micro_batches
+            if step % args.log_every == 0 or ends_epoch:  # the epoch's last step too
+                reporter.start(step, epoch, grad_norm, epoch_start=epoch_start if ends_epoch else None)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
+                reporter.finish()  # a checkpoint at step S: the metrics file already has every logged step to S
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                                        "sampler": sampler.state_dict(), "precision": precision.state_dict(),
+                                        "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                         "compression": compression_of(model).state_dict()})  # fmt: skip
             if preempted:
+                reporter.finish()
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
                 reporter.progress.write(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
                                         f"after step {step}; {saved}")  # fmt: skip
                 reporter.close()
                 context.close()
                 raise SystemExit(ExitCode.PREEMPTED)
-        if summary is not None:  # the mean over every rank's samples of this epoch (none: resumed at its end)
-            note = f" (resumed at sample {epoch_start})" if epoch_start else ""
-            reporter.progress.write(f"epoch {epoch + 1}/{args.epochs}  step {step}  loss {summary['loss']:.4f}{note}")
     reporter.close()
 
     elapsed = time.perf_counter() - started

@@ -137,10 +137,12 @@ def reference(tmp_path_factory) -> dict:
     return metrics
 
 
-def interrupt_after_first_checkpoint(workdir: Path, interrupt, *launch: str) -> tuple[int, str, Path]:
+def interrupt_after_first_checkpoint(
+    workdir: Path, interrupt, *launch: str, train_args: tuple[str, ...] = ()
+) -> tuple[int, str, Path]:
     """Starts train.py under phalanx run, calls interrupt(process) once a checkpoint exists."""
     checkpoints, out = workdir / "ck", workdir / "resumed.json"
-    command = phalanx_argv("run", "--nproc-per-node", "2", *launch, TRAIN, *RESUME_ARGS, "--checkpoint-dir",
+    command = phalanx_argv("run", "--nproc-per-node", "2", *launch, TRAIN, *RESUME_ARGS, *train_args, "--checkpoint-dir",
                            str(checkpoints), "--metrics-json", str(out), "--metrics-jsonl", str(workdir / "resumed.jsonl"))  # fmt: skip
     process = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)  # fmt: skip
@@ -174,8 +176,13 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], rel=1e-6)
 
 
-def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference):
-    code, output, out = interrupt_after_first_checkpoint(workdir, lambda p: p.send_signal(signal.SIGTERM))
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference, workers):
+    """With DataLoader workers too: they are handed batches ahead of the loop, which a resume
+    from the sampler's own position would skip (the reference run has no workers)."""
+    train_args = ("--workers", workers)
+    code, output, out = interrupt_after_first_checkpoint(workdir, lambda p: p.send_signal(signal.SIGTERM),
+                                                         train_args=train_args)  # fmt: skip
     assert code == 128 + signal.SIGTERM, output
     stopped = re.search(r"preempted by SIGTERM after step (\d+); checkpoint saved", output)
     assert stopped, output
@@ -183,7 +190,7 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     assert not out.exists()
 
     relaunch = run_command(
-        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
+        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, *train_args, "--checkpoint-dir", str(workdir / "ck"),
                      "--metrics-json", str(out), "--metrics-jsonl", str(workdir / "resumed.jsonl")),
         timeout=180, cwd=workdir,
     )  # fmt: skip

@@ -40,8 +40,30 @@ def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
     mean = phalanx.GlobalMean(context, "loss")
     weight = torch.ones(3, requires_grad=True)
     mean.add(3, loss=(weight * 2).sum())
-    assert not any(value.requires_grad for value in mean._pending[0])  # the step's graph can be freed
+    assert not any(value.requires_grad for _, values in mean._pending for value in values)  # the step's graph can be freed
     assert mean.compute()["loss"] == pytest.approx(2.0)
     mean.reset()
     result = mean.compute()
     assert result["samples"] == 0 and math.isnan(result["loss"])
+
+
+def test_a_started_computation_holds_the_values_added_before_it_only(context):
+    """compute_async snapshots the totals: what a training step adds while the all-reduce runs
+    belongs to the next logging point, not to the one in flight."""
+    mean = phalanx.GlobalMean(context, "loss")
+    mean.add(2, loss=torch.tensor(3.0))
+    pending = mean.compute_async()
+    mean.add(2, loss=torch.tensor(100.0))
+    assert pending.result() == {"loss": 1.5, "samples": 2.0}
+    assert pending.result() is pending.result()  # read once, kept
+    assert mean.compute() == {"loss": pytest.approx(103.0 / 4), "samples": 4.0}
+
+
+def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothing(context):
+    mean = phalanx.GlobalMean(context, "loss")
+    mean.add_mean(2, loss=torch.tensor(1.0))
+    mean.add_mean(6, loss=torch.tensor(3.0))
+    mean.add_mean(0, loss=torch.tensor(float("nan")))  # a rank's batch of padding only
+    assert mean.compute() == {"loss": pytest.approx(20.0 / 8), "samples": 8.0}
+    mean.add(2, loss=10.0)  # a sum over 2 samples goes into the same total
+    assert mean.compute() == {"loss": pytest.approx(30.0 / 10), "samples": 10.0}

@@ -30,6 +30,17 @@ def test_resume_mid_epoch_continues_with_the_exact_next_sample():
     assert taken + list(resumed) + list(resumed) == expected
 
 
+def test_a_pass_left_unfinished_continues_where_it_stopped():
+    """The position is what was handed out (read from the pass in progress), also when the
+    loop broke out: a new pass over the sampler continues the epoch instead of repeating it."""
+    whole = list(ResumableSampler(100, rank=1, world_size=4, seed=3))
+    sampler = ResumableSampler(100, rank=1, world_size=4, seed=3)
+    taken = list(itertools.islice(iter(sampler), 9))
+    assert sampler.position == 9 and sampler.state_dict()["position"] == 9 and sampler.epoch == 0
+    assert taken + list(sampler) == whole
+    assert (sampler.position, sampler.epoch) == (0, 1)
+
+
 def test_resume_refuses_another_world_size():
     state = ResumableSampler(10, rank=0, world_size=2).state_dict()
     with pytest.raises(ValueError, match="world size 2"):

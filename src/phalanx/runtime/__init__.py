@@ -6,7 +6,7 @@ torchrun): the presence of torchrun's variables is the switch.
 
 from phalanx.runtime.checkpoint import CheckpointManager
 from phalanx.runtime.context import DistributedContext, init
-from phalanx.runtime.data import ResumableSampler
+from phalanx.runtime.data import ResumableLoader, ResumableSampler
 from phalanx.runtime.gradients import accumulate, clip_gradients, no_backward_sync
 from phalanx.runtime.metrics import GlobalMean
 from phalanx.runtime.metrics_log import MetricsLog
@@ -15,5 +15,6 @@ from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
 
 __all__ = [
     "CheckpointManager", "DistributedContext", "GlobalMean", "MetricsLog", "MixedPrecision", "ProgressReporter",
-    "ResumableSampler", "StepMeter", "StepReport", "accumulate", "clip_gradients", "init", "no_backward_sync",
+    "ResumableLoader", "ResumableSampler", "StepMeter", "StepReport", "accumulate", "clip_gradients", "init",
+    "no_backward_sync",
 ]  # fmt: skip

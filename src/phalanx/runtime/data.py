@@ -1,18 +1,29 @@
-"""A distributed sampler that resumes mid-epoch at the exact next sample.
+"""A distributed sampler that resumes mid-epoch at the exact next sample, and its loader.
 
-It shards exactly as ``torch.utils.data.DistributedSampler`` does (same permutation from
-``seed + epoch``, same padding, same stride), so a job that switches to it sees the same data.
-On top: the epoch advances by itself when an epoch is exhausted (no ``set_epoch`` to forget),
-and :meth:`state_dict` / :meth:`load_state_dict` carry (epoch, position) through a checkpoint.
+:class:`ResumableSampler` shards exactly as ``torch.utils.data.DistributedSampler`` does (same
+permutation from ``seed + epoch``, same padding, same stride), so a job that switches to it sees
+the same data. On top: the epoch advances by itself when an epoch is exhausted (no
+``set_epoch`` to forget), and ``state_dict`` / ``load_state_dict`` carry (epoch, position)
+through a checkpoint.
+
+With DataLoader workers the sampler runs ahead of the loop: it has handed out the indices of
+every batch the workers are preparing (``prefetch_factor`` x ``num_workers`` batches), not only
+those the loop trained on. :class:`ResumableLoader` counts what it delivered instead, so its
+``state_dict`` resumes at the exact next batch with any number of workers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import operator
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from phalanx.runtime.preemption import PREEMPTION_SIGNALS
 
 
 class ResumableSampler(Sampler[int]):
@@ -33,7 +44,8 @@ class ResumableSampler(Sampler[int]):
             self.num_samples = math.ceil(dataset_length / world_size)
         self.total_size = self.num_samples * world_size
         self.epoch = 0
-        self.position = 0  # samples of this epoch already handed out on this rank
+        self._position = 0  # where this epoch's pass started, or was moved to (see position)
+        self._handing_out: Iterator[int] | None = None  # the pass in progress: its indices still to come
         # This rank's positions below this hold real data; the padding (if any) comes after.
         self._real_positions = min(self.num_samples, max(0, math.ceil((dataset_length - rank) / world_size)))
         self._real_offset = 0  # real_handed_out minus the real samples below the current position
@@ -53,12 +65,21 @@ class ResumableSampler(Sampler[int]):
             indices += (indices * math.ceil(padding / len(indices)))[:padding]
         return indices[self.rank : self.total_size : self.world_size]
 
+    @property
+    def position(self) -> int:
+        """Samples of this epoch already handed out on this rank: where a resume continues."""
+        if self._handing_out is None:
+            return self._position
+        return self.num_samples - operator.length_hint(self._handing_out)  # exact for a list's iterator
+
     def __iter__(self) -> Iterator[int]:
-        indices = self._epoch_indices()
-        self._remaining_at_start = self.num_samples - self.position
-        while self.position < self.num_samples:  # per sample: only the position moves (it is resumed from)
-            self.position += 1
-            yield indices[self.position - 1]
+        start = self._position = self.position  # a pass left unfinished continues from where it stopped
+        self._remaining_at_start = self.num_samples - start
+        # The indices come from a list iterator, which counts what it handed out: no Python code
+        # runs per sample (the DataLoader asks for each one), and position reads the count.
+        self._handing_out = iter(self._epoch_indices()[start:])
+        yield from self._handing_out
+        self._handing_out, self._position = None, self.num_samples
         self.epoch += 1  # exhausted: the next pass is the next epoch, reshuffled
         self._move_to(0)
 
@@ -71,7 +92,8 @@ class ResumableSampler(Sampler[int]):
     def _move_to(self, position: int) -> None:
         """Sets the position without handing anything out: real_handed_out keeps its value."""
         self._real_offset += min(self.position, self._real_positions) - min(position, self._real_positions)
-        self.position = position
+        self._handing_out = None
+        self._position = position
 
     def __len__(self) -> int:
         return self._remaining_at_start
@@ -99,3 +121,82 @@ class ResumableSampler(Sampler[int]):
         self.epoch = state["epoch"]
         self._move_to(state["position"])
         self._remaining_at_start = self.num_samples - self.position
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over a :class:`ResumableSampler` whose state is what the loop received.
+
+    Any DataLoader argument except ``sampler`` and ``batch_sampler`` can be passed
+    (``num_workers``, ``pin_memory``, ``collate_fn``, ``drop_last``...). Checkpoint its
+    :meth:`state_dict` rather than the sampler's: with workers, the sampler's position includes
+    the batches still being prepared, which a resume would skip. :attr:`real_delivered` counts
+    the real (not padding) samples delivered: a batch's difference is its real count.
+
+    Its workers ignore the preemption signals (SIGTERM, SIGUSR1). torchrun's agent and SLURM
+    signal a worker's whole process group; a DataLoader worker that died of it would crash the
+    training process ("DataLoader worker is killed by signal") before it could stop after the
+    step and save. The workers end with the loader, as they do after a finished epoch.
+    """
+
+    def __init__(self, dataset: Dataset, sampler: ResumableSampler, batch_size: int = 1, **kwargs: Any) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: ResumableLoader counts whole batches of at least 1 sample")
+        kwargs["worker_init_fn"] = _IgnorePreemptionSignals(kwargs.get("worker_init_fn"))
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+        self._pass_start: tuple[int, int] | None = None  # (epoch, position) where the pass in progress began
+        self._delivered = 0  # batches of that pass the loop has received
+        self._real_before = 0  # real samples delivered before that pass
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.sampler
+        if self._pass_start is not None:  # the last pass was left unfinished: continue after what it delivered
+            sampler.load_state_dict(self.state_dict())
+        self._real_before = self.real_delivered
+        self._pass_start, self._delivered = (sampler.epoch, sampler.position), 0
+        for batch in super().__iter__():
+            self._delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
+            yield batch
+        self._real_before = self.real_delivered
+        self._pass_start = None  # the pass is over: the sampler's own state is exact again
+
+    def _delivered_stop(self) -> int:
+        """The sampler position after the last batch delivered in the pass in progress."""
+        assert self._pass_start is not None
+        return min(self._pass_start[1] + self._delivered * self.batch_size, self.sampler.num_samples)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, position) after the last batch delivered: where a resume continues."""
+        if self._pass_start is None:
+            return self.sampler.epoch, self.sampler.position
+        epoch, stop = self._pass_start[0], self._delivered_stop()
+        return (epoch + 1, 0) if stop == self.sampler.num_samples else (epoch, stop)
+
+    @property
+    def real_delivered(self) -> int:
+        """Real samples delivered since the loader was made (or its state loaded)."""
+        if self._pass_start is None:
+            return self._real_before
+        return self._real_before + self.sampler.real_samples(self._pass_start[1], self._delivered_stop())
+
+    def state_dict(self) -> dict[str, int]:
+        epoch, position = self.position
+        return {**self.sampler.state_dict(), "epoch": epoch, "position": position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.load_state_dict(state)
+        self._pass_start, self._delivered, self._real_before = None, 0, 0
+
+
+class _IgnorePreemptionSignals:
+    """A DataLoader ``worker_init_fn``: the worker ignores the preemption signals, then runs the
+    user's own function. A class, not a closure: workers started by spawn receive it pickled."""
+
+    def __init__(self, then: Callable[[int], None] | None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in PREEMPTION_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)

@@ -37,6 +37,11 @@ class MicroStep:
     loss_scale: float
 
 
+#: Without accumulation every micro-batch is a whole step: the same (immutable) answer each time.
+_WHOLE_STEP = MicroStep(sync=True, loss_scale=1.0)
+_WHOLE_STEP_CONTEXT = contextlib.nullcontext(_WHOLE_STEP)  # holds no state: re-entered every step
+
+
 def micro_step(index: int, every: int, total: int | None = None) -> MicroStep:
     """Where micro-batch ``index`` (0-based) falls in windows of ``every``.
 
@@ -50,6 +55,8 @@ def micro_step(index: int, every: int, total: int | None = None) -> MicroStep:
         )  # fmt: skip
     if total is not None and not 0 <= index < total:
         raise ValueError(f"micro-batch {index} is outside the pass of {total}")
+    if every == 1:
+        return _WHOLE_STEP
     window_start = index - index % every
     window = every if total is None else min(every, total - window_start)
     return MicroStep(sync=index - window_start == window - 1, loss_scale=1.0 / window)
@@ -74,7 +81,9 @@ def accumulate(
 ) -> contextlib.AbstractContextManager[MicroStep]:
     """Runs a micro-batch's backward inside: all-reduces only when the window ends there."""
     micro = micro_step(index, every, total)
-    if micro.sync:  # every step without accumulation: nothing to enter, so nothing to pay per step
+    if micro is _WHOLE_STEP:  # every step without accumulation: nothing to enter, so nothing to pay
+        return _WHOLE_STEP_CONTEXT
+    if micro.sync:
         return contextlib.nullcontext(micro)
     return _without_sync(model, micro)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -22,37 +24,87 @@ class GlobalMean:
 
     def reset(self) -> None:
         self._sums = torch.zeros(len(self.names), dtype=torch.float64, device=self.context.device)
-        self._pending: list[list[torch.Tensor | float]] = [[] for _ in self.names]
+        self._pending: list[tuple[float, list[torch.Tensor | float]]] = []  # (weight, a value per name)
         self._samples = 0.0
 
     def add(self, samples: int, **sums: torch.Tensor | float) -> None:
-        """Adds per-batch sums (for a mean loss: the loss summed over the batch's real samples).
+        """Adds per-batch sums (for a mean loss: the loss summed over the batch's real samples)."""
+        self._keep(1.0, samples, sums)
 
-        Called every step, so it only keeps the values (detached; no device work, no sync):
-        they are summed in float64 every ``_FOLD_EVERY`` additions and when :meth:`compute` reads them.
-        """
-        for pending, name in zip(self._pending, self.names):
-            value = sums[name]
-            pending.append(value.detach() if isinstance(value, torch.Tensor) else value)
+    def add_mean(self, samples: int, **means: torch.Tensor | float) -> None:
+        """Adds per-batch means over ``samples`` samples (a loss with reduction="mean"), each
+        weighted by its sample count. In a training loop this is the cheaper call: it keeps the
+        mean the gradient came from, with no operation of its own per step. A batch of no
+        samples adds nothing: its mean is not defined (and would be NaN)."""
+        if samples:
+            self._keep(float(samples), samples, means)
+
+    def _keep(self, weight: float, samples: int, values: dict[str, torch.Tensor | float]) -> None:
+        # Called every step, so it only keeps the values (detached: no device work, no sync);
+        # they are summed in float64 every _FOLD_EVERY additions and when compute() reads them.
+        kept = [v.detach() if isinstance(v, torch.Tensor) else v for v in map(values.__getitem__, self.names)]
+        self._pending.append((weight, kept))
         self._samples += samples
-        if self._pending and len(self._pending[0]) >= _FOLD_EVERY:
+        if len(self._pending) >= _FOLD_EVERY:
             self._fold()
 
     def _fold(self) -> None:
-        """Moves the kept values into the float64 sums."""
-        for index, pending in enumerate(self._pending):
-            if pending:  # each value converts exactly to float64 (a Python number never passes float32)
-                values = [torch.as_tensor(v, dtype=torch.float64, device=self.context.device).reshape(()) for v in pending]
-                self._sums[index] += torch.stack(values).sum()
-                pending.clear()
+        """Moves the kept values, times their weights, into the float64 sums."""
+        if not self._pending:
+            return
+        device = self.context.device
+        weights = torch.tensor([weight for weight, _ in self._pending], dtype=torch.float64, device=device)
+        for index in range(len(self.names)):
+            column = _float64_column([values[index] for _, values in self._pending], device)
+            self._sums[index] += (column * weights).sum()
+        self._pending.clear()
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective."""
+        return self.compute_async().result()
+
+    def compute_async(self) -> PendingMeans:
+        """:meth:`compute`, started: the all-reduce runs while the caller goes on (a training step),
+        and ``.result()`` waits for it. Values added after this call are not in its result.
+
+        A blocking all-reduce at every logging point holds every rank for a network round
+        trip (about a millisecond on gloo here, more across nodes); started at one step boundary
+        and read at the next, it overlaps the step's compute. It is a collective: every rank
+        starts it at the same point, in the same order as its other collectives.
+        """
         self._fold()
         samples_so_far = torch.tensor([self._samples], dtype=torch.float64, device=self.context.device)
-        totals = torch.cat([self._sums, samples_so_far])
+        totals = torch.cat([self._sums, samples_so_far])  # a copy: later additions do not reach it
+        work = None
         if self.context.is_distributed and dist.is_initialized():
-            dist.all_reduce(totals)
-        *sums, samples = totals.tolist()
-        means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
-        return {**means, "samples": samples}
+            work = dist.all_reduce(totals, async_op=True)
+        return PendingMeans(self.names, totals, work)
+
+
+class PendingMeans:
+    """The result of :meth:`GlobalMean.compute_async`, once its all-reduce is done."""
+
+    def __init__(self, names: tuple[str, ...], totals: torch.Tensor, work: Any) -> None:
+        self.names, self._totals, self._work = names, totals, work
+        self._result: dict[str, float] | None = None
+
+    def result(self) -> dict[str, float]:
+        """Global means and the global sample count; waits for the all-reduce (a device sync on CUDA)."""
+        if self._result is None:
+            if self._work is not None:
+                self._work.wait()
+            *sums, samples = self._totals.tolist()
+            means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
+            self._result = {**means, "samples": samples}
+        return self._result
+
+
+def _float64_column(values: list[torch.Tensor | float], device: torch.device) -> torch.Tensor:
+    """The values as one float64 vector. Each converts exactly: a float32 or an integer never
+    passes through a narrower type on the way (Python numbers go straight to float64)."""
+    first = values[0]
+    if isinstance(first, torch.Tensor) and first.numel() == 1 and all(
+        isinstance(v, torch.Tensor) and v.dtype == first.dtype and v.shape == first.shape for v in values
+    ):  # the usual case, one loss tensor per step: one stack, one conversion
+        return torch.stack(values).reshape(len(values)).to(torch.float64)
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])

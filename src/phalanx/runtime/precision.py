@@ -32,6 +32,9 @@ class MixedPrecision:
     name: str
     device: torch.device
     scaler: Any = field(default=None, init=False, repr=False)  # torch.amp.GradScaler with fp16
+    _no_autocast: contextlib.nullcontext[None] = field(
+        default_factory=contextlib.nullcontext, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
@@ -47,7 +50,7 @@ class MixedPrecision:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward pass (and the loss) run inside; backward runs outside it."""
         if self.name == "fp32":
-            return contextlib.nullcontext()
+            return self._no_autocast  # entered every step; a nullcontext holds no state
         return torch.autocast(self.device.type, dtype=_DTYPES[self.name])
 
     def backward(self, loss: torch.Tensor, scale: float = 1.0) -> None:

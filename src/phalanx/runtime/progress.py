@@ -58,13 +58,14 @@ class StepMeter:
 
     def __init__(self, total_steps: int, start_step: int = 0, clock: Clock = time.perf_counter) -> None:
         self.total_steps = total_steps
-        self._clock = clock
+        self.clock = clock
         self._first_step = self._last_step = start_step
         self._started = self._last_time = clock()
 
-    def measure(self, step: int, samples: float) -> Rates:
-        """``samples``: global samples trained since the previous call (or the start)."""
-        now = self._clock()
+    def measure(self, step: int, samples: float, at: float | None = None) -> Rates:
+        """``samples``: global samples trained since the previous call (or the start). ``at``: the
+        clock's reading when ``step`` ended, for a report completed later (default: now)."""
+        now = self.clock() if at is None else at
         interval, steps = now - self._last_time, step - self._last_step
         self._last_time, self._last_step = now, step
         done = step - self._first_step

@@ -1,0 +1,98 @@
+"""ResumableLoader: with DataLoader workers, a resume continues at the batch after the last
+one the loop received, although the sampler has already handed out the batches in flight."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from phalanx.runtime.data import ResumableLoader, ResumableSampler
+
+DATASET = TensorDataset(torch.arange(103))
+
+
+def loader(workers: int, rank: int = 1, world_size: int = 2, **kwargs) -> ResumableLoader:
+    sampler = ResumableSampler(len(DATASET), rank=rank, world_size=world_size, seed=5)
+    return ResumableLoader(DATASET, sampler, batch_size=4, num_workers=workers, **kwargs)
+
+
+def batches(source, epochs: int) -> list[list[int]]:
+    return [batch[0].tolist() for _ in range(epochs) for batch in source]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resume_continues_after_the_last_batch_the_loop_received(workers):
+    expected = batches(loader(0), epochs=2)  # 13 batches per epoch on this rank
+    first = loader(workers)
+    received = [batch[0].tolist() for batch in itertools.islice(iter(first), 5)]
+    state = first.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 20)
+    if workers:  # the reason for the loader: its workers were handed batches the loop never saw
+        assert first.sampler.state_dict()["position"] > 20
+    resumed = loader(workers)
+    resumed.load_state_dict(state)
+    assert received + batches(resumed, epochs=2)[: len(expected) - 5] == expected
+
+
+def test_the_last_batch_of_an_epoch_moves_the_state_to_the_next_epoch():
+    source = loader(2)
+    iterator = iter(source)
+    for _ in range(13):
+        next(iterator)
+    assert (source.state_dict()["epoch"], source.state_dict()["position"]) == (1, 0)
+
+
+def test_a_pass_left_unfinished_continues_after_what_it_delivered():
+    expected = batches(loader(0), epochs=1)
+    source = loader(2)
+    received = [batch[0].tolist() for batch in itertools.islice(iter(source), 3)]
+    assert received + batches(source, epochs=1) == expected
+
+
+def test_real_samples_delivered_leave_the_padding_out():
+    """103 samples on 4 ranks: rank 3's 26th sample is padding, in its last batch."""
+    source = loader(2, rank=3, world_size=4)
+    counts = []
+    before = 0
+    for _ in source:
+        counts.append(source.real_delivered - before)
+        before = source.real_delivered
+    assert counts == [4] * 6 + [1]  # 26 slots in batches of 4; the last holds 1 real sample and 1 padding
+    assert source.real_delivered == 25
+
+
+def test_batches_of_no_size_are_refused():
+    with pytest.raises(ValueError, match="batch_size=None"):
+        ResumableLoader(DATASET, ResumableSampler(len(DATASET)), batch_size=None)
+
+
+class SignalDispositions(torch.utils.data.Dataset):
+    """Each item: whether the worker that loads it ignores SIGTERM and SIGUSR1, and ran the user's init."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import signal
+
+        ignored = [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGTERM, signal.SIGUSR1)]
+        return torch.tensor([*ignored, torch.utils.data.get_worker_info().seed == USER_INIT_SEEN.get("seed")])
+
+
+USER_INIT_SEEN: dict[str, int] = {}
+
+
+def user_worker_init(worker_id: int) -> None:
+    USER_INIT_SEEN["seed"] = torch.utils.data.get_worker_info().seed
+
+
+def test_workers_ignore_the_preemption_signals_and_still_run_the_users_init():
+    """A SIGTERM to the process group (torchrun's agent, SLURM) must not kill the workers: the
+    training process would die of it before its preemption guard could save."""
+    source = ResumableLoader(SignalDispositions(), ResumableSampler(4), batch_size=2, num_workers=1,
+                             worker_init_fn=user_worker_init)  # fmt: skip
+    for batch in source:
+        assert batch.all(), batch.tolist()
