@@ -107,7 +107,7 @@ def real_mean_loss(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tenso
     """The batch's mean loss over its real samples, for the metrics. Only a rank's last batch
     of an epoch can hold padding (the samples that even out the shards), which would otherwise
     count twice; every other batch reuses the mean loss the gradient came from, at no cost."""
-    if real == len(labels) or real == 0:  # a batch of padding only is not counted at all
+    if real == len(labels) or real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
         return loss
     with torch.no_grad():
         return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real])
@@ -236,8 +236,8 @@ def main() -> None:
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
-    while loader.position[0] < args.epochs:
-        epoch, epoch_start = loader.position  # (epoch, sample) where this pass starts
+    while loader.resume_point[0] < args.epochs:
+        epoch, epoch_start = loader.resume_point  # (epoch, sample) where this pass starts
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
         micro_batches = math.ceil((sampler.num_samples - epoch_start) / args.batch_size)
         real_before = loader.real_delivered

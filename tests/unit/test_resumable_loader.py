@@ -96,3 +96,21 @@ def test_workers_ignore_the_preemption_signals_and_still_run_the_users_init():
                              worker_init_fn=user_worker_init)  # fmt: skip
     for batch in source:
         assert batch.all(), batch.tolist()
+
+
+def test_with_drop_last_the_state_after_the_last_whole_batch_is_the_next_epoch():
+    """The short tail is never delivered: a checkpoint after the last whole batch resumes at
+    the next epoch's start, not at a pass that would deliver nothing."""
+    source = loader(0, drop_last=True)  # 52 samples on this rank, batches of 4: 13 whole ones
+    short = ResumableLoader(DATASET, ResumableSampler(len(DATASET), rank=1, world_size=2, seed=5), batch_size=5,
+                            drop_last=True)  # fmt: skip  # 10 whole batches of 5, a tail of 2 dropped
+    iterator = iter(short)
+    for _ in range(10):
+        next(iterator)
+    assert short.resume_point == (1, 0)
+    assert len(list(source)) == 13
+
+
+def test_batches_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="in_order=False"):
+        ResumableLoader(DATASET, ResumableSampler(len(DATASET)), batch_size=2, num_workers=1, in_order=False)

@@ -126,8 +126,8 @@ class ResumableSampler(Sampler[int]):
 class ResumableLoader(DataLoader):
     """A DataLoader over a :class:`ResumableSampler` whose state is what the loop received.
 
-    Any DataLoader argument except ``sampler`` and ``batch_sampler`` can be passed
-    (``num_workers``, ``pin_memory``, ``collate_fn``, ``drop_last``...). Checkpoint its
+    Any DataLoader argument except ``sampler``, ``batch_sampler`` and ``in_order=False`` can be
+    passed (``num_workers``, ``pin_memory``, ``collate_fn``, ``drop_last``...). Checkpoint its
     :meth:`state_dict` rather than the sampler's: with workers, the sampler's position includes
     the batches still being prepared, which a resume would skip. :attr:`real_delivered` counts
     the real (not padding) samples delivered: a batch's difference is its real count.
@@ -135,12 +135,16 @@ class ResumableLoader(DataLoader):
     Its workers ignore the preemption signals (SIGTERM, SIGUSR1). torchrun's agent and SLURM
     signal a worker's whole process group; a DataLoader worker that died of it would crash the
     training process ("DataLoader worker is killed by signal") before it could stop after the
-    step and save. The workers end with the loader, as they do after a finished epoch.
+    step and save. The workers end with the loader, as they do after a finished epoch; one
+    stuck inside the dataset no longer ends on ``terminate()`` either, and is killed with the
+    rank by torchrun's agent (SIGKILL after its grace period).
     """
 
     def __init__(self, dataset: Dataset, sampler: ResumableSampler, batch_size: int = 1, **kwargs: Any) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: ResumableLoader counts whole batches of at least 1 sample")
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False: ResumableLoader resumes after the batches delivered, which must come in order")
         kwargs["worker_init_fn"] = _IgnorePreemptionSignals(kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
         self._pass_start: tuple[int, int] | None = None  # (epoch, position) where the pass in progress began
@@ -165,12 +169,15 @@ class ResumableLoader(DataLoader):
         return min(self._pass_start[1] + self._delivered * self.batch_size, self.sampler.num_samples)
 
     @property
-    def position(self) -> tuple[int, int]:
-        """(epoch, position) after the last batch delivered: where a resume continues."""
+    def resume_point(self) -> tuple[int, int]:
+        """(epoch, sample position) after the last batch delivered: where a resume continues."""
         if self._pass_start is None:
             return self.sampler.epoch, self.sampler.position
         epoch, stop = self._pass_start[0], self._delivered_stop()
-        return (epoch + 1, 0) if stop == self.sampler.num_samples else (epoch, stop)
+        left = self.sampler.num_samples - stop
+        if left == 0 or (self.drop_last and left < self.batch_size):  # nothing more this epoch
+            return epoch + 1, 0
+        return epoch, stop
 
     @property
     def real_delivered(self) -> int:
@@ -180,7 +187,7 @@ class ResumableLoader(DataLoader):
         return self._real_before + self.sampler.real_samples(self._pass_start[1], self._delivered_stop())
 
     def state_dict(self) -> dict[str, int]:
-        epoch, position = self.position
+        epoch, position = self.resume_point  # the sampler's own schema, at the delivered position
         return {**self.sampler.state_dict(), "epoch": epoch, "position": position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:

@@ -106,5 +106,5 @@ def _float64_column(values: list[torch.Tensor | float], device: torch.device) ->
     if isinstance(first, torch.Tensor) and first.numel() == 1 and all(
         isinstance(v, torch.Tensor) and v.dtype == first.dtype and v.shape == first.shape for v in values
     ):  # the usual case, one loss tensor per step: one stack, one conversion
-        return torch.stack(values).reshape(len(values)).to(torch.float64)
+        return torch.stack(values).reshape(len(values)).to(device=device, dtype=torch.float64)
     return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
