@@ -8,8 +8,8 @@ where it stopped, also after torchrun restarted the workers (``--max-restarts``)
     phalanx run --nproc-per-node 2 examples/train.py --epochs 5 --checkpoint-dir ckpt
 
 Every --log-every optimizer steps and at each epoch's end, rank 0 shows the global mean loss of the
-steps since the previous report, the global throughput, the step time and the ETA: a progress
-bar on a terminal, plain lines in a log. --metrics-jsonl keeps the same numbers, one JSON
+steps since the previous report, the global throughput, the step time and the ETA (one step
+later: the all-reduce runs during that step): a progress bar on a terminal, plain lines in a log. --metrics-jsonl keeps the same numbers, one JSON
 object per logged step (step, epoch counted from 1, loss, samples, samples_per_second,
 step_time_s, eta_s, world_size, and grad_norm before clipping with --clip-grad).
 """
