@@ -1,7 +1,8 @@
 """Overhead of the phalanx training loop against a hand-written DDP loop, in samples/s.
 
-The phalanx loop is examples/train.py itself (ResumableSampler, GlobalMean of the real samples,
-progress lines, metrics file, preemption guard, consistency check; no checkpoints). The plain
+The phalanx loop is examples/train.py itself (ResumableSampler and ResumableLoader, GlobalMean of
+the real samples, progress lines, metrics file, preemption guard, consistency check; no
+checkpoints). The plain
 loop below is what a user writes from the PyTorch tutorial: DistributedSampler, DDP, SGD, no
 metrics. Both train the same model (train.py's build_model) on the same data with the same
 per-process batch, launched the same way (`phalanx run --nproc-per-node 2`), alternately

@@ -37,13 +37,13 @@ from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.progress import StepMeter, StepReport
 
 
-def positive(kind: type) -> Callable[[str], int | float]:
-    """An argparse type: a number of ``kind`` above zero."""
+def positive(kind: type, *, or_zero: bool = False) -> Callable[[str], int | float]:
+    """An argparse type: a number of ``kind`` above zero (or zero too, with ``or_zero``)."""
 
     def parse(text: str) -> int | float:
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+        if not (value > 0 or (or_zero and value == 0)):
+            raise argparse.ArgumentTypeError(f"{text} is not {'zero or ' if or_zero else ''}a positive number")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its error message
@@ -61,7 +61,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=0, metavar="N",
+    parser.add_argument("--workers", type=positive(int, or_zero=True), default=0, metavar="N",
                         help="DataLoader worker processes per rank (default 0); a resume stays exact with any number")
     parser.add_argument("--accumulate", type=positive(int), default=1, metavar="N",
                         help="micro-batches of --batch-size per optimizer step (default 1); the gradients all-reduce on "
