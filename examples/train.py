@@ -7,11 +7,13 @@ where it stopped, also after torchrun restarted the workers (``--max-restarts``)
 
     phalanx run --nproc-per-node 2 examples/train.py --epochs 5 --checkpoint-dir ckpt
 
-Every --log-every optimizer steps and at each epoch's end, rank 0 shows the global mean loss of the
-steps since the previous report, the global throughput, the step time and the ETA (one step
-later: the all-reduce runs during that step): a progress bar on a terminal, plain lines in a log. --metrics-jsonl keeps the same numbers, one JSON
-object per logged step (step, epoch counted from 1, loss, samples, samples_per_second,
-step_time_s, eta_s, world_size, and grad_norm before clipping with --clip-grad).
+Every --log-every optimizer steps and at the last, rank 0 shows the global mean loss of the steps
+since the previous report, the global throughput, the step time and the ETA (one step later: the
+all-reduce runs during that step): a progress bar on a terminal, plain lines in a log. Each
+epoch's global loss is shown with the first report after the epoch ended. --metrics-jsonl keeps
+the same numbers, one JSON object per logged step (step, epoch counted from 1, loss, samples,
+samples_per_second, step_time_s, eta_s, world_size, and grad_norm before clipping with
+--clip-grad).
 """
 
 from __future__ import annotations
@@ -130,25 +132,38 @@ def evaluate(
     return {"loss": result["loss"], "accuracy": result["correct"]}
 
 
+class EpochEnd(NamedTuple):
+    """An epoch that ended since the last logging point: its global loss comes with the next one."""
+
+    epoch: int
+    step: int
+    first_sample: int  # where the epoch began on this rank (not 0: resumed mid-epoch)
+    totals: torch.Tensor  # this rank's running totals when it ended (GlobalMean.snapshot)
+
+
 class LoggingPoint(NamedTuple):
     """A logging point whose all-reduce is in flight."""
 
     totals: PendingMeans
-    step: int
-    epoch: int
-    ended_at: float  # the meter's clock when the step ended
-    grad_norm: torch.Tensor | None
-    epoch_start: int | None  # the epoch's first sample on this rank, when this point ends the epoch
+    epoch_ends: tuple[EpochEnd, ...]  # reduced in the same collective, shown first
+    step: int | None = None  # None: it only reduces epoch ends (before a checkpoint or a stop)
+    epoch: int = 0
+    ended_at: float = 0.0  # the meter's clock when the step ended
+    grad_norm: torch.Tensor | None = None
 
 
 class Reporter:
-    """The logging points: every --log-every steps and at each epoch's end, the global loss of
-    the steps since the previous one, rates, the progress display and the metrics files.
+    """The logging points: every --log-every steps and at the last, the global loss of the steps
+    since the previous one, rates, the progress display and the metrics files; and the global
+    loss of each epoch.
 
     One running sum for the whole run; adding to it is the only per-batch cost. A logging point
     starts its all-reduce (:meth:`start`) and is shown at the next step boundary (:meth:`finish`),
     so the round trip overlaps a step instead of holding every rank. Consecutive sums differ by
-    the window's loss, the sums at two epoch ends by the epoch's: no collective of their own.
+    the window's loss, the sums at two epoch ends by the epoch's. An epoch's end only keeps this
+    rank's sums aside (:meth:`end_epoch`); they are reduced with the next logging point's, in the
+    same collective: on a small model with short epochs, a collective per epoch was a measurable
+    share of the step time.
     """
 
     def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
@@ -156,24 +171,40 @@ class Reporter:
         self.totals = phalanx.GlobalMean(context, "loss")
         self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
         self._pending: LoggingPoint | None = None
+        self._epoch_ends: list[EpochEnd] = []
         self.meter = StepMeter(total_steps, start_step=step)
         self.progress = phalanx.ProgressReporter(total_steps, enabled=context.is_main)
         self.files = phalanx.MetricsLog(jsonl=args.metrics_jsonl, tensorboard=args.tensorboard,
                                         continue_from_step=step, enabled=context.is_main)  # fmt: skip
 
-    def start(self, step: int, epoch: int, grad_norm: torch.Tensor | None, epoch_start: int | None = None) -> None:
-        """A collective (every rank reaches the same logging points). ``epoch_start``: this
-        point ends the epoch, which began at that sample (not 0: resumed mid-epoch)."""
+    def end_epoch(self, epoch: int, step: int, first_sample: int) -> None:
+        """No collective: the epoch's loss is shown with the next logging point."""
+        self._epoch_ends.append(EpochEnd(epoch, step, first_sample, self.totals.snapshot()))
+
+    def start(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> None:
+        """A collective (every rank reaches the same logging points)."""
         self.finish()
-        self._pending = LoggingPoint(self.totals.compute_async(), step, epoch, self.meter.clock(), grad_norm, epoch_start)
+        ended_at = self.meter.clock()
+        self._pending = self._reduce()._replace(step=step, epoch=epoch, ended_at=ended_at, grad_norm=grad_norm)
+
+    def _reduce(self) -> LoggingPoint:
+        ends, self._epoch_ends = tuple(self._epoch_ends), []
+        return LoggingPoint(self.totals.compute_async(*(end.totals for end in ends)), ends)
 
     def finish(self) -> None:
         """Shows the logging point in flight, if any: call it at every step boundary."""
         if self._pending is None:
             return
         point, self._pending = self._pending, None
-        totals = point.totals.result()
-        running = (totals["loss"] * totals["samples"] if totals["samples"] else 0.0, totals["samples"])
+        for end, totals in zip(point.epoch_ends, point.totals.earlier()):
+            running = running_sums(totals)
+            epoch_loss, _ = mean_between(self._epoch_logged, running)
+            self._epoch_logged = running
+            note = f" (resumed at sample {end.first_sample})" if end.first_sample else ""
+            self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}{note}")
+        if point.step is None:
+            return
+        running = running_sums(point.totals.result())
         loss, samples = mean_between(self._logged, running)
         self._logged = running
         rates = self.meter.measure(point.step, samples, at=point.ended_at)
@@ -184,16 +215,24 @@ class Reporter:
         )  # fmt: skip
         self.progress.update(report)
         self.files.write({**report.record(), "world_size": self.context.world_size})
-        if point.epoch_start is not None:  # the mean over every rank's samples of this epoch
-            epoch_loss, _ = mean_between(self._epoch_logged, running)
-            self._epoch_logged = running
-            note = f" (resumed at sample {point.epoch_start})" if point.epoch_start else ""
-            self.progress.write(f"epoch {point.epoch + 1}/{self.epochs}  step {point.step}  loss {epoch_loss:.4f}{note}")
+
+    def settle(self) -> None:
+        """Shows everything up to now, before a checkpoint or a stop: the logging point in flight,
+        then the epochs ended since (a collective of their own, on every rank alike)."""
+        self.finish()
+        if self._epoch_ends:
+            self._pending = self._reduce()
+            self.finish()
 
     def close(self) -> None:
-        self.finish()
+        self.settle()
         self.progress.close()
         self.files.close()
+
+
+def running_sums(totals: dict[str, float]) -> tuple[float, float]:
+    """(loss sum, samples) from a GlobalMean result."""
+    return (totals["loss"] * totals["samples"] if totals["samples"] else 0.0), totals["samples"]
 
 
 def mean_between(earlier: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
@@ -262,17 +301,17 @@ def main() -> None:
             step += 1
             context.mark_step(step)
             reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
-            ends_epoch = index + 1 == micro_batches
-            if step % args.log_every == 0 or ends_epoch:  # the epoch's last step too
-                reporter.start(step, epoch, grad_norm, epoch_start=epoch_start if ends_epoch else None)
+            if index + 1 == micro_batches:
+                reporter.end_epoch(epoch, step, epoch_start)
+            if step % args.log_every == 0 or step == total_steps:
+                reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
-                reporter.finish()  # a checkpoint at step S: the metrics file already has every logged step to S
+                reporter.settle()  # a checkpoint at step S: every logged step and epoch to S is shown
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                         "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                         "compression": compression_of(model).state_dict()})  # fmt: skip
             if preempted:
-                reporter.finish()
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
                 reporter.progress.write(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
                                         f"after step {step}; {saved}")  # fmt: skip

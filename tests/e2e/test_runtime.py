@@ -73,6 +73,10 @@ def test_more_processes_with_smaller_batches_give_the_same_model_and_the_same_gl
     assert all(r["samples_per_second"] > 0 and r["step_time_s"] > 0 and r["eta_s"] >= 0 for r in many)
     assert many[-1]["eta_s"] == 0
     assert "step 112/112 (100%)" in multi["output"]  # the progress line, plain in a log
+    epochs, reference_epochs = epoch_lines(multi["output"]), epoch_lines(single_process[1]["output"])
+    assert [line[:2] for line in epochs] == [line[:2] for line in reference_epochs] == [(1, 56), (2, 112)]
+    for (*_, mine), (*_, reference) in zip(epochs, reference_epochs):  # the epoch's global loss, as printed
+        assert float(mine) == pytest.approx(float(reference), abs=2e-4)
 
 
 def test_accumulated_micro_batches_give_the_same_model(workdir, single_process):
@@ -200,6 +204,17 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     assert resumed["params_sha256"] == reference["params_sha256"]
     steps = [r["step"] for r in read_records(workdir / "resumed.jsonl")]
     assert steps == [r["step"] for r in reference["records"]]
+    # Epoch losses travel with the next logging point's all-reduce; the stop showed the epochs
+    # that ended before it (also one ended after the last logging point), with the same losses.
+    stopped_at, expected = int(stopped.group(1)), epoch_lines(reference["output"])
+    assert epoch_lines(output) == [line for line in expected if line[1] <= stopped_at], output
+    later, shown_later = [line for line in expected if line[1] > stopped_at], epoch_lines(relaunch.output)
+    assert len(shown_later) == len(later) and shown_later[1:] == later[1:], relaunch.output  # the first: resumed mid-epoch
+
+
+def epoch_lines(output: str) -> list[tuple[int, int, str]]:
+    """(epoch, step, loss as printed) of each epoch line."""
+    return [(int(e), int(s), loss) for e, s, loss in re.findall(r"epoch (\d+)/\d+  step (\d+)  loss (\S+)", output)]
 
 
 def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):

@@ -36,11 +36,22 @@ def test_the_mean_is_exact_across_folds_and_value_types(context):
     assert result["correct"] == pytest.approx(expected_correct / (4 * added), rel=1e-12)
 
 
+def test_the_device_path_converts_every_value_type_exactly():
+    """On a GPU the kept values stay tensors and are summed by _float64_column without a sync;
+    it is device-agnostic, so its conversion is checked here on CPU tensors (no GPU in CI)."""
+    values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor(2**40 + 1, dtype=torch.int64), 0.3]
+    column = metrics._float64_column(values, torch.device("cpu"))
+    assert column.dtype == torch.float64 and column.tolist() == [float(torch.tensor(0.1)), 2.0**40 + 1, 0.3]
+    same_type = [torch.tensor(0.1), torch.tensor(0.2)]  # the usual case: one stack, one conversion
+    assert metrics._float64_column(same_type, torch.device("cpu")).tolist() == [float(v) for v in same_type]
+
+
 def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
     mean = phalanx.GlobalMean(context, "loss")
     weight = torch.ones(3, requires_grad=True)
     mean.add(3, loss=(weight * 2).sum())
-    assert not any(value.requires_grad for _, values in mean._pending for value in values)  # the step's graph can be freed
+    kept = [value for _, values in mean._pending for value in values]
+    assert not any(isinstance(value, torch.Tensor) and value.requires_grad for value in kept)  # the graph can be freed
     assert mean.compute()["loss"] == pytest.approx(2.0)
     mean.reset()
     result = mean.compute()
@@ -67,3 +78,22 @@ def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothi
     assert mean.compute() == {"loss": pytest.approx(20.0 / 8), "samples": 8.0}
     mean.add(2, loss=10.0)  # a sum over 2 samples goes into the same total
     assert mean.compute() == {"loss": pytest.approx(30.0 / 10), "samples": 10.0}
+
+
+def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_totals(context):
+    """An epoch's end keeps its totals aside; the next logging point reduces them in the same
+    collective and returns each one's means, in the order given."""
+    mean = phalanx.GlobalMean(context, "loss", "correct")
+    mean.add(2, loss=torch.tensor(3.0), correct=1)
+    first = mean.snapshot()
+    mean.add_mean(4, loss=torch.tensor(0.5), correct=torch.tensor(0.25))
+    second = mean.snapshot()
+    mean.add(2, loss=7.0, correct=2)
+    pending = mean.compute_async(first, second)
+    mean.add(2, loss=100.0, correct=0)  # after the start: in none of them
+    assert pending.earlier() == [
+        {"loss": 1.5, "correct": 0.5, "samples": 2.0},
+        {"loss": pytest.approx(5.0 / 6), "correct": pytest.approx(2.0 / 6), "samples": 6.0},
+    ]
+    assert pending.result() == {"loss": pytest.approx(12.0 / 8), "correct": pytest.approx(4.0 / 8), "samples": 8.0}
+    assert mean.compute_async().earlier() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -40,9 +41,11 @@ class GlobalMean:
             self._keep(float(samples), samples, means)
 
     def _keep(self, weight: float, samples: int, values: dict[str, torch.Tensor | float]) -> None:
-        # Called every step, so it only keeps the values (detached: no device work, no sync);
-        # they are summed in float64 every _FOLD_EVERY additions and when compute() reads them.
-        kept = [v.detach() if isinstance(v, torch.Tensor) else v for v in map(values.__getitem__, self.names)]
+        # Called every step. A value on the CPU is read at once (a Python float costs less to keep
+        # and to sum than a tensor, and there is no device to wait for); one on a GPU is only
+        # kept (detached: no device work, no sync). They are summed in float64 every
+        # _FOLD_EVERY additions and when compute() reads them.
+        kept = [_host_or_detached(value) for value in map(values.__getitem__, self.names)]
         self._pending.append((weight, kept))
         self._samples += samples
         if len(self._pending) >= _FOLD_EVERY:
@@ -52,29 +55,46 @@ class GlobalMean:
         """Moves the kept values, times their weights, into the float64 sums."""
         if not self._pending:
             return
+        pending, self._pending = self._pending, []
         device = self.context.device
-        weights = torch.tensor([weight for weight, _ in self._pending], dtype=torch.float64, device=device)
+        if not any(isinstance(value, torch.Tensor) for _, values in pending for value in values):  # all read on the CPU
+            columns = [math.fsum(weight * values[index] for weight, values in pending) for index in range(len(self.names))]
+            self._sums += torch.tensor(columns, dtype=torch.float64, device=device)
+            return
+        weights = torch.tensor([weight for weight, _ in pending], dtype=torch.float64, device=device)
         for index in range(len(self.names)):
-            column = _float64_column([values[index] for _, values in self._pending], device)
+            column = _float64_column([values[index] for _, values in pending], device)
             self._sums[index] += (column * weights).sum()
-        self._pending.clear()
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective."""
         return self.compute_async().result()
 
-    def compute_async(self) -> PendingMeans:
+    def snapshot(self) -> torch.Tensor:
+        """This rank's totals so far (the sums, then the sample count), kept aside: no collective.
+
+        Hand it to a later :meth:`compute_async`, which reduces it in the same collective as
+        the totals then: the global mean up to a point between two logging points (the end of
+        an epoch) at no round trip of its own.
+        """
+        self._fold()
+        samples_so_far = torch.tensor([self._samples], dtype=torch.float64, device=self.context.device)
+        return torch.cat([self._sums, samples_so_far])  # a copy: later additions do not reach it
+
+    def compute_async(self, *snapshots: torch.Tensor) -> PendingMeans:
         """:meth:`compute`, started: the all-reduce runs while the caller goes on (a training step),
         and ``.result()`` waits for it. Values added after this call are not in its result.
+        ``snapshots`` (from :meth:`snapshot`) are reduced in the same collective:
+        ``.earlier()`` has their global means.
 
         A blocking all-reduce at every logging point holds every rank for a network round
         trip (about a millisecond on gloo here, more across nodes); started at one step boundary
         and read at the next, it overlaps the step's compute. It is a collective: every rank
-        starts it at the same point, in the same order as its other collectives.
+        starts it at the same point, with as many snapshots, in the same order as its other
+        collectives.
         """
-        self._fold()
-        samples_so_far = torch.tensor([self._samples], dtype=torch.float64, device=self.context.device)
-        totals = torch.cat([self._sums, samples_so_far])  # a copy: later additions do not reach it
+        now = self.snapshot()
+        totals = torch.cat([*snapshots, now]) if snapshots else now
         work = None
         if self.context.is_distributed and dist.is_initialized():
             work = dist.all_reduce(totals, async_op=True)
@@ -86,17 +106,36 @@ class PendingMeans:
 
     def __init__(self, names: tuple[str, ...], totals: torch.Tensor, work: Any) -> None:
         self.names, self._totals, self._work = names, totals, work
-        self._result: dict[str, float] | None = None
+        self._results: list[dict[str, float]] | None = None
 
     def result(self) -> dict[str, float]:
         """Global means and the global sample count; waits for the all-reduce (a device sync on CUDA)."""
-        if self._result is None:
+        return self._read()[-1]
+
+    def earlier(self) -> list[dict[str, float]]:
+        """The same for each snapshot handed to ``compute_async``, in order."""
+        return self._read()[:-1]
+
+    def _read(self) -> list[dict[str, float]]:
+        if self._results is None:
             if self._work is not None:
                 self._work.wait()
-            *sums, samples = self._totals.tolist()
-            means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
-            self._result = {**means, "samples": samples}
-        return self._result
+            values, width = self._totals.tolist(), len(self.names) + 1
+            self._results = [self._means(values[start : start + width]) for start in range(0, len(values), width)]
+        return self._results
+
+    def _means(self, row: list[float]) -> dict[str, float]:
+        *sums, samples = row
+        means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
+        return {**means, "samples": samples}
+
+
+def _host_or_detached(value: torch.Tensor | float) -> torch.Tensor | float:
+    """A CPU tensor's value as a Python number (exact: float64 holds every float32 and every
+    integer below 2**53); a GPU tensor detached, to be summed on its device without a sync."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.is_cpu else value.detach()
+    return value
 
 
 def _float64_column(values: list[torch.Tensor | float], device: torch.device) -> torch.Tensor:
