@@ -19,12 +19,19 @@ class WorkerEnv:
     node: str | None = None
     #: The address this node advertises to the others (the route's source address).
     address: str | None = None
+    #: Which start of the workers this is, counted from 0 and the same on every node: set by the
+    #: node's agent (:class:`phalanx.launch.logs.RankLogsSpecs`) each time it starts them.
+    attempt: int | None = None
 
-    _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS"}
+    _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
+             "attempt": "PHALANX_ATTEMPT"}  # fmt: skip
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
-        return cls(**{name: environ.get(key) or None for name, key in cls._KEYS.items()})
+        values: dict[str, str | int | None] = {name: environ.get(key) or None for name, key in cls._KEYS.items()}
+        if values["attempt"] is not None:
+            values["attempt"] = int(values["attempt"])
+        return cls(**values)  # type: ignore[arg-type]

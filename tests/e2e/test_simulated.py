@@ -93,6 +93,20 @@ def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
     assert "rank 1 finished" in (run_dir / "attempt_1" / "rank1" / "stdout.log").read_text()
 
 
+def test_a_node_stopped_for_another_nodes_restart_counts_the_same_attempt(phalanx, workdir):
+    """Rank 0 is healthy (asleep, in no collective) when rank 1 fails, so node0's agent stops it
+    for node1's restart instead of seeing it fail; torchrun's restart count stays 0 there. The
+    attempts are still numbered alike on both nodes: no log is overwritten, the plan is right."""
+    script = copy_worker(workdir, "fail_on_rank.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1", "HOLD": "4"})
+    assert result.returncode == 0, result.output
+    assert "world size 2, restart 1" in result.stderr, result.stderr
+    run_dir = next((workdir / "phalanx-logs").iterdir())
+    first, second = (run_dir / f"attempt_{n}" / "rank0" / "stdout.log" for n in (0, 1))
+    assert "rank 0 passed the first all-reduce" in first.read_text() and "finished" not in first.read_text()
+    assert "rank 0 finished" in second.read_text()
+
+
 def test_single_node_picks_a_free_port(phalanx, workdir):
     script = copy_worker(workdir, "env_dump.py")
     result = phalanx("run", "--nproc-per-node", "2", script, str(workdir))

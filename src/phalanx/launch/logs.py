@@ -18,6 +18,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
+from phalanx.worker_env import WorkerEnv
+
 RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
 
 
@@ -32,6 +34,7 @@ class RankLogsSpecs(LogsSpecs):
     ) -> None:
         super().__init__(log_dir or "phalanx-logs", redirects, tee, local_ranks_filter)
         self.on_ranks_assigned = on_ranks_assigned
+        self._starts = 0  # how often this agent started its workers: one per rendezvous round
         #: global rank -> its stderr log, for the latest attempt (read by the failure report).
         self.stderr_of_rank: dict[int, Path] = {}
 
@@ -40,12 +43,20 @@ class RankLogsSpecs(LogsSpecs):
         return str(self._root_log_dir)
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        # Every node's agent starts its workers once per rendezvous round, so counting the starts
+        # numbers the rounds alike on every node. TORCHELASTIC_RESTART_COUNT does not: it counts
+        # the restarts after a failure of this node's own workers, and a node whose healthy
+        # workers were stopped for another node's restart keeps its count (its second round
+        # then overwrote the first round's logs, and looked up the rank plan of the wrong round).
+        attempt_number, self._starts = self._starts, self._starts + 1
+        for env in envs.values():  # the workers are started with these dicts
+            env.update(WorkerEnv(attempt=attempt_number).to_env())
         if self.on_ranks_assigned is not None:
             self.on_ranks_assigned(envs)
         dest = LogsDest()
         if not envs:
             return dest
-        attempt = Path(self.root_log_dir) / f"attempt_{envs[min(envs)].get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         redirects, tee = to_map(self._redirects, len(envs)), to_map(self._tee, len(envs))
         self.stderr_of_rank = {}
         for local_rank, env in envs.items():

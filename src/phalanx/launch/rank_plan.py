@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from phalanx.console import format_table, ranges
+from phalanx.worker_env import WorkerEnv
 
 GATHER_TIMEOUT_S = 30.0
 
@@ -22,7 +23,7 @@ def node_row(envs: dict[int, dict[str, str]], address: str, label: str) -> dict[
         "node": int(first["GROUP_RANK"]),
         "nodes": int(first["GROUP_WORLD_SIZE"]),
         "world_size": int(first["WORLD_SIZE"]),
-        "attempt": int(first.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        "attempt": WorkerEnv.from_env(first).attempt or 0,
         "label": label,
         "address": address,
         "ranks": sorted(int(env["RANK"]) for env in envs.values()),

@@ -123,8 +123,10 @@ class StallWatchdog:
         self.rank, self.world_size = rank, world_size
         self.stall_timeout = stall_timeout
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
-        self.node = WorkerEnv.from_env(os.environ).node or os.uname().nodename
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        launched = WorkerEnv.from_env(os.environ)
+        self.node = launched.node or os.uname().nodename
+        # The attempt as phalanx run counts it (alike on every node), else as plain torchrun does.
+        attempt = launched.attempt if launched.attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"phalanx/watchdog/{attempt}/"
         self.step: int | None = None
         self._stop = threading.Event()
