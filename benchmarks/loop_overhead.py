@@ -1,22 +1,25 @@
 """Overhead of the phalanx training loop against a hand-written DDP loop, in samples/s.
 
 The phalanx loop is examples/train.py itself (ResumableSampler and ResumableLoader, GlobalMean of
-the real samples, progress lines, metrics file, preemption guard, consistency check; no
-checkpoints). The plain
-loop below is what a user writes from the PyTorch tutorial: DistributedSampler, DDP, SGD, no
-metrics. Both train the same model (train.py's build_model) on the same data with the same
-per-process batch, launched the same way (`phalanx run --nproc-per-node 2`), alternately
-(interleaved, so that the machine's noise hits both alike; which goes first alternates too),
---repeats times each.
+the real samples, progress lines, metrics file, preemption guard, stall watchdog, consistency
+check; no checkpoints). The plain loop below is what a user writes from the PyTorch tutorial:
+DistributedSampler, DDP, SGD, no metrics. Both train the same model (train.py's build_model) on
+the same data with the same per-process batch, launched the same way (`phalanx run
+--nproc-per-node 2`), alternately (interleaved, so that the machine's noise hits both alike;
+which goes first alternates too), --repeats times each.
 
 Both time the steady state on rank 0 in intervals of --log-every optimizer steps, the first
 interval (warm-up) left out: a run's samples/s is the median of its intervals' rates, so that a
 burst of a neighbour's load on this shared machine, which slows a few intervals, does not move
-the run's figure (the mean rate is kept in the JSON as well). The ranks step in lockstep (every step all-reduces), so rank 0's clock times the job. Reported:
-the median samples/s of each loop and the ratio phalanx / plain (target: >= 0.97).
+the run's figure (the mean rate is kept in the JSON as well). The ranks step in lockstep (every
+step all-reduces), so rank 0's clock times the job. Reported: the median samples/s of each loop,
+the ratio phalanx / plain (target: >= 0.97) and the median of the pair ratios (each phalanx run
+over the plain run next to it).
 
-Workloads: digits (8x8 images, a ~2 ms step: the worst case for any per-step cost) and
-synthetic (the tutorial's 3x224x224 images: a step dominated by the gradient all-reduce).
+Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; short runs,
+so that the two runs of a pair are seconds apart: use many repeats; an interval is two 28-step
+epochs, so every interval holds the same per-epoch work) and synthetic (the tutorial's
+3x224x224 images: a step dominated by the gradient all-reduce).
 
 Usage: python benchmarks/loop_overhead.py [--repeats 5] [--workload digits synthetic] [--json PATH]
 """
@@ -39,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train.py"
 #: train.py arguments per workload; the plain loop reads the same ones.
 WORKLOADS = {
-    "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "80", "--log-every", "50"],
+    "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "24", "--log-every", "56"],
     "synthetic": ["--dataset", "synthetic", "--samples", "512", "--batch-size", "32", "--epochs", "6", "--log-every", "8"],
 }
 

@@ -196,7 +196,7 @@ class Reporter:
         if self._pending is None:
             return
         point, self._pending = self._pending, None
-        for end, totals in zip(point.epoch_ends, point.totals.earlier()):
+        for end, totals in zip(point.epoch_ends, point.totals.snapshot_results()):
             running = running_sums(totals)
             epoch_loss, _ = mean_between(self._epoch_logged, running)
             self._epoch_logged = running
@@ -225,6 +225,7 @@ class Reporter:
             self.finish()
 
     def close(self) -> None:
+        """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
         self.settle()
         self.progress.close()
         self.files.close()
@@ -312,6 +313,7 @@ def main() -> None:
                                         "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                         "compression": compression_of(model).state_dict()})  # fmt: skip
             if preempted:
+                reporter.settle()  # without --checkpoint-dir too: every logged step before the notice
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
                 reporter.progress.write(f"preempted by {preemption.received.name if preemption.received else 'another rank'} "
                                         f"after step {step}; {saved}")  # fmt: skip

@@ -205,11 +205,23 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     steps = [r["step"] for r in read_records(workdir / "resumed.jsonl")]
     assert steps == [r["step"] for r in reference["records"]]
     # Epoch losses travel with the next logging point's all-reduce; the stop showed the epochs
-    # that ended before it (also one ended after the last logging point), with the same losses.
+    # that ended before it (one that ended after the last logging point too), with the same losses.
     stopped_at, expected = int(stopped.group(1)), epoch_lines(reference["output"])
     assert epoch_lines(output) == [line for line in expected if line[1] <= stopped_at], output
     later, shown_later = [line for line in expected if line[1] > stopped_at], epoch_lines(relaunch.output)
     assert len(shown_later) == len(later) and shown_later[1:] == later[1:], relaunch.output  # the first: resumed mid-epoch
+
+
+def test_an_epoch_that_ended_after_the_last_logging_point_is_shown_before_the_checkpoint(workdir):
+    """Epoch 1 ends at step 57, the checkpoint is at step 60 and no step is logged before the
+    end (--log-every 1000): only the settling before the save can show epoch 1, in a collective
+    of its own. The job is killed as soon as that checkpoint exists, long before its end."""
+    train_args = ("--epochs", "20", "--log-every", "1000", "--checkpoint-every", "60")
+    interrupt_after_first_checkpoint(workdir, lambda p: os.killpg(p.pid, signal.SIGKILL), train_args=train_args)
+    # rank 0's own log: the console is fed by tailing it, which a kill -9 cuts short
+    shown = next(workdir.glob("phalanx-logs/*/attempt_0/rank0/stdout.log")).read_text()
+    assert "step 1140/1140" not in shown, "the run ended before it was killed: make it longer"
+    assert re.search(r"epoch 1/20  step 57  loss \d+\.\d+", shown), shown
 
 
 def epoch_lines(output: str) -> list[tuple[int, int, str]]:

@@ -18,47 +18,64 @@ def context():
     context.close()
 
 
-def test_the_mean_is_exact_across_folds_and_value_types(context):
-    """More additions than one fold holds, float32 / int64 tensors and Python numbers mixed: the
-    result is the float64 sum of exactly the values given, not float32 arithmetic."""
+@pytest.fixture(params=["read on the host", "kept as tensors"])
+def kept(request, monkeypatch):
+    """Both ways of keeping a value: CPU values are read into Python numbers at once; GPU
+    values stay tensors, summed on the device. No GPU in CI: the second is forced here for CPU
+    tensors, which run the same tensor code (stack, float64 conversion, weighted sum)."""
+    if request.param == "kept as tensors":
+        monkeypatch.setattr(metrics, "_host_or_detached", lambda v: v.detach() if isinstance(v, torch.Tensor) else v)
+    return request.param
+
+
+def test_the_mean_is_exact_across_folds_and_value_types(context, kept):
+    """More additions than one fold holds, tensors of several dtypes and Python numbers mixed:
+    the result is the float64 sum of exactly the values given, not float32 arithmetic."""
     mean = phalanx.GlobalMean(context, "loss", "correct")
     added = 3 * metrics._FOLD_EVERY + 7
+    dtypes = [torch.float32, torch.bfloat16, torch.float16]
     expected_loss = expected_correct = 0.0
     for step in range(added):
-        loss = torch.tensor(0.1 + step * 1e-4, dtype=torch.float32)
-        correct = torch.tensor(step % 3, dtype=torch.int64) if step % 2 else float(step % 3)
+        loss = torch.tensor(0.1 + step * 1e-4, dtype=dtypes[step % 3])
+        correct = [torch.tensor(step % 3, dtype=torch.int64), float(step % 3), torch.tensor(step % 3 == 1)][step % 3]
         mean.add(4, loss=loss, correct=correct)
-        expected_loss += float(loss)  # the float32 value, summed in float64
-        expected_correct += step % 3
+        expected_loss += float(loss)  # the value as given, summed in float64
+        expected_correct += float(correct)
     result = mean.compute()
     assert result["samples"] == 4 * added
     assert result["loss"] == pytest.approx(expected_loss / (4 * added), rel=1e-12)
     assert result["correct"] == pytest.approx(expected_correct / (4 * added), rel=1e-12)
 
 
-def test_the_device_path_converts_every_value_type_exactly():
-    """On a GPU the kept values stay tensors and are summed by _float64_column without a sync;
-    it is device-agnostic, so its conversion is checked here on CPU tensors (no GPU in CI)."""
-    values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor(2**40 + 1, dtype=torch.int64), 0.3]
+def test_the_tensor_column_converts_every_dtype_exactly():
+    values = [torch.tensor(0.1, dtype=torch.float32), torch.tensor(2**40 + 1, dtype=torch.int64), torch.tensor(True)]
     column = metrics._float64_column(values, torch.device("cpu"))
-    assert column.dtype == torch.float64 and column.tolist() == [float(torch.tensor(0.1)), 2.0**40 + 1, 0.3]
+    assert column.dtype == torch.float64 and column.tolist() == [float(torch.tensor(0.1)), 2.0**40 + 1, 1.0]
     same_type = [torch.tensor(0.1), torch.tensor(0.2)]  # the usual case: one stack, one conversion
     assert metrics._float64_column(same_type, torch.device("cpu")).tolist() == [float(v) for v in same_type]
 
 
-def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
+def test_add_keeps_no_autograd_graph_and_reset_starts_over(context, kept):
     mean = phalanx.GlobalMean(context, "loss")
     weight = torch.ones(3, requires_grad=True)
     mean.add(3, loss=(weight * 2).sum())
-    kept = [value for _, values in mean._pending for value in values]
-    assert not any(isinstance(value, torch.Tensor) and value.requires_grad for value in kept)  # the graph can be freed
+    values = [value for _, row in mean._pending for value in row]
+    assert not any(isinstance(value, torch.Tensor) and value.requires_grad for value in values)  # the graph can be freed
     assert mean.compute()["loss"] == pytest.approx(2.0)
     mean.reset()
     result = mean.compute()
     assert result["samples"] == 0 and math.isnan(result["loss"])
 
 
-def test_a_started_computation_holds_the_values_added_before_it_only(context):
+def test_a_diverged_loss_shows_as_nan_or_inf_and_does_not_raise(context, kept):
+    mean = phalanx.GlobalMean(context, "loss")
+    mean.add_mean(2, loss=torch.tensor(float("inf")))
+    assert mean.compute()["loss"] == math.inf
+    mean.add_mean(2, loss=torch.tensor(float("-inf")))
+    assert math.isnan(mean.compute()["loss"])
+
+
+def test_a_started_computation_holds_the_values_added_before_it_only(context, kept):
     """compute_async snapshots the totals: what a training step adds while the all-reduce runs
     belongs to the next logging point, not to the one in flight."""
     mean = phalanx.GlobalMean(context, "loss")
@@ -70,7 +87,7 @@ def test_a_started_computation_holds_the_values_added_before_it_only(context):
     assert mean.compute() == {"loss": pytest.approx(103.0 / 4), "samples": 4.0}
 
 
-def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothing(context):
+def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothing(context, kept):
     mean = phalanx.GlobalMean(context, "loss")
     mean.add_mean(2, loss=torch.tensor(1.0))
     mean.add_mean(6, loss=torch.tensor(3.0))
@@ -80,7 +97,7 @@ def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothi
     assert mean.compute() == {"loss": pytest.approx(30.0 / 10), "samples": 10.0}
 
 
-def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_totals(context):
+def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_totals(context, kept):
     """An epoch's end keeps its totals aside; the next logging point reduces them in the same
     collective and returns each one's means, in the order given."""
     mean = phalanx.GlobalMean(context, "loss", "correct")
@@ -91,9 +108,11 @@ def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_tota
     mean.add(2, loss=7.0, correct=2)
     pending = mean.compute_async(first, second)
     mean.add(2, loss=100.0, correct=0)  # after the start: in none of them
-    assert pending.earlier() == [
+    assert pending.snapshot_results() == [
         {"loss": 1.5, "correct": 0.5, "samples": 2.0},
         {"loss": pytest.approx(5.0 / 6), "correct": pytest.approx(2.0 / 6), "samples": 6.0},
     ]
     assert pending.result() == {"loss": pytest.approx(12.0 / 8), "correct": pytest.approx(4.0 / 8), "samples": 8.0}
-    assert mean.compute_async().earlier() == []
+    assert mean.compute_async().snapshot_results() == []
+    with pytest.raises(ValueError, match="a snapshot of 1 value"):
+        mean.compute_async(phalanx.GlobalMean(context, "loss").snapshot())

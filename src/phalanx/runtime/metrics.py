@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,7 +15,12 @@ _FOLD_EVERY = 256
 
 
 class GlobalMean:
-    """Sums of named values and a sample count, all-reduced in one collective on demand."""
+    """Sums of named values and a sample count, all-reduced in one collective on demand.
+
+    On the CPU every value is read at once and summed in Python (float64); on a GPU the values
+    stay on the device and are summed there, so that nothing before the all-reduce waits for
+    the device. NaN and infinities propagate as they would in a tensor sum.
+    """
 
     def __init__(self, context: DistributedContext, *names: str) -> None:
         self.context = context
@@ -24,7 +28,8 @@ class GlobalMean:
         self.reset()
 
     def reset(self) -> None:
-        self._sums = torch.zeros(len(self.names), dtype=torch.float64, device=self.context.device)
+        self._host_sums = [0.0] * len(self.names)  # the values read on the CPU
+        self._device_sums: torch.Tensor | None = None  # the values kept on a GPU, once there is one
         self._pending: list[tuple[float, list[torch.Tensor | float]]] = []  # (weight, a value per name)
         self._samples = 0.0
 
@@ -41,10 +46,9 @@ class GlobalMean:
             self._keep(float(samples), samples, means)
 
     def _keep(self, weight: float, samples: int, values: dict[str, torch.Tensor | float]) -> None:
-        # Called every step. A value on the CPU is read at once (a Python float costs less to keep
+        # Called every step. A value on the CPU is read at once (a Python number costs less to keep
         # and to sum than a tensor, and there is no device to wait for); one on a GPU is only
-        # kept (detached: no device work, no sync). They are summed in float64 every
-        # _FOLD_EVERY additions and when compute() reads them.
+        # kept, detached. They are summed every _FOLD_EVERY additions and when compute() reads them.
         kept = [_host_or_detached(value) for value in map(values.__getitem__, self.names)]
         self._pending.append((weight, kept))
         self._samples += samples
@@ -56,15 +60,20 @@ class GlobalMean:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        device = self.context.device
-        if not any(isinstance(value, torch.Tensor) for _, values in pending for value in values):  # all read on the CPU
-            columns = [math.fsum(weight * values[index] for weight, values in pending) for index in range(len(self.names))]
-            self._sums += torch.tensor(columns, dtype=torch.float64, device=device)
-            return
-        weights = torch.tensor([weight for weight, _ in pending], dtype=torch.float64, device=device)
         for index in range(len(self.names)):
-            column = _float64_column([values[index] for _, values in pending], device)
-            self._sums[index] += (column * weights).sum()
+            on_host = [(weight, values[index]) for weight, values in pending if not isinstance(values[index], torch.Tensor)]
+            if on_host:
+                self._host_sums[index] += sum(weight * value for weight, value in on_host)
+            if len(on_host) < len(pending):
+                on_device = [(weight, values[index]) for weight, values in pending if isinstance(values[index], torch.Tensor)]
+                self._add_on_device(index, on_device)
+
+    def _add_on_device(self, index: int, kept: list[tuple[float, torch.Tensor]]) -> None:
+        device = self.context.device
+        if self._device_sums is None:
+            self._device_sums = torch.zeros(len(self.names), dtype=torch.float64, device=device)
+        weights = _to_device(torch.tensor([weight for weight, _ in kept], dtype=torch.float64), device)
+        self._device_sums[index] += (_float64_column([value for _, value in kept], device) * weights).sum()
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective."""
@@ -78,14 +87,16 @@ class GlobalMean:
         an epoch) at no round trip of its own.
         """
         self._fold()
-        samples_so_far = torch.tensor([self._samples], dtype=torch.float64, device=self.context.device)
-        return torch.cat([self._sums, samples_so_far])  # a copy: later additions do not reach it
+        totals = _to_device(torch.tensor([*self._host_sums, self._samples], dtype=torch.float64), self.context.device)
+        if self._device_sums is not None:
+            totals[:-1] += self._device_sums
+        return totals  # a tensor of its own: later additions do not reach it
 
     def compute_async(self, *snapshots: torch.Tensor) -> PendingMeans:
         """:meth:`compute`, started: the all-reduce runs while the caller goes on (a training step),
         and ``.result()`` waits for it. Values added after this call are not in its result.
-        ``snapshots`` (from :meth:`snapshot`) are reduced in the same collective:
-        ``.earlier()`` has their global means.
+        ``snapshots`` (from :meth:`snapshot` of this object) are reduced in the same collective:
+        ``.snapshot_results()`` has their global means.
 
         A blocking all-reduce at every logging point holds every rank for a network round
         trip (about a millisecond on gloo here, more across nodes); started at one step boundary
@@ -94,6 +105,10 @@ class GlobalMean:
         collectives.
         """
         now = self.snapshot()
+        for snapshot in snapshots:
+            if snapshot.shape != now.shape:
+                raise ValueError(f"a snapshot of {snapshot.numel() - 1} value(s) handed to a GlobalMean of "
+                                 f"{len(self.names)} ({', '.join(self.names)}): take it with this one's snapshot()")  # fmt: skip
         totals = torch.cat([*snapshots, now]) if snapshots else now
         work = None
         if self.context.is_distributed and dist.is_initialized():
@@ -112,7 +127,7 @@ class PendingMeans:
         """Global means and the global sample count; waits for the all-reduce (a device sync on CUDA)."""
         return self._read()[-1]
 
-    def earlier(self) -> list[dict[str, float]]:
+    def snapshot_results(self) -> list[dict[str, float]]:
         """The same for each snapshot handed to ``compute_async``, in order."""
         return self._read()[:-1]
 
@@ -131,19 +146,24 @@ class PendingMeans:
 
 
 def _host_or_detached(value: torch.Tensor | float) -> torch.Tensor | float:
-    """A CPU tensor's value as a Python number (exact: float64 holds every float32 and every
-    integer below 2**53); a GPU tensor detached, to be summed on its device without a sync."""
+    """A CPU tensor's value as a Python number (``item()`` gives it exactly, whatever the dtype);
+    a GPU tensor detached (no graph kept), to be summed on its device without a sync."""
     if isinstance(value, torch.Tensor):
         return value.item() if value.is_cpu else value.detach()
     return value
 
 
-def _float64_column(values: list[torch.Tensor | float], device: torch.device) -> torch.Tensor:
-    """The values as one float64 vector. Each converts exactly: a float32 or an integer never
-    passes through a narrower type on the way (Python numbers go straight to float64)."""
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small CPU tensor on ``device``. non_blocking: from pageable memory CUDA stages the copy
+    at once and does not wait for the work queued on the device, as a blocking copy would."""
+    return host if device.type == "cpu" else host.to(device, non_blocking=True)
+
+
+def _float64_column(values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Tensors of one element each as one float64 vector on ``device``. Each converts exactly:
+    a float32 or an integer never passes through a narrower type on the way."""
     first = values[0]
-    if isinstance(first, torch.Tensor) and first.numel() == 1 and all(
-        isinstance(v, torch.Tensor) and v.dtype == first.dtype and v.shape == first.shape for v in values
-    ):  # the usual case, one loss tensor per step: one stack, one conversion
+    if all(v.dtype == first.dtype and v.shape == first.shape for v in values):
+        # the usual case, one loss tensor per step: one stack, one conversion
         return torch.stack(values).reshape(len(values)).to(device=device, dtype=torch.float64)
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
+    return torch.stack([v.reshape(()).to(device=device, dtype=torch.float64) for v in values])
