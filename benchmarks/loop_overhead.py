@@ -128,7 +128,7 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
 
 def measure(name: str, repeats: int) -> dict[str, object]:
     workload = WORKLOADS[name]
-    samples: dict[str, list[float]] = {"plain": [], "phalanx": []}
+    rates: dict[str, list[float]] = {"plain": [], "phalanx": []}  # a run's median interval rate
     means: dict[str, list[float]] = {"plain": [], "phalanx": []}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
@@ -139,17 +139,17 @@ def measure(name: str, repeats: int) -> dict[str, object]:
             runs = {first: first(workload, folder)}
             runs[second] = second(workload, folder)
             for loop, run in (("plain", runs[run_plain]), ("phalanx", runs[run_phalanx])):
-                samples[loop].append(steady_rate(run))
+                rates[loop].append(steady_rate(run))
                 means[loop].append(mean_rate(run))
-    medians = {loop: statistics.median(rates) for loop, rates in samples.items()}
-    spread = {loop: (max(rates) - min(rates)) / statistics.median(rates) for loop, rates in samples.items()}
+    medians = {loop: statistics.median(runs) for loop, runs in rates.items()}
+    spread = {loop: (max(runs) - min(runs)) / statistics.median(runs) for loop, runs in rates.items()}
     # Each phalanx run against the plain run next to it: the two saw the same machine state.
-    pairs = [mine / plain for mine, plain in zip(samples["phalanx"], samples["plain"])]
+    pairs = [mine / plain for mine, plain in zip(rates["phalanx"], rates["plain"])]
     per_step = int(workload[workload.index("--batch-size") + 1]) * WORLD_SIZE  # samples per optimizer step
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in medians.items()}
     return {
         "workload": name, "train_args": workload, "world_size": WORLD_SIZE, "repeats": repeats,
-        "samples_per_second": samples, "median_samples_per_second": medians, "spread_of_runs": spread,
+        "samples_per_second": rates, "median_samples_per_second": medians, "spread_of_runs": spread,
         "mean_rate_samples_per_second": means,
         "ratio_of_mean_rates": statistics.median(means["phalanx"]) / statistics.median(means["plain"]),
         "ratio": medians["phalanx"] / medians["plain"], "pair_ratios": pairs, "median_pair_ratio": statistics.median(pairs),

@@ -61,11 +61,12 @@ class GlobalMean:
             return
         pending, self._pending = self._pending, []
         for index in range(len(self.names)):
-            on_host = [(weight, values[index]) for weight, values in pending if not isinstance(values[index], torch.Tensor)]
-            if on_host:
-                self._host_sums[index] += sum(weight * value for weight, value in on_host)
-            if len(on_host) < len(pending):
-                on_device = [(weight, values[index]) for weight, values in pending if isinstance(values[index], torch.Tensor)]
+            on_host: list[tuple[float, float]] = []
+            on_device: list[tuple[float, torch.Tensor]] = []
+            for weight, values in pending:
+                (on_device if isinstance(values[index], torch.Tensor) else on_host).append((weight, values[index]))
+            self._host_sums[index] += sum(weight * value for weight, value in on_host)
+            if on_device:
                 self._add_on_device(index, on_device)
 
     def _add_on_device(self, index: int, kept: list[tuple[float, torch.Tensor]]) -> None:
