@@ -164,12 +164,19 @@ class Reporter:
     rank's sums aside (:meth:`end_epoch`); they are reduced with the next logging point's, in the
     same collective: on a small model with short epochs, a collective per epoch was a measurable
     share of the step time.
+
+    A checkpoint carries the global running sums (:meth:`state_dict`), so that a resumed run's
+    first report and epoch line cover the same steps, with the same loss, as an uninterrupted
+    run's, also after a stop between two logging points.
     """
 
     def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
         self.context, self.epochs, self.total_steps = context, args.epochs, total_steps
         self.totals = phalanx.GlobalMean(context, "loss")
         self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
+        self._logged_step: int | None = None
+        self._carried = (0.0, 0.0)  # the running sums of the run resumed from, when it stopped
+        self._measured = 0.0  # the running sample count at the meter's last reading
         self._pending: LoggingPoint | None = None
         self._epoch_ends: list[EpochEnd] = []
         self.meter = StepMeter(total_steps, start_step=step)
@@ -197,17 +204,19 @@ class Reporter:
             return
         point, self._pending = self._pending, None
         for end, totals in zip(point.epoch_ends, point.totals.snapshot_results()):
-            running = running_sums(totals)
+            running = self._running(totals)
             epoch_loss, _ = mean_between(self._epoch_logged, running)
             self._epoch_logged = running
             note = f" (resumed at sample {end.first_sample})" if end.first_sample else ""
             self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}{note}")
         if point.step is None:
             return
-        running = running_sums(point.totals.result())
+        running = self._running(point.totals.result())
         loss, samples = mean_between(self._logged, running)
-        self._logged = running
-        rates = self.meter.measure(point.step, samples, at=point.ended_at)
+        self._logged, self._logged_step = running, point.step
+        # the rate counts only the samples this run trained, not those carried from a checkpoint
+        rates = self.meter.measure(point.step, running[1] - self._measured, at=point.ended_at)
+        self._measured = running[1]
         report = StepReport(
             step=point.step, total_steps=self.total_steps, epoch=point.epoch + 1, epochs=self.epochs, loss=loss,
             samples=int(samples), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
@@ -223,6 +232,23 @@ class Reporter:
         if self._epoch_ends:
             self._pending = self._reduce()
             self.finish()
+
+    def state_dict(self, step: int) -> dict[str, tuple[float, float]]:
+        """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
+        last logging point and at the last epoch end. A collective, except at a logging point,
+        where the sums are already known (the same on every rank: they step in lockstep)."""
+        self.settle()
+        now = self._logged if step == self._logged_step else self._running(self.totals.compute())
+        return {"running": now, "logged": self._logged, "epoch_logged": self._epoch_logged}
+
+    def load_state_dict(self, state: dict[str, tuple[float, float]]) -> None:
+        self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
+        self._measured = self._carried[1]
+
+    def _running(self, totals: dict[str, float]) -> tuple[float, float]:
+        """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
+        loss_sum, samples = running_sums(totals)
+        return self._carried[0] + loss_sum, self._carried[1] + samples
 
     def close(self) -> None:
         """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
@@ -273,6 +299,8 @@ def main() -> None:
     total_steps = args.epochs * math.ceil(micro_batches_per_epoch / args.accumulate)
     reporter = Reporter(args, context, total_steps, step)
     if latest is not None:
+        if "reporter" in latest.state:
+            reporter.load_state_dict(latest.state["reporter"])
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
@@ -308,10 +336,10 @@ def main() -> None:
                 reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
-                reporter.settle()  # a checkpoint at step S: every logged step and epoch to S is shown
+                reporting = reporter.state_dict(step)  # settles: every logged step and epoch to S is shown
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                         "sampler": loader.state_dict(), "precision": precision.state_dict(),
-                                        "compression": compression_of(model).state_dict()})  # fmt: skip
+                                        "compression": compression_of(model).state_dict(), "reporter": reporting})  # fmt: skip
             if preempted:
                 reporter.settle()  # without --checkpoint-dir too: every logged step before the notice
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
