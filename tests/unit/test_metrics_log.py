@@ -74,14 +74,30 @@ def test_tensorboard_missing_is_a_notice_and_the_jsonl_goes_on(tmp_path, monkeyp
     assert "HINT: pip install tensorboard" in err
 
 
-def test_tensorboard_events_when_installed(tmp_path):
+def tensorboard_scalars(directory, tag: str) -> list[tuple[int, float]]:
+    # the test extra installs tensorboard; a user's environment may not have it
     pytest.importorskip("tensorboard", reason="the tensorboard package is not installed here")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return [(event.step, round(event.value, 3)) for event in events.Scalars(tag)]
+
+
+def test_tensorboard_events_when_installed(tmp_path):
     log = MetricsLog(tensorboard=tmp_path / "tb")
     for step in (10, 20):
         log.write({"step": step, "loss": 1.0 / step, "samples_per_second": 100.0, "world_size": 2})
     log.close()
-    events = EventAccumulator(str(tmp_path / "tb"))
-    events.Reload()
-    assert [(e.step, round(e.value, 3)) for e in events.Scalars("loss")] == [(10, 0.1), (20, 0.05)]
+    assert tensorboard_scalars(tmp_path / "tb", "loss") == [(10, 0.1), (20, 0.05)]
+
+
+def test_a_resume_hides_the_tensorboard_events_it_logs_again(tmp_path):
+    first = MetricsLog(tensorboard=tmp_path / "tb")
+    for step in (10, 20, 30):
+        first.write({"step": step, "loss": 1.0 / step})
+    first.close()
+    resumed = MetricsLog(tensorboard=tmp_path / "tb", continue_from_step=20)  # the newest checkpoint was at step 20
+    resumed.write({"step": 30, "loss": 0.5})
+    resumed.close()
+    assert tensorboard_scalars(tmp_path / "tb", "loss") == [(10, 0.1), (20, 0.05), (30, 0.5)]
