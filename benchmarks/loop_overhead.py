@@ -16,6 +16,15 @@ step all-reduces), so rank 0's clock times the job. Reported: the median samples
 the ratio phalanx / plain (target: >= 0.97) and the median of the pair ratios (each phalanx run
 over the plain run next to it).
 
+Also reported: rank 0's process CPU time per optimizer step (all its threads: the stall
+watchdog's and gloo's too), per interval likewise: the work each loop does. It misses a cost that
+is only waiting (a lock, a later collective), which the wall time catches. It is not free of the
+machine's noise either: cache misses under a neighbour's load, and on a virtual machine time
+stolen by the host, count as CPU time (on the 2-core machine this was written on, its spread
+across runs was nearly the wall time's). The phalanx loop's records get the CPU time from a
+MetricsLog that stamps each one (--phalanx-worker below), one process_time() call per logging
+point.
+
 Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; short runs,
 so that the two runs of a pair are seconds apart: use many repeats; an interval is two 28-step
 epochs, so every interval holds the same per-epoch work) and synthetic (the tutorial's
@@ -35,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 from phalanx.console import format_table
 
@@ -54,32 +65,68 @@ def launch(*argv: str) -> list[str]:
     return [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", str(WORLD_SIZE), *argv]
 
 
-Intervals = list[tuple[float, float]]  # (samples, seconds) per --log-every steps, on rank 0
+class Interval(NamedTuple):
+    """--log-every optimizer steps on rank 0."""
+
+    samples: float  # global
+    seconds: float  # wall time
+    cpu_seconds: float  # rank 0's process CPU time
+
+
+Intervals = list[Interval]
 
 
 def steady_rate(intervals: Intervals) -> float:
     """samples/s of one run: the median over its intervals, the first (warm-up) left out."""
-    return statistics.median(samples / seconds for samples, seconds in intervals[1:])
+    return statistics.median(i.samples / i.seconds for i in intervals[1:])
 
 
 def mean_rate(intervals: Intervals) -> float:
     """samples/s of one run as all its samples over all its seconds, the first interval left out."""
-    return sum(samples for samples, _ in intervals[1:]) / sum(seconds for _, seconds in intervals[1:])
+    return sum(i.samples for i in intervals[1:]) / sum(i.seconds for i in intervals[1:])
+
+
+def cpu_ms_per_step(intervals: Intervals, samples_per_step: int) -> float:
+    """Rank 0's CPU milliseconds per optimizer step: the median over the intervals, the first left out."""
+    return statistics.median(i.cpu_seconds / (i.samples / samples_per_step) * 1e3 for i in intervals[1:])
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
 
 def run_phalanx(workload: list[str], folder: Path) -> Intervals:
     records = folder / "phalanx.jsonl"
-    subprocess.run(launch("--log-dir", str(folder / "logs"), str(TRAIN), *workload, "--metrics-jsonl", str(records)),
+    subprocess.run(launch("--log-dir", str(folder / "logs"), __file__, "--phalanx-worker", *workload, "--metrics-jsonl", str(records)),
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     lines = [json.loads(line) for line in records.read_text().splitlines()]
-    return [(r["samples"], r["samples"] / r["samples_per_second"]) for r in lines]
+    # the first interval's CPU time includes the start-up: it is the warm-up, left out
+    cpu_before = [0.0] + [r["process_cpu_s"] for r in lines[:-1]]
+    return [Interval(r["samples"], r["samples"] / r["samples_per_second"], r["process_cpu_s"] - before)
+            for r, before in zip(lines, cpu_before)]  # fmt: skip
 
 
 def run_plain(workload: list[str], folder: Path) -> Intervals:
     out = folder / "plain.json"
     subprocess.run(launch("--log-dir", str(folder / "logs"), __file__, "--plain-worker", str(out), *workload),
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return [tuple(interval) for interval in json.loads(out.read_text())]
+    return [Interval(*interval) for interval in json.loads(out.read_text())]
+
+
+def phalanx_worker(train_args: list[str]) -> None:
+    """examples/train.py itself, its metrics records stamped with rank 0's process CPU time."""
+    import phalanx
+
+    class CpuStampedLog(phalanx.MetricsLog):
+        def write(self, record: dict[str, object]) -> None:
+            super().write({**record, "process_cpu_s": time.process_time()})
+
+    phalanx.MetricsLog = CpuStampedLog  # train.py takes it from the package when it makes its log
+    sys.argv = [str(TRAIN), *train_args]
+    load_example().main()
 
 
 def plain_worker(out: Path, train_args: list[str]) -> None:
@@ -91,9 +138,7 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example()
     sys.argv = [str(TRAIN), *train_args]
     args = example.parse_args()  # the same settings train.py would run with
 
@@ -106,7 +151,7 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     intervals, step, samples = [], 0, 0
-    mark = time.perf_counter()
+    mark, cpu_mark = time.perf_counter(), time.process_time()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
@@ -116,9 +161,9 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
             step += 1
             samples += len(labels) * world  # the workloads divide evenly: no padding
             if step % args.log_every == 0:
-                now = time.perf_counter()
-                intervals.append((samples, now - mark))
-                mark, samples = now, 0
+                now, cpu_now = time.perf_counter(), time.process_time()
+                intervals.append((samples, now - mark, cpu_now - cpu_mark))
+                mark, cpu_mark, samples = now, cpu_now, 0
     if rank == 0:
         out.write_text(json.dumps(intervals))
     del model
@@ -128,8 +173,10 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
 
 def measure(name: str, repeats: int) -> dict[str, object]:
     workload = WORKLOADS[name]
+    per_step = int(workload[workload.index("--batch-size") + 1]) * WORLD_SIZE  # samples per optimizer step
     rates: dict[str, list[float]] = {"plain": [], "phalanx": []}  # a run's median interval rate
     means: dict[str, list[float]] = {"plain": [], "phalanx": []}
+    cpu: dict[str, list[float]] = {"plain": [], "phalanx": []}  # a run's median CPU ms per step
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         run_plain(workload, folder)  # warms the file cache and the dataset load, not counted
@@ -141,11 +188,13 @@ def measure(name: str, repeats: int) -> dict[str, object]:
             for loop, run in (("plain", runs[run_plain]), ("phalanx", runs[run_phalanx])):
                 rates[loop].append(steady_rate(run))
                 means[loop].append(mean_rate(run))
+                cpu[loop].append(cpu_ms_per_step(run, per_step))
     medians = {loop: statistics.median(runs) for loop, runs in rates.items()}
     spread = {loop: (max(runs) - min(runs)) / statistics.median(runs) for loop, runs in rates.items()}
     # Each phalanx run against the plain run next to it: the two saw the same machine state.
     pairs = [mine / plain for mine, plain in zip(rates["phalanx"], rates["plain"])]
-    per_step = int(workload[workload.index("--batch-size") + 1]) * WORLD_SIZE  # samples per optimizer step
+    cpu_medians = {loop: statistics.median(runs) for loop, runs in cpu.items()}
+    cpu_pairs = [mine / plain for mine, plain in zip(cpu["phalanx"], cpu["plain"])]
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in medians.items()}
     return {
         "workload": name, "train_args": workload, "world_size": WORLD_SIZE, "repeats": repeats,
@@ -154,12 +203,19 @@ def measure(name: str, repeats: int) -> dict[str, object]:
         "ratio_of_mean_rates": statistics.median(means["phalanx"]) / statistics.median(means["plain"]),
         "ratio": medians["phalanx"] / medians["plain"], "pair_ratios": pairs, "median_pair_ratio": statistics.median(pairs),
         "step_ms": step_ms, "extra_us_per_step": (step_ms["phalanx"] - step_ms["plain"]) * 1e3,
+        "cpu_ms_per_step": cpu, "median_cpu_ms_per_step": cpu_medians,
+        "cpu_ratio": cpu_medians["phalanx"] / cpu_medians["plain"], "cpu_pair_ratios": cpu_pairs,
+        "median_cpu_pair_ratio": statistics.median(cpu_pairs),
+        "cpu_spread_of_runs": {loop: (max(runs) - min(runs)) / statistics.median(runs) for loop, runs in cpu.items()},
     }  # fmt: skip
 
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--plain-worker":
         plain_worker(Path(sys.argv[2]), sys.argv[3:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--phalanx-worker":
+        phalanx_worker(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -183,6 +239,17 @@ def main() -> None:
     print("samples / total seconds, which a burst of load on a shared machine moves more.")
     print("pair ratio: each phalanx run over the plain run next to it; spread: (max - min) / median of a loop's")
     print("runs. A spread wider than the 3% margin means the machine's noise is larger than what is measured.")
+    cpu_rows = [
+        (r["workload"], f"{r['median_cpu_ms_per_step']['plain']:.3f}", f"{r['median_cpu_ms_per_step']['phalanx']:.3f}",
+         f"{r['cpu_ratio']:.3f}", f"{r['median_cpu_pair_ratio']:.3f} ({min(r['cpu_pair_ratios']):.2f}-{max(r['cpu_pair_ratios']):.2f})",
+         f"{r['cpu_spread_of_runs']['plain']:.0%} / {r['cpu_spread_of_runs']['phalanx']:.0%}")
+        for r in results
+    ]  # fmt: skip
+    print()
+    print(format_table(("workload", "CPU ms/step plain", "CPU ms/step phalanx", "ratio phalanx / plain", "pair ratio (range)",
+                        "spread plain / phalanx"), cpu_rows, indent=""))  # fmt: skip
+    print("rank 0's process CPU time per optimizer step (all threads), the median of a run's intervals: the work each")
+    print("loop does (a ratio above 1: phalanx's extra work). A neighbour's load moves it too; read it with the spread.")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1))
 
