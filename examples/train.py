@@ -165,9 +165,9 @@ class Reporter:
     same collective: on a small model with short epochs, a collective per epoch was a measurable
     share of the step time.
 
-    A checkpoint carries the global running sums (:meth:`state_dict`), so that a resumed run's
-    first report and epoch line cover the same steps, with the same loss, as an uninterrupted
-    run's, also after a stop between two logging points.
+    A checkpoint carries the global running sums (:meth:`checkpoint_state`), so that a resumed
+    run's first report and epoch line cover the same steps, with the same loss, as an
+    uninterrupted run's, also after a stop between two logging points.
     """
 
     def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
@@ -175,7 +175,7 @@ class Reporter:
         self.totals = phalanx.GlobalMean(context, "loss")
         self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
         self._logged_step: int | None = None
-        self._carried = (0.0, 0.0)  # the running sums of the run resumed from, when it stopped
+        self._carried: tuple[float, float] | None = None  # the running sums of the run resumed from, when it stopped
         self._measured = 0.0  # the running sample count at the meter's last reading
         self._pending: LoggingPoint | None = None
         self._epoch_ends: list[EpochEnd] = []
@@ -207,7 +207,9 @@ class Reporter:
             running = self._running(totals)
             epoch_loss, _ = mean_between(self._epoch_logged, running)
             self._epoch_logged = running
-            note = f" (resumed at sample {end.first_sample})" if end.first_sample else ""
+            # A checkpoint without the sums (an older one): the loss covers only the resumed part.
+            resumed_without_sums = end.first_sample and self._carried is None
+            note = f" (resumed at sample {end.first_sample}; the loss covers the samples from there)" if resumed_without_sums else ""
             self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}{note}")
         if point.step is None:
             return
@@ -228,27 +230,37 @@ class Reporter:
     def settle(self) -> None:
         """Shows everything up to now, before a checkpoint or a stop: the logging point in flight,
         then the epochs ended since (a collective of their own, on every rank alike)."""
+        self._settle(reduce_totals=False)
+
+    def _settle(self, reduce_totals: bool) -> tuple[float, float] | None:
+        """:meth:`settle`; with ``reduce_totals`` always a collective. The running sums now, when reduced."""
         self.finish()
-        if self._epoch_ends:
-            self._pending = self._reduce()
-            self.finish()
+        if not (self._epoch_ends or reduce_totals):
+            return None
+        point = self._pending = self._reduce()
+        self.finish()
+        return self._running(point.totals.result())
 
-    def state_dict(self, step: int) -> dict[str, tuple[float, float]]:
+    def checkpoint_state(self, step: int) -> dict[str, tuple[float, float]]:
         """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
-        last logging point and at the last epoch end. A collective, except at a logging point,
-        where the sums are already known (the same on every rank: they step in lockstep)."""
-        self.settle()
-        now = self._logged if step == self._logged_step else self._running(self.totals.compute())
-        return {"running": now, "logged": self._logged, "epoch_logged": self._epoch_logged}
+        last logging point and at the last epoch end. One collective (the settling's, when epoch
+        ends wait), none at a logging point, whose sums are known: the same on every rank, which
+        step in lockstep."""
+        self.finish()
+        now = self._settle(reduce_totals=step != self._logged_step)
+        return {"running": self._logged if now is None else now, "logged": self._logged, "epoch_logged": self._epoch_logged}
 
-    def load_state_dict(self, state: dict[str, tuple[float, float]]) -> None:
+    def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
+        """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
+        steps since the last ones before the checkpoint."""
         self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
         self._measured = self._carried[1]
 
     def _running(self, totals: dict[str, float]) -> tuple[float, float]:
         """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
         loss_sum, samples = running_sums(totals)
-        return self._carried[0] + loss_sum, self._carried[1] + samples
+        carried_loss, carried_samples = self._carried or (0.0, 0.0)
+        return carried_loss + loss_sum, carried_samples + samples
 
     def close(self) -> None:
         """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
@@ -300,7 +312,7 @@ def main() -> None:
     reporter = Reporter(args, context, total_steps, step)
     if latest is not None:
         if "reporter" in latest.state:
-            reporter.load_state_dict(latest.state["reporter"])
+            reporter.load_checkpoint_state(latest.state["reporter"])
         reporter.progress.write(f"resumed from step {step} ({latest.path})")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
@@ -336,10 +348,10 @@ def main() -> None:
                 reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
-                reporting = reporter.state_dict(step)  # settles: every logged step and epoch to S is shown
+                reporter_state = reporter.checkpoint_state(step)  # settles: every logged step and epoch to here is shown
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                         "sampler": loader.state_dict(), "precision": precision.state_dict(),
-                                        "compression": compression_of(model).state_dict(), "reporter": reporting})  # fmt: skip
+                                        "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
             if preempted:
                 reporter.settle()  # without --checkpoint-dir too: every logged step before the notice
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import phalanx
+from phalanx.runtime.progress import StepMeter
 from tests.conftest import EXAMPLES
 
 
@@ -95,7 +96,8 @@ def test_settle_shows_the_epochs_ended_since_the_last_point_without_logging_a_st
     reporter.end_epoch(epoch=0, step=3, first_sample=8)
     reporter.settle()
     out = shown(reporter)
-    assert "epoch 1/3  step 3  loss 4.6667 (resumed at sample 8)" in out  # (1 + 3 + 10) / 3 over its 12 samples
+    # (1 + 3 + 10) / 3 over its 12 samples; no sums were carried from a checkpoint, so the note
+    assert "epoch 1/3  step 3  loss 4.6667 (resumed at sample 8; the loss covers the samples from there)" in out
     assert [r["step"] for r in records(tmp_path / "m.jsonl")] == [2]  # the metrics file has the logged steps only
     reporter.settle()
     assert shown(reporter) == ""  # nothing waits any more
@@ -106,48 +108,94 @@ def test_settle_shows_the_epochs_ended_since_the_last_point_without_logging_a_st
 
 
 def train_steps(reporter, first: int, last: int, losses: dict[int, float]) -> None:
-    """Steps first..last of a run that logs every 2 steps (and at step 9) with 3-step epochs."""
+    """Steps first..last of a run that logs every 2 steps (and at step 9) with 3-step epochs;
+    ``step`` samples at step ``step``, so that the weights matter."""
     for step in range(first, last + 1):
         reporter.finish()
-        add_steps(reporter, [losses[step]], samples=step)  # samples vary, so the weights matter
+        add_steps(reporter, [losses[step]], samples=step)
         if step % 3 == 0:
-            reporter.end_epoch(epoch=step // 3 - 1, step=step, first_sample=0)
+            began = step - 2
+            # where the epoch began on this rank: not 0 when this run started in its middle
+            first_sample = sum(range(began, first)) if first > began else 0
+            reporter.end_epoch(epoch=step // 3 - 1, step=step, first_sample=first_sample)
         if step % 2 == 0 or step == 9:
             reporter.start(step=step, epoch=(step - 1) // 3, grad_norm=None)
+
+
+LOSSES = {step: float(step * step % 7) for step in range(1, 10)}
+
+
+def stop_and_resume(new_reporter, stop: int, clock=None):
+    """Trains to ``stop``, takes the checkpoint state there (through torch.save and a
+    weights_only load, as CheckpointManager stores it) and resumes from it to step 9."""
+    stopped = new_reporter(name="resumed.jsonl")
+    train_steps(stopped, 1, stop, LOSSES)
+    saved = io.BytesIO()
+    torch.save(stopped.checkpoint_state(stop), saved)
+    before_the_stop = shown(stopped)
+    train_steps(stopped, stop + 1, stop + 1, LOSSES)  # logged again by the resumed run: dropped from the file
+    stopped.close()
+    resumed = new_reporter(step=stop, name="resumed.jsonl")
+    if clock is not None:
+        resumed.meter = StepMeter(9, start_step=stop, clock=clock)
+    saved.seek(0)
+    resumed.load_checkpoint_state(torch.load(saved, weights_only=True))
+    train_steps(resumed, stop + 1, 9, LOSSES)
+    resumed.close()
+    return before_the_stop + shown(resumed)
 
 
 @pytest.mark.parametrize("stop", [4, 5])  # at a logging step, between two
 def test_a_run_resumed_from_a_checkpoint_reports_what_an_uninterrupted_run_reports(new_reporter, tmp_path, stop):
     """The first report and epoch line after the resume cover the steps before the stop too."""
-    losses = {step: float(step * step % 7) for step in range(1, 10)}
     uninterrupted = new_reporter(name="uninterrupted.jsonl")
-    train_steps(uninterrupted, 1, 9, losses)
+    train_steps(uninterrupted, 1, 9, LOSSES)
     uninterrupted.close()
-
-    stopped = new_reporter(name="resumed.jsonl")
-    train_steps(stopped, 1, stop, losses)
-    state = stopped.state_dict(stop)
-    before_the_stop = shown(stopped)
-    train_steps(stopped, stop + 1, stop + 1, losses)  # logged again by the resumed run: dropped from the file
-    stopped.close()
-    resumed = new_reporter(step=stop, name="resumed.jsonl")
-    resumed.load_state_dict(state)
-    train_steps(resumed, stop + 1, 9, losses)
-    resumed.close()
+    console = stop_and_resume(new_reporter, stop)
 
     expected, got = records(tmp_path / "uninterrupted.jsonl"), records(tmp_path / "resumed.jsonl")
     assert [(r["step"], r["samples"]) for r in got] == [(r["step"], r["samples"]) for r in expected]
     assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-12)
-    epoch_line = re.compile(r"epoch \d/3  step \d  loss \S+")
-    assert epoch_line.findall(before_the_stop + shown(resumed)) == epoch_line.findall(shown(uninterrupted))
+    epoch_line = re.compile(r"epoch \d/3  step \d  loss .*")  # the whole line: no "resumed" note either
+    assert epoch_line.findall(console) == epoch_line.findall(shown(uninterrupted))
+
+
+def test_the_first_rate_after_a_resume_counts_only_the_samples_trained_since(new_reporter, tmp_path):
+    """Stopped at step 5, between the logging points 4 and 6: the report at step 6 covers steps 5
+    and 6 (11 samples), but the resumed run trained only step 6 (6 samples) in its first second."""
+    ticks = iter(range(100))
+    stop_and_resume(new_reporter, stop=5, clock=lambda: float(next(ticks)))  # a second per reading
+    first = next(r for r in records(tmp_path / "resumed.jsonl") if r["step"] == 6)
+    assert (first["samples"], first["samples_per_second"]) == (11, 6.0)
+
+
+def count_collectives(reporter, monkeypatch) -> list[int]:
+    calls = []
+    compute_async = reporter.totals.compute_async
+
+    def counted(*snapshots):
+        calls.append(len(snapshots))
+        return compute_async(*snapshots)
+
+    monkeypatch.setattr(reporter.totals, "compute_async", counted)
+    return calls
 
 
 def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):
     add_steps(reporter, [1.0, 3.0])
     reporter.start(step=2, epoch=0, grad_norm=None)
+    calls = count_collectives(reporter, monkeypatch)
+    assert reporter.checkpoint_state(2) == {"running": (16.0, 8.0), "logged": (16.0, 8.0), "epoch_logged": (0.0, 0.0)}
+    assert calls == []  # the sums at a logging point are known: no all-reduce
 
-    def no_collective():
-        raise AssertionError("the sums at a logging point are known: no all-reduce is needed")
 
-    monkeypatch.setattr(reporter.totals, "compute", no_collective)
-    assert reporter.state_dict(2) == {"running": (16.0, 8.0), "logged": (16.0, 8.0), "epoch_logged": (0.0, 0.0)}
+def test_the_state_between_logging_steps_takes_one_collective_with_the_epoch_ends(reporter, monkeypatch):
+    add_steps(reporter, [1.0, 3.0])
+    reporter.start(step=2, epoch=0, grad_norm=None)
+    add_steps(reporter, [5.0])
+    reporter.end_epoch(epoch=0, step=3, first_sample=0)
+    calls = count_collectives(reporter, monkeypatch)
+    state = reporter.checkpoint_state(3)
+    assert calls == [1]  # the epoch end and the sums now, in one all-reduce
+    assert "epoch 1/3  step 3  loss 3.0000" in shown(reporter)
+    assert state == {"running": (36.0, 12.0), "logged": (16.0, 8.0), "epoch_logged": (36.0, 12.0)}
