@@ -92,6 +92,16 @@ def test_tensorboard_events_when_installed(tmp_path):
     assert tensorboard_scalars(tmp_path / "tb", "loss") == [(10, 0.1), (20, 0.05)]
 
 
+def test_a_fresh_run_hides_an_earlier_runs_tensorboard_events(tmp_path):
+    earlier = MetricsLog(tensorboard=tmp_path / "tb")
+    earlier.write({"step": 10, "loss": 1.0})
+    earlier.close()
+    fresh = MetricsLog(tensorboard=tmp_path / "tb")
+    fresh.write({"step": 20, "loss": 0.5})
+    fresh.close()
+    assert tensorboard_scalars(tmp_path / "tb", "loss") == [(20, 0.5)]
+
+
 def test_a_resume_hides_the_tensorboard_events_it_logs_again(tmp_path):
     first = MetricsLog(tensorboard=tmp_path / "tb")
     for step in (10, 20, 30):

@@ -67,8 +67,10 @@ class TensorBoardMetrics:
     def __init__(self, directory: str | Path, continue_from_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter  # ImportError without the tensorboard package
 
-        # purge_step: TensorBoard hides the events after it that an interrupted run left.
-        self._writer = SummaryWriter(str(directory), purge_step=continue_from_step + 1 if continue_from_step else None)
+        # purge_step: TensorBoard hides the events after it that an earlier run left in the
+        # directory: all of them for a fresh run (as the JSONL file starts over), those after the
+        # checkpoint for a resumed one (logged again).
+        self._writer = SummaryWriter(str(directory), purge_step=continue_from_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
