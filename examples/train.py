@@ -3,7 +3,9 @@
 Trains a small MLP on scikit-learn's handwritten digits (1797 images of 8x8, shipped inside the
 package: nothing is downloaded), or on the tutorial's synthetic images. Run it with plain
 ``python`` (1 process), ``phalanx run`` or torchrun; with --checkpoint-dir it resumes exactly
-where it stopped, also after torchrun restarted the workers (``--max-restarts``).
+where it stopped, also after torchrun restarted the workers (``--max-restarts``). A finished run
+leaves a checkpoint of its last step: the same command again trains nothing, and a larger
+--epochs continues from there.
 
     phalanx run --nproc-per-node 2 examples/train.py --epochs 5 --checkpoint-dir ckpt
 
@@ -55,13 +57,16 @@ def positive(kind: type, *, or_zero: bool = False) -> Callable[[str], int | floa
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
-    parser.add_argument("--samples", type=int, default=None, help="use the first N samples (default: all)")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32, help="per process, as in the tutorial")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--samples", type=positive(int), default=None, help="use the first N samples (default: all)")
+    parser.add_argument("--epochs", type=positive(int), default=5)
+    parser.add_argument("--batch-size", type=positive(int), default=32, help="per process, as in the tutorial")
+    parser.add_argument("--lr", type=positive(float, or_zero=True), default=0.05)
     parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None)
-    parser.add_argument("--checkpoint-every", type=int, default=50, metavar="STEPS")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None,
+                        help="save checkpoints here and resume from the newest valid one on start")
+    parser.add_argument("--checkpoint-every", type=positive(int), default=50, metavar="STEPS",
+                        help="with --checkpoint-dir: a checkpoint every STEPS optimizer steps, at a preemption and "
+                             "at the end (default 50)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=positive(int, or_zero=True), default=0, metavar="N",
                         help="DataLoader worker processes per rank (default 0); a resume stays exact with any number")
@@ -79,7 +84,8 @@ def parse_args() -> argparse.Namespace:
                              "a fresh run starts it over")
     parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
                         help="also write the logged metrics as TensorBoard events (needs the tensorboard package)")
-    parser.add_argument("--metrics-json", type=Path, default=None, help="rank 0 writes the final metrics here")
+    parser.add_argument("--metrics-json", type=Path, default=None,
+                        help="rank 0 writes the final metrics here (samples_per_second: null when the run trained no step)")
     parser.add_argument("--save-model", type=Path, default=None, help="rank 0 saves the final state_dict here")
     return parser.parse_args()
 
@@ -313,7 +319,8 @@ def main() -> None:
     if latest is not None:
         if "reporter" in latest.state:
             reporter.load_checkpoint_state(latest.state["reporter"])
-        reporter.progress.write(f"resumed from step {step} ({latest.path})")
+        done = "; the training had finished, nothing is left to train" if step >= total_steps else ""
+        reporter.progress.write(f"resumed from step {step} ({latest.path}){done}")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
     started, trained = time.perf_counter(), 0
     while loader.resume_point[0] < args.epochs:
@@ -347,7 +354,7 @@ def main() -> None:
             if step % args.log_every == 0 or step == total_steps:
                 reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
-            if checkpoints and (preempted or step % args.checkpoint_every == 0):
+            if checkpoints and (preempted or step % args.checkpoint_every == 0 or step == total_steps):
                 reporter_state = reporter.checkpoint_state(step)  # settles: every logged step and epoch to here is shown
                 checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                         "sampler": loader.state_dict(), "precision": precision.state_dict(),
@@ -368,12 +375,14 @@ def main() -> None:
     if context.is_distributed:
         torch.distributed.all_reduce(throughput)  # every rank's samples/s add up
     if context.is_main:
+        rate = None if step == resumed_from else throughput.item()  # None: this run trained no step
         metrics = {
             "world_size": context.world_size, "steps": step, "final_loss": final["loss"],
-            "accuracy": final["accuracy"], "samples_per_second": throughput.item(),
+            "accuracy": final["accuracy"], "samples_per_second": rate,
             "resumed_from_step": resumed_from, "params_sha256": parameters_sha256(model),
         }  # fmt: skip
-        print(f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.3f}  {throughput.item():.0f} samples/s")
+        trained_at = "no step trained in this run" if rate is None else f"{rate:.0f} samples/s"
+        print(f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.3f}  {trained_at}")
         if args.metrics_json:
             args.metrics_json.write_text(json.dumps(metrics, indent=1))
         if args.save_model:

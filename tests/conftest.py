@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -81,6 +82,15 @@ def phalanx(workdir: Path):
         return run_command(phalanx_argv(*args), timeout=timeout, cwd=workdir, env=env)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def train_example():
+    """examples/train.py as a module (it is a script, not in a package): its Reporter, its parser."""
+    spec = importlib.util.spec_from_file_location("train_example", EXAMPLES / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_script(folder: Path, name: str, text: str) -> Path:

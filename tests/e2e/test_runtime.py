@@ -230,6 +230,23 @@ def test_an_epoch_that_ended_after_the_last_logging_point_is_shown_before_the_ch
     assert re.search(r"epoch 1/20  step 57  loss \d+\.\d+", shown), shown
 
 
+def test_a_finished_run_can_be_run_again_for_nothing_or_continued_with_more_epochs(workdir):
+    """The last step is checkpointed: the same command trains no step again, and a larger
+    --epochs continues from there to the parameters of a run that had that many from the start."""
+    ck = ("--checkpoint-dir", str(workdir / "ck"))
+    first = train(workdir, "first", "--epochs", "2", *ck)
+    assert (workdir / "ck" / f"step-{first['steps']:09d}.pt").exists()
+    again = train(workdir, "again", "--epochs", "2", *ck)
+    assert "the training had finished, nothing is left to train" in again["output"], again["output"]
+    assert "no step trained in this run" in again["output"]
+    assert (again["resumed_from_step"], again["steps"], again["samples_per_second"]) == (first["steps"], first["steps"], None)
+    assert again["params_sha256"] == first["params_sha256"]
+    longer = train(workdir, "longer", "--epochs", "3", *ck)
+    from_the_start = train(workdir, "from_the_start", "--epochs", "3")
+    assert longer["resumed_from_step"] == first["steps"] and longer["steps"] == from_the_start["steps"]
+    assert longer["params_sha256"] == from_the_start["params_sha256"]
+
+
 def epoch_lines(output: str) -> list[tuple[int, int, str, str]]:
     """(epoch, step, loss as printed, the rest of the line: a note) of each epoch line."""
     pattern = r"epoch (\d+)/\d+  step (\d+)  loss (\S+)(.*)"

@@ -7,7 +7,6 @@ The all-reduce of a logging point and of the epoch ends riding on it runs in the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import re
@@ -17,15 +16,6 @@ import torch
 
 import phalanx
 from phalanx.runtime.progress import StepMeter
-from tests.conftest import EXAMPLES
-
-
-@pytest.fixture(scope="module")
-def train():
-    spec = importlib.util.spec_from_file_location("train_example", EXAMPLES / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -36,13 +26,13 @@ def context():
 
 
 @pytest.fixture
-def new_reporter(train, context, tmp_path):
+def new_reporter(train_example, context, tmp_path):
     """Reporters of a run of 9 steps in 3 epochs, from ``step`` on, with the metrics file in ``name``."""
     made = []
 
     def make(step: int = 0, name: str = "m.jsonl"):
         args = argparse.Namespace(epochs=3, metrics_jsonl=tmp_path / name, tensorboard=None)
-        reporter = train.Reporter(args, context, total_steps=9, step=step)
+        reporter = train_example.Reporter(args, context, total_steps=9, step=step)
         reporter.progress = phalanx.ProgressReporter(9, stream=io.StringIO())  # plain lines, as in a log
         made.append(reporter)
         return reporter
