@@ -58,7 +58,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
     parser.add_argument("--samples", type=positive(int), default=None, help="use the first N samples (default: all)")
-    parser.add_argument("--epochs", type=positive(int), default=5)
+    parser.add_argument("--epochs", type=positive(int, or_zero=True), default=5,
+                        help="default 5; 0 trains nothing: with --save-model, the initial parameters")
     parser.add_argument("--batch-size", type=positive(int), default=32, help="per process, as in the tutorial")
     parser.add_argument("--lr", type=positive(float, or_zero=True), default=0.05)
     parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
@@ -375,7 +376,7 @@ def main() -> None:
     if context.is_distributed:
         torch.distributed.all_reduce(throughput)  # every rank's samples/s add up
     if context.is_main:
-        rate = None if step == resumed_from else throughput.item()  # None: this run trained no step
+        rate = None if step == (resumed_from or 0) else throughput.item()  # None: this run trained no step
         metrics = {
             "world_size": context.world_size, "steps": step, "final_loss": final["loss"],
             "accuracy": final["accuracy"], "samples_per_second": rate,

@@ -10,7 +10,7 @@ import pytest
     ("flag", "value", "expected"),
     [
         ("--checkpoint-every", "0", "0 is not a positive number"),  # was a ZeroDivisionError at the first step
-        ("--epochs", "-1", "-1 is not a positive number"),
+        ("--epochs", "-1", "-1 is not zero or a positive number"),  # 0: the initial parameters
         ("--batch-size", "0", "0 is not a positive number"),
         ("--samples", "0", "0 is not a positive number"),
         ("--lr", "-0.1", "-0.1 is not zero or a positive number"),
