@@ -73,6 +73,7 @@ def test_more_processes_with_smaller_batches_give_the_same_model_and_the_same_gl
     assert all(r["samples_per_second"] > 0 and r["step_time_s"] > 0 and r["eta_s"] >= 0 for r in many)
     assert many[-1]["eta_s"] == 0
     assert "step 112/112 (100%)" in multi["output"]  # the progress line, plain in a log
+    assert "stall watchdog is off" not in multi["output"]
     epochs, reference_epochs = epoch_lines(multi["output"]), epoch_lines(single_process[1]["output"])
     assert [line[:2] for line in epochs] == [line[:2] for line in reference_epochs] == [(1, 56), (2, 112)]
     for (_, _, mine, _), (_, _, reference, _) in zip(epochs, reference_epochs):  # the epoch's global loss, as printed
@@ -296,9 +297,19 @@ def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     assert result.seconds < timeout + 30 + 20  # + the launch itself on this 2-core machine
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
     assert "exited with code 4" in cause  # ExitCode.STALLED, from the watchdog of a waiting rank
-    assert "in collective #3 (gloo:all_reduce)" in cause
-    assert "stalled: rank 2 on node1: never called collective #3; last completed #2 (gloo:all_reduce, step 2)" in cause
+    assert "in collective #4 (gloo:all_reduce)" in cause  # #1 is phalanx.init's barrier
+    assert "stalled: rank 2 on node1: never called collective #4; last completed #3 (gloo:all_reduce, step 2)" in cause
     assert "not reached" not in result.stdout
+
+
+def test_a_watchdog_that_cannot_work_says_so_once_and_the_training_runs(workdir):
+    """With the flight recorder switched off the watchdog would never fire: phalanx.init says so
+    (rank 0 only: every rank finds the same), and the job trains on without it."""
+    result = run_command(phalanx_argv("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1"), timeout=120, cwd=workdir,
+                         env={"TORCH_FR_BUFFER_SIZE": "0"})  # fmt: skip
+    assert result.returncode == 0, result.output
+    assert result.output.count("phalanx: the stall watchdog is off: TORCH_FR_BUFFER_SIZE=0") == 1, result.output
+    assert "final: loss" in result.output
 
 
 def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir):

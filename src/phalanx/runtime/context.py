@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -20,6 +21,7 @@ from phalanx.runtime.watchdog import (
     FLIGHT_RECORDER_VARIABLE,
     StallWatchdog,
     stall_timeout_from_env,
+    watchdog_unavailable,
 )
 from phalanx.worker_env import WorkerEnv
 
@@ -110,6 +112,7 @@ def init(
     gloo without. ``timeout`` bounds how long the group may take to form, in seconds.
     ``stall_timeout`` (default PHALANX_STALL_TIMEOUT, else 300 s): a collective pending longer
     ends the job with a report that names the stalled ranks (:mod:`phalanx.runtime.watchdog`).
+    With more than one process it is a collective: every rank calls it (it ends with a barrier).
     """
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
@@ -125,8 +128,15 @@ def init(
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # read when the group is made
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
         owns_group = True
-        watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout)
-        watchdog.start()
+        # A first collective, on every rank: the flight recorder must show it, or the watchdog
+        # would never see a stall. (It also sets up NCCL's connections here, not at the first step.)
+        dist.barrier(device_ids=[device.index]) if backend == "nccl" else dist.barrier()
+        unavailable = watchdog_unavailable(timeout)
+        if unavailable is None:
+            watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout)
+            watchdog.start()
+        elif env.rank == 0:  # the same on every rank: said once
+            print(unavailable, file=sys.stderr, flush=True)
     context = DistributedContext(
         rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
         local_world_size=env.local_world_size, device=device, backend=backend, _owns_group=owns_group,

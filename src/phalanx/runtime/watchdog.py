@@ -77,6 +77,29 @@ def flight_recorder_progress(rank: int, node: str, step: int | None) -> Progress
     )  # fmt: skip
 
 
+def watchdog_unavailable(backend_timeout_s: float) -> str | None:
+    """Why the watchdog could never see a stall in this process, as a notice with a HINT; None when
+    it can. Call it after a collective: torch's flight recorder must show it."""
+    import torch
+
+    try:
+        issued = flight_recorder_progress(0, "", None).issued
+    except Exception as error:  # noqa: BLE001 - a torch without this flight recorder, or another format of it
+        problem = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})"
+        hint = "use a torch whose flight recorder records every backend (phalanx is tested with 2.13)"
+    else:
+        if issued:
+            return None
+        if os.environ.get(FLIGHT_RECORDER_VARIABLE, "").strip() == "0":
+            problem = f"{FLIGHT_RECORDER_VARIABLE}=0 switches off torch's flight recorder, which the watchdog reads"
+            hint = f"unset {FLIGHT_RECORDER_VARIABLE} (phalanx sets {FLIGHT_RECORDER_ENTRIES})"
+        else:
+            problem = f"torch {torch.__version__}'s flight recorder does not record this backend's collectives"
+            hint = "use a torch whose flight recorder records every backend (phalanx is tested with 2.13)"
+    return (f"phalanx: the stall watchdog is off: {problem}. A rank that stops holds the others until the "
+            f"backend's timeout ({backend_timeout_s:g} s), and no report names it.\nHINT: {hint}")  # fmt: skip
+
+
 def stall_timeout_from_env(value: float | None) -> float:
     if value is not None:
         return value

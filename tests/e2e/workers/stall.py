@@ -1,4 +1,4 @@
-"""Rank STALL_RANK sleeps before the third collective; the others wait in it."""
+"""Rank STALL_RANK sleeps before its third all-reduce (collective #4: phalanx.init's barrier is #1); the others wait in it."""
 
 import sys
 import time
