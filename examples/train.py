@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
     parser.add_argument("--samples", type=positive(int), default=None, help="use the first N samples (default: all)")
     parser.add_argument("--epochs", type=positive(int, or_zero=True), default=5,
-                        help="default 5; 0 trains nothing: with --save-model, the initial parameters")
+                        help="default 5; 0 trains nothing (with --save-model and no checkpoint: saves the initial parameters)")
     parser.add_argument("--batch-size", type=positive(int), default=32, help="per process, as in the tutorial")
     parser.add_argument("--lr", type=positive(float, or_zero=True), default=0.05)
     parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
@@ -320,10 +320,20 @@ def main() -> None:
     if latest is not None:
         if "reporter" in latest.state:
             reporter.load_checkpoint_state(latest.state["reporter"])
-        done = "; the training had finished, nothing is left to train" if step >= total_steps else ""
+        finished = loader.resume_point[0] >= args.epochs
+        done = "; the training had finished: nothing is left to train (a larger --epochs trains on)" if finished else ""
         reporter.progress.write(f"resumed from step {step} ({latest.path}){done}")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
-    started, trained = time.perf_counter(), 0
+
+    def save_checkpoint() -> int:
+        """A collective: every rank saves after the same step. Returns that step."""
+        reporter_state = reporter.checkpoint_state(step)  # settles: every logged step and epoch to here is shown
+        checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                                "sampler": loader.state_dict(), "precision": precision.state_dict(),
+                                "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
+        return step
+
+    started, trained, saved_step = time.perf_counter(), 0, step
     while loader.resume_point[0] < args.epochs:
         epoch, epoch_start = loader.resume_point  # (epoch, sample) where this pass starts
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
@@ -355,11 +365,8 @@ def main() -> None:
             if step % args.log_every == 0 or step == total_steps:
                 reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
-            if checkpoints and (preempted or step % args.checkpoint_every == 0 or step == total_steps):
-                reporter_state = reporter.checkpoint_state(step)  # settles: every logged step and epoch to here is shown
-                checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                                        "sampler": loader.state_dict(), "precision": precision.state_dict(),
-                                        "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
+            if checkpoints and (preempted or step % args.checkpoint_every == 0):
+                saved_step = save_checkpoint()
             if preempted:
                 reporter.settle()  # without --checkpoint-dir too: every logged step before the notice
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"
@@ -368,6 +375,8 @@ def main() -> None:
                 reporter.close()
                 context.close()
                 raise SystemExit(ExitCode.PREEMPTED)
+    if checkpoints and saved_step != step:  # the end too: the same command again trains nothing
+        save_checkpoint()
     reporter.close()
 
     elapsed = time.perf_counter() - started

@@ -238,7 +238,7 @@ def test_a_finished_run_can_be_run_again_for_nothing_or_continued_with_more_epoc
     first = train(workdir, "first", "--epochs", "2", *ck)
     assert (workdir / "ck" / f"step-{first['steps']:09d}.pt").exists()
     again = train(workdir, "again", "--epochs", "2", *ck)
-    assert "the training had finished, nothing is left to train" in again["output"], again["output"]
+    assert "the training had finished: nothing is left to train" in again["output"], again["output"]
     assert "no step trained in this run" in again["output"]
     assert (again["resumed_from_step"], again["steps"], again["samples_per_second"]) == (first["steps"], first["steps"], None)
     assert again["params_sha256"] == first["params_sha256"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import pickle
 import sys
 import time
 
@@ -19,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from phalanx.runtime.compression import GradientCompression, make_candidate  # noqa: E402
 from phalanx.runtime.context import DistributedContext  # noqa: E402
 from phalanx.runtime.model import bf16_supported  # noqa: E402
-from phalanx.runtime.watchdog import flight_recorder_progress  # noqa: E402
+from phalanx.runtime.watchdog import flight_recorder_progress, watchdog_unavailable  # noqa: E402
 
 device = torch.device("cuda", 0)
 torch.cuda.set_device(device)
@@ -52,11 +53,16 @@ for name in ("fp16", "bf16", "powersgd"):
     del ddp
 
 torch.cuda.synchronize()
+c10d = torch._C._distributed_c10d
+for dump in ("_dump_nccl_trace", "_dump_fr_trace"):  # which flight recorder holds NCCL's collectives
+    entries = pickle.loads(getattr(c10d, dump)(includeStackTraces=False)).get("entries", []) if hasattr(c10d, dump) else None
+    print(f"{dump}: {'absent' if entries is None else f'{len(entries)} entries'}")
+assert watchdog_unavailable("nccl", 300) is None, watchdog_unavailable("nccl", 300)
 deadline = time.monotonic() + 15
-progress = flight_recorder_progress(0, "gpu", None)
+progress = flight_recorder_progress(0, "gpu", None, "nccl")
 while progress.completed < progress.issued and time.monotonic() < deadline:  # NCCL's watchdog marks completion
     time.sleep(0.2)
-    progress = flight_recorder_progress(0, "gpu", None)
+    progress = flight_recorder_progress(0, "gpu", None, "nccl")
 print(f"flight recorder: issued {progress.issued}, completed {progress.completed} ({progress.last_completed_op}), "
       f"pending {progress.pending_op}")  # fmt: skip
 assert progress.issued >= 10 and progress.completed == progress.issued and progress.pending_op is None, progress

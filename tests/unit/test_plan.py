@@ -33,6 +33,14 @@ def test_single_node_uses_loopback_and_a_free_port(entry, tmp_path):
     assert node.env["GLOO_SOCKET_IFNAME"] == "lo" and node.env["OMP_NUM_THREADS"] == "1"
 
 
+def test_the_log_layout_is_named_only_where_torchrun_must_look_it_up(entry, tmp_path):
+    """The printed command names it by its entry point; the agent hands torchrun the object, so
+    phalanx run works from a source tree too, where no entry point is installed."""
+    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
+    assert "--logs-specs=phalanx" in torchrun_argv(node) and "--logs-specs=phalanx" in command_line(node)
+    assert not any(arg.startswith("--logs-specs") for arg in torchrun_argv(node, logs_specs_by_name=False))
+
+
 def test_simulated_nodes_get_distinct_addresses_and_one_host(entry, tmp_path):
     nodes = plan_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=3, nproc_per_node=2), run_dir=tmp_path)
     assert [n.is_host for n in nodes] == [True, False, False]

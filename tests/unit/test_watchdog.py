@@ -19,7 +19,7 @@ import torch.distributed as dist
 from phalanx.runtime.watchdog import watchdog_unavailable
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 dist.barrier()  # as phalanx.init does
-print(watchdog_unavailable(300) or "available")
+print(watchdog_unavailable("gloo", 300) or "available")
 dist.destroy_process_group()
 """
 
@@ -44,6 +44,7 @@ def test_a_flight_recorder_switched_off_is_named_with_a_hint(tmp_path):
 
 def test_a_torch_without_this_flight_recorder_is_named(monkeypatch):
     monkeypatch.delattr(torch._C._distributed_c10d, "_dump_fr_trace")
-    notice = watchdog_unavailable(300)
+    notice = watchdog_unavailable("gloo", 300)
     assert notice is not None and f"torch {torch.__version__} cannot show its flight recorder (AttributeError" in notice
-    assert "HINT: use a torch whose flight recorder records every backend" in notice
+    assert "HINT: use a torch whose flight recorder records gloo collectives" in notice
+

@@ -66,7 +66,7 @@ class NodeAgent:
 
         from phalanx.launch.logs import RankLogsSpecs
 
-        args = get_args_parser().parse_args(torchrun_argv(self.plan))
+        args = get_args_parser().parse_args(torchrun_argv(self.plan, logs_specs_by_name=False))  # set below
         config, entrypoint, entrypoint_args = config_from_args(args)
         logs = RankLogsSpecs(
             log_dir=self.plan.run_dir,

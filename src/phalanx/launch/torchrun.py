@@ -1,7 +1,8 @@
 """A node plan as torchrun's command line and environment.
 
 The argv built here is what the node agent hands to torch.distributed.run's own parser, and
-what ``--dry-run`` prints: the printed command is the command that runs.
+what ``--dry-run`` prints: the printed command is the command that runs (the agent hands its
+per-rank log layout to torchrun as an object instead of naming it by its entry point).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ from phalanx.launch.plan import NodePlan
 PREFIX_TEMPLATE_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
-def torchrun_argv(plan: NodePlan) -> list[str]:
+def torchrun_argv(plan: NodePlan, *, logs_specs_by_name: bool = True) -> list[str]:
+    """``logs_specs_by_name``: name phalanx's log layout by its entry point, as a printed torchrun
+    command must; torchrun looks it up among the installed packages' entry points, which a
+    phalanx run from a source tree (PYTHONPATH=src) has none of."""
     nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
     # torch reads join_timeout as a whole number of seconds
     rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={math.ceil(plan.join_timeout)}"
@@ -29,7 +33,7 @@ def torchrun_argv(plan: NodePlan) -> list[str]:
         f"--local-addr={plan.local_addr}",
         f"--max-restarts={plan.max_restarts}",
         f"--log-dir={plan.run_dir}",
-        "--logs-specs=phalanx",
+        *(["--logs-specs=phalanx"] if logs_specs_by_name else []),
         "--redirects=3",
         "--tee=3",
     ]

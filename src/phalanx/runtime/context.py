@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from phalanx.errors import SettingsRefused
 from phalanx.runtime.watchdog import (
     FLIGHT_RECORDER_ENTRIES,
     FLIGHT_RECORDER_VARIABLE,
@@ -78,7 +79,10 @@ class DistributedContext:
 
     def barrier(self) -> None:
         if self._owns_group:
-            dist.barrier()
+            if self.backend == "nccl":  # NCCL's barrier runs on a GPU: named, or torch guesses one and warns
+                dist.barrier(device_ids=[self.device.index])
+            else:
+                dist.barrier()
 
     def close(self) -> None:
         """Destroys the process group. Collecting first matters: a DDP model keeps the group
@@ -122,25 +126,29 @@ def init(
     else:
         device = torch.device("cpu")
     backend = backend or WorkerEnv.from_env(os.environ).backend or default_backend(device)
-    owns_group = False
-    watchdog = None
+    if backend == "nccl" and device.type != "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise SettingsRefused(
+            f"backend nccl for LOCAL_RANK {env.local_rank}, on a node with {gpus} GPU(s)",
+            "NCCL runs on GPUs, one per process: this process has none.",
+            "start at most as many processes per node as it has GPUs (--nproc-per-node), or use the gloo backend",
+        )
+    context = DistributedContext(
+        rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
+        local_world_size=env.local_world_size, device=device, backend=backend,
+    )  # fmt: skip
     if env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # read when the group is made
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
-        owns_group = True
+        context._owns_group = True
         # A first collective, on every rank: the flight recorder must show it, or the watchdog
         # would never see a stall. (It also sets up NCCL's connections here, not at the first step.)
-        dist.barrier(device_ids=[device.index]) if backend == "nccl" else dist.barrier()
-        unavailable = watchdog_unavailable(timeout)
+        context.barrier()
+        unavailable = watchdog_unavailable(backend, timeout)
         if unavailable is None:
-            watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout)
-            watchdog.start()
-        elif env.rank == 0:  # the same on every rank: said once
+            context._watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout, backend)
+            context._watchdog.start()
+        else:  # every rank that has none says so, in its own log (the console shows rank 0)
             print(unavailable, file=sys.stderr, flush=True)
-    context = DistributedContext(
-        rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
-        local_world_size=env.local_world_size, device=device, backend=backend, _owns_group=owns_group,
-        _watchdog=watchdog,
-    )  # fmt: skip
     atexit.register(context.close)
     return context

@@ -49,13 +49,20 @@ class Progress:
     step: int | None
 
 
-def flight_recorder_progress(rank: int, node: str, step: int | None) -> Progress:
+def _dump_flight_recorder(backend: str) -> bytes:
     import torch
 
+    c10d = torch._C._distributed_c10d
     # Without stack traces: symbolizing them imports torch._dynamo and torch._inductor in this
     # thread, which races the training thread's own import of them (DDP's constructor) and can
     # kill the rank with a partially-initialized-module ImportError. The report never reads them.
-    trace = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeStackTraces=False))
+    if backend == "nccl":  # NCCL's collectives go to a flight recorder of their own, with CUDA events
+        return c10d._dump_nccl_trace(includeStackTraces=False)
+    return c10d._dump_fr_trace(includeStackTraces=False)
+
+
+def flight_recorder_progress(rank: int, node: str, step: int | None, backend: str) -> Progress:
+    trace = pickle.loads(_dump_flight_recorder(backend))
     # One pass: this runs every poll while training holds the other share of the GIL.
     issued, last, pending = 0, None, None
     for entry in trace.get("entries", []):
@@ -77,16 +84,16 @@ def flight_recorder_progress(rank: int, node: str, step: int | None) -> Progress
     )  # fmt: skip
 
 
-def watchdog_unavailable(backend_timeout_s: float) -> str | None:
+def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
     """Why the watchdog could never see a stall in this process, as a notice with a HINT; None when
     it can. Call it after a collective: torch's flight recorder must show it."""
     import torch
 
+    other_torch = f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with 2.13)"
     try:
-        issued = flight_recorder_progress(0, "", None).issued
+        issued = flight_recorder_progress(0, "", None, backend).issued
     except Exception as error:  # noqa: BLE001 - a torch without this flight recorder, or another format of it
-        problem = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})"
-        hint = "use a torch whose flight recorder records every backend (phalanx is tested with 2.13)"
+        problem, hint = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})", other_torch
     else:
         if issued:
             return None
@@ -94,8 +101,7 @@ def watchdog_unavailable(backend_timeout_s: float) -> str | None:
             problem = f"{FLIGHT_RECORDER_VARIABLE}=0 switches off torch's flight recorder, which the watchdog reads"
             hint = f"unset {FLIGHT_RECORDER_VARIABLE} (phalanx sets {FLIGHT_RECORDER_ENTRIES})"
         else:
-            problem = f"torch {torch.__version__}'s flight recorder does not record this backend's collectives"
-            hint = "use a torch whose flight recorder records every backend (phalanx is tested with 2.13)"
+            problem, hint = f"torch {torch.__version__}'s flight recorder does not record {backend} collectives", other_torch
     return (f"phalanx: the stall watchdog is off: {problem}. A rank that stops holds the others until the "
             f"backend's timeout ({backend_timeout_s:g} s), and no report names it.\nHINT: {hint}")  # fmt: skip
 
@@ -142,8 +148,8 @@ def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, t
 
 
 class StallWatchdog:
-    def __init__(self, rank: int, world_size: int, stall_timeout: float, poll_s: float | None = None) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None) -> None:
+        self.rank, self.world_size, self.backend = rank, world_size, backend
         self.stall_timeout = stall_timeout
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
         launched = WorkerEnv.from_env(os.environ)
@@ -174,7 +180,7 @@ class StallWatchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
-                me = flight_recorder_progress(self.rank, self.node, self.step)
+                me = flight_recorder_progress(self.rank, self.node, self.step, self.backend)
                 self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
                 if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
                     self._abort(me)
