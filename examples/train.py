@@ -391,8 +391,8 @@ def main() -> None:
             "accuracy": final["accuracy"], "samples_per_second": rate,
             "resumed_from_step": resumed_from, "params_sha256": parameters_sha256(model),
         }  # fmt: skip
-        trained_at = "no step trained in this run" if rate is None else f"{rate:.0f} samples/s"
-        print(f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.3f}  {trained_at}")
+        speed = "no step trained in this run" if rate is None else f"{rate:.0f} samples/s"
+        print(f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.3f}  {speed}")
         if args.metrics_json:
             args.metrics_json.write_text(json.dumps(metrics, indent=1))
         if args.save_model:
