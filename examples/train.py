@@ -325,13 +325,12 @@ def main() -> None:
         reporter.progress.write(f"resumed from step {step} ({latest.path}){done}")
     preemption = PreemptionGuard(context)  # SIGTERM / SIGUSR1: every rank stops after the same step
 
-    def save_checkpoint() -> int:
-        """A collective: every rank saves after the same step. Returns that step."""
+    def save_checkpoint() -> None:
+        """A collective: every rank saves after the same step."""
         reporter_state = reporter.checkpoint_state(step)  # settles: every logged step and epoch to here is shown
         checkpoints.save(step, {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                                 "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                 "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
-        return step
 
     started, trained, saved_step = time.perf_counter(), 0, step
     while loader.resume_point[0] < args.epochs:
@@ -366,7 +365,8 @@ def main() -> None:
                 reporter.start(step, epoch, grad_norm)
             preempted = preemption.should_stop()
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
-                saved_step = save_checkpoint()
+                save_checkpoint()
+                saved_step = step
             if preempted:
                 reporter.settle()  # without --checkpoint-dir too: every logged step before the notice
                 saved = "checkpoint saved" if checkpoints else "no --checkpoint-dir, nothing saved"

@@ -304,7 +304,7 @@ def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
 
 def test_a_watchdog_that_cannot_work_says_so_once_and_the_training_runs(workdir):
     """With the flight recorder switched off the watchdog would never fire: phalanx.init says so
-    (rank 0 only: every rank finds the same), and the job trains on without it."""
+    in each rank's log, of which the console shows rank 0's, and the job trains on without it."""
     result = run_command(phalanx_argv("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1"), timeout=120, cwd=workdir,
                          env={"TORCH_FR_BUFFER_SIZE": "0"})  # fmt: skip
     assert result.returncode == 0, result.output
