@@ -1,19 +1,21 @@
-"""auto compression's pure parts: the trial schedule, the choice, the settings it refuses."""
+"""auto compression's pure parts (the trial schedule, the choice, the settings it refuses), and
+PowerSGD's checkpointable memories laid out as torch's hook lays them."""
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
 from phalanx.errors import SettingsRefused
 from phalanx.runtime.compression import AutoTrial, choose
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.model import COMPRESSIONS, compression_of, wrap_model
-from phalanx.runtime.powersgd_state import Slot, _q_order
+from tests.conftest import run_command
 
 
 def candidates(*spec: tuple[str, int]) -> list[SimpleNamespace]:
@@ -82,57 +84,12 @@ def test_wrap_model_refuses_what_it_cannot_do(settings):
         wrap_model(torch.nn.Linear(4, 2), one_process(), **settings)
 
 
-@pytest.fixture
-def group_of_one(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+LAYOUT_CHECKS = Path(__file__).with_name("powersgd_layout_checks.py")
 
 
-def test_the_per_parameter_layout_matches_what_torchs_powersgd_hook_writes(group_of_one):
-    """Same-shape matrices interleaved with others: torch groups them by shape in its memories.
-    Split by our layout, every matrix's P and Q must rebuild exactly what the hook delivered."""
-    from phalanx.runtime.powersgd_state import PowerSGD, _pieces, _SavedBucket
-
-    shapes = {"w2": (10, 128), "b2": (10, 1), "w1": (128, 64), "w3": (10, 128), "b1": (128, 1)}
-    layout = tuple(Slot(name, rows * cols, rows, cols, 1 if cols > 1 else 0) for name, (rows, cols) in shapes.items())
-    powersgd = PowerSGD({})
-    powersgd.state.iter = 2  # past the plain all-reduce steps
-    buffer = torch.randn(sum(slot.numel for slot in layout), generator=torch.Generator().manual_seed(0))
-    delivered = powerSGD_hook.powerSGD_hook(powersgd.state, _SavedBucket(0, layout, buffer.clone(), last=True)).wait()
-    order = _q_order(layout)
-    assert [slot.name for slot in order] == ["w2", "w3", "w1"]
-    ps = _pieces(powersgd.state.p_memory_dict[0], order, [s.rows * s.rank for s in order])
-    qs = _pieces(powersgd.state.q_memory_dict[0], order, [s.cols * s.rank for s in order])
-    outputs = _pieces(delivered, layout, [s.numel for s in layout])
-    for slot in order:
-        rebuilt = ps[slot.name].view(slot.rows, slot.rank) @ qs[slot.name].view(slot.cols, slot.rank).T
-        torch.testing.assert_close(outputs[slot.name].view(slot.rows, slot.cols), rebuilt)
-
-
-def test_memories_move_by_parameter_into_another_bucket_layout(group_of_one):
-    """The fallback when a bucket's new layout cannot re-enact the saved buckets: every
-    parameter's residual and Q must land in its place of the new layout."""
-    from phalanx.runtime.powersgd_state import PowerSGD, _pieces, _SavedBucket
-
-    def slot(name: str, rows: int, cols: int) -> Slot:
-        return Slot(name, rows * cols, rows, cols, 1 if cols > 1 else 0)
-
-    before = (slot("w1", 128, 64), slot("b1", 128, 1), slot("w2", 10, 128))
-    after = (before[2], before[1], before[0])
-    powersgd = PowerSGD({})
-    powersgd.state.iter = 2
-    buffer = torch.randn(sum(s.numel for s in before), generator=torch.Generator().manual_seed(1))
-    powerSGD_hook.powerSGD_hook(powersgd.state, _SavedBucket(0, before, buffer, last=True)).wait()
-    powersgd._layouts[0] = before
-    errors = {k: v.clone() for k, v in _pieces(powersgd.state.error_dict[0], before, [s.numel for s in before]).items()}
-    qs = {k: v.clone() for k, v in _pieces(powersgd.state.q_memory_dict[0], _q_order(before), [s.cols for s in _q_order(before)]).items()}
-    assert any(error.abs().sum() > 0 for error in errors.values())
-
-    powersgd._waiting.update(powersgd._lift(lambda index: True))
-    powersgd._lay_out(0, after, buffer)
-    assert torch.equal(powersgd.state.error_dict[0], torch.cat([errors[s.name] for s in after]))
-    assert torch.equal(powersgd.state.q_memory_dict[0], torch.cat([qs[s.name] for s in _q_order(after)]))
-    assert powersgd.state.p_memory_dict[0].numel() == 10 + 128 and not powersgd._waiting
+@pytest.mark.parametrize("check", ["per_parameter_layout_matches_torchs_hook", "memories_move_by_parameter_into_another_bucket_layout"])
+def test_powersgd_memories_split_and_move_as_torchs_hook_lays_them_out(check, tmp_path):
+    # A process of its own: torch's hook in a gloo group can abort the process that ran it (the script says why).
+    result = run_command([sys.executable, str(LAYOUT_CHECKS), check, str(tmp_path / "store")], timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.output
+    assert result.stdout.strip() == f"{check}: passed"
