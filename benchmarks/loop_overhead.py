@@ -5,34 +5,37 @@ the real samples, progress lines, metrics file, preemption guard, stall watchdog
 check; no checkpoints). The plain loop below is what a user writes from the PyTorch tutorial:
 DistributedSampler, DDP, SGD, no metrics. Both train the same model (train.py's build_model) on
 the same data with the same per-process batch, launched the same way (`phalanx run
---nproc-per-node 2`), alternately (interleaved, so that the machine's noise hits both alike;
-which goes first alternates too), --repeats times each.
+--nproc-per-node 2`).
 
-Both time the steady state on rank 0 in intervals of --log-every optimizer steps, the first
-interval (warm-up) left out: a run's samples/s is the median of its intervals' rates, so that a
-burst of a neighbour's load on this shared machine, which slows a few intervals, does not move
-the run's figure (the mean rate is kept in the JSON as well). The ranks step in lockstep (every
-step all-reduces), so rank 0's clock times the job. Reported: the median samples/s of each loop,
-the ratio phalanx / plain (target: >= 0.97) and the median of the pair ratios (each phalanx run
-over the plain run next to it).
+Both are timed on rank 0 after the same optimizer steps (train.py marks them:
+DistributedContext.mark_step), in intervals of --log-every steps, so that every interval holds
+the same per-epoch and per-log work; the first interval, which starts after the first step, is
+the warm-up and left out. The ranks step in lockstep (every step all-reduces), so rank 0's clock
+times the job. Compared are pairs, phalanx over plain:
 
-Also reported: rank 0's process CPU time per optimizer step (all its threads: the stall
-watchdog's and gloo's too), per interval likewise: the work each loop does. It misses a cost that
-is only waiting (a lock, a later collective), which the wall time catches. It is not free of the
-machine's noise either: cache misses under a neighbour's load, and on a virtual machine time
-stolen by the host, count as CPU time (on the 2-core machine this was written on, 25 pairs on
-digits spread 61% / 42% in CPU time against 82% / 36% in wall time). The phalanx loop's records
-get the CPU time from a MetricsLog that stamps each one (--phalanx-worker below), one
-process_time() call per logging point. A record is written one step after its logging point
-(its all-reduce overlaps that step), the last one right after the last step: the last interval
-is one step short in CPU time, and is left out of it for both loops.
+- --method turns (the default): both loops are launched together and train in turns of a few
+  steps (TURN_STEPS; benchmarks/turns.py), their clocks stopped while the other trains. A pair
+  is the two loops' intervals of the same steps, trained in alternate turns tens of
+  milliseconds apart, so a neighbour's burst of load on this shared machine hits both alike.
+  Which loop starts alternates from launch to launch. The price: each turn starts cold (the
+  other job has used the caches), which costs the process with the larger working set more.
+  On digits, 12 launches at 7-step turns put phalanx's CPU time per step at 1.066 x plain's;
+  4 launches at 56-step turns (--turn-steps 56), at 1.028, with a wider interval.
+- --method runs: one loop at a time, a run of each per round (which goes first alternates); a
+  pair is the two runs of a round, a run's figure the median of its intervals. Runs are seconds
+  apart: on the 2-core machine this was written on, their spread is wider than the 3% margin.
 
-Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; short runs,
-so that the two runs of a pair are seconds apart: use many repeats; an interval is two 28-step
-epochs, so every interval holds the same per-epoch work) and synthetic (the tutorial's
+Reported: the median pair ratio with its distribution-free 95% confidence interval (target:
+>= 0.97, overhead at most 3%, met when the whole interval is above it), and rank 0's process CPU
+time per step (all its threads: gloo's and the stall watchdog's too), the work each loop does.
+CPU time misses a cost that is only waiting, which the wall time catches, and is not free of the
+machine's noise either (cache misses under a neighbour's load, time stolen by the host).
+
+Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; an interval is
+two 28-step epochs) and synthetic (the tutorial's
 3x224x224 images: a step dominated by the gradient all-reduce).
 
-Usage: python benchmarks/loop_overhead.py [--repeats 5] [--workload digits synthetic] [--json PATH]
+Usage: python benchmarks/loop_overhead.py [--repeats 5] [--workload digits synthetic] [--method turns]
 """
 
 from __future__ import annotations
@@ -40,27 +43,38 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
 from phalanx.console import format_table
+from turns import TURN_TIMEOUT_S, BlockClock, Referee, Turns  # benchmarks/turns.py: a script's folder is on its path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples" / "train.py"
 #: train.py arguments per workload; the plain loop reads the same ones.
 WORKLOADS = {
     "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "24", "--log-every", "56"],
-    "synthetic": ["--dataset", "synthetic", "--samples", "512", "--batch-size", "32", "--epochs", "6", "--log-every", "8"],
+    "synthetic": ["--dataset", "synthetic", "--samples", "512", "--batch-size", "32", "--epochs", "12", "--log-every", "8"],
 }
+#: Steps per turn (a divisor of --log-every): short turns, so that the two intervals of a pair run
+#: close together in time; the figures are per --log-every steps, the sum of consecutive turns.
+TURN_STEPS = {"digits": 7, "synthetic": 2}
 
 
 WORLD_SIZE = 2
+#: The phalanx loop's samples/s over the plain loop's: overhead at most 3%.
+TARGET = 0.97
+#: The turns' Unix socket, handed to the workers by the benchmark in --method turns.
+TURNS_ENV = "LOOP_OVERHEAD_TURNS"
+LOOPS = ("plain", "phalanx")
 
 
 def launch(*argv: str) -> list[str]:
@@ -68,7 +82,7 @@ def launch(*argv: str) -> list[str]:
 
 
 class Interval(NamedTuple):
-    """--log-every optimizer steps on rank 0."""
+    """--log-every optimizer steps on rank 0 (the first interval, the warm-up, one step fewer)."""
 
     samples: float  # global
     seconds: float  # wall time
@@ -88,22 +102,33 @@ def mean_rate(intervals: Intervals) -> float:
     return sum(i.samples for i in intervals[1:]) / sum(i.seconds for i in intervals[1:])
 
 
-def cpu_ms_per_step(intervals: Intervals, samples_per_step: int) -> float:
-    """Rank 0's CPU milliseconds per optimizer step: the median over the intervals, the first and
-    the last left out (the warm-up; a phalanx run's last is stamped a step early)."""
-    return statistics.median(i.cpu_seconds / (i.samples / samples_per_step) * 1e3 for i in intervals[1:-1])
+def cpu_ms_per_step(interval: Interval, samples_per_step: int) -> float:
+    return interval.cpu_seconds / (interval.samples / samples_per_step) * 1e3
 
 
 def compare(runs: dict[str, list[float]]) -> dict[str, object]:
     """The median of each loop's runs, their spread ((max - min) / median), the ratio phalanx /
     plain of the medians, and each phalanx run over the plain run next to it (the two saw the same
-    machine state)."""
+    machine state), with a 95% confidence interval of their median."""
     medians = {loop: statistics.median(values) for loop, values in runs.items()}
     pairs = [mine / plain for mine, plain in zip(runs["phalanx"], runs["plain"])]
     return {
         "medians": medians, "spread": {loop: (max(v) - min(v)) / medians[loop] for loop, v in runs.items()},
         "ratio": medians["phalanx"] / medians["plain"], "pairs": pairs, "median_pair": statistics.median(pairs),
+        "median_pair_95": median_interval(pairs),
     }  # fmt: skip
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median: the pair of order statistics that
+    holds it at least this often (a binomial count of the values below the median). None when
+    there are too few values for one."""
+    ordered, count = sorted(values), len(values)
+    below, lower = 0.0, 0  # P(fewer than `lower` values fall below the median) <= (1 - confidence) / 2
+    while below + math.comb(count, lower) / 2**count <= (1 - confidence) / 2:
+        below += math.comb(count, lower) / 2**count
+        lower += 1
+    return (ordered[lower - 1], ordered[count - lower]) if lower else None
 
 
 def load_example() -> ModuleType:
@@ -113,39 +138,112 @@ def load_example() -> ModuleType:
     return example
 
 
-def run_phalanx(workload: list[str], folder: Path) -> Intervals:
-    records = folder / "phalanx.jsonl"
-    subprocess.run(launch("--log-dir", str(folder / "logs"), __file__, "--phalanx-worker", *workload, "--metrics-jsonl", str(records)),
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    lines = [json.loads(line) for line in records.read_text().splitlines()]
-    # the first interval's CPU time includes the start-up: it is the warm-up, left out
-    cpu_before = [0.0] + [r["process_cpu_s"] for r in lines[:-1]]
-    return [Interval(r["samples"], r["samples"] / r["samples_per_second"], r["process_cpu_s"] - before)
-            for r, before in zip(lines, cpu_before)]  # fmt: skip
+class Workload(NamedTuple):
+    name: str  # in WORKLOADS
+    turn_steps: int  # the steps a turn trains (also where --method runs stops its clock)
 
 
-def run_plain(workload: list[str], folder: Path) -> Intervals:
-    out = folder / "plain.json"
-    subprocess.run(launch("--log-dir", str(folder / "logs"), __file__, "--plain-worker", str(out), *workload),
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    return [Interval(*interval) for interval in json.loads(out.read_text())]
+def worker_argv(loop: str, workload: Workload, folder: Path) -> list[str]:
+    extra = ["--metrics-jsonl", str(folder / "phalanx.jsonl")] if loop == "phalanx" else []
+    return launch("--log-dir", str(folder / f"logs-{loop}"), __file__, f"--{loop}-worker", str(folder / f"{loop}.json"),
+                  str(workload.turn_steps), *WORKLOADS[workload.name], *extra)  # fmt: skip
 
 
-def phalanx_worker(train_args: list[str]) -> None:
-    """examples/train.py itself, its metrics records stamped with rank 0's process CPU time."""
-    import phalanx
+def read_intervals(loop: str, workload: Workload, folder: Path) -> Intervals:
+    """The run's blocks, summed into intervals of --log-every steps (the first: the warm-up)."""
+    blocks = [Interval(*block) for block in json.loads((folder / f"{loop}.json").read_text())]
+    per_interval = log_every(workload) // workload.turn_steps
+    groups = [blocks[start:start + per_interval] for start in range(0, len(blocks), per_interval)]
+    return [Interval(*map(sum, zip(*group))) for group in groups]
 
-    class CpuStampedLog(phalanx.MetricsLog):
-        def write(self, record: dict[str, object]) -> None:
-            super().write({**record, "process_cpu_s": time.process_time()})
 
-    phalanx.MetricsLog = CpuStampedLog  # train.py takes it from the package when it makes its log
+def run_alone(loop: str, workload: Workload, folder: Path) -> Intervals:
+    subprocess.run(worker_argv(loop, workload, folder), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return read_intervals(loop, workload, folder)
+
+
+def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path) -> dict[str, Intervals]:
+    """Both loops launched together, training their blocks in turns (benchmarks/turns.py)."""
+    path = folder / "turns.sock"
+    path.unlink(missing_ok=True)
+    referee = Referee(path, order, WORLD_SIZE)
+    env = {**os.environ, TURNS_ENV: str(path)}
+    jobs = {loop: subprocess.Popen(worker_argv(loop, workload, folder), env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True) for loop in order}  # fmt: skip
+    try:
+        referee.run(steps_of(workload) // workload.turn_steps)
+        for loop, job in jobs.items():
+            if job.wait(timeout=TURN_TIMEOUT_S) != 0:
+                raise RuntimeError(f"the {loop} loop exited with {job.returncode}: see {folder / f'logs-{loop}'}")
+    finally:
+        referee.close()
+        for job in jobs.values():
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGTERM)
+                job.wait()
+    return {loop: read_intervals(loop, workload, folder) for loop in order}
+
+
+def setting(name: str, flag: str) -> int:
+    workload = WORKLOADS[name]
+    return int(workload[workload.index(flag) + 1])
+
+
+def log_every(workload: Workload) -> int:
+    every = setting(workload.name, "--log-every")
+    if every % workload.turn_steps:
+        raise SystemExit(f"a turn of {workload.turn_steps} steps does not divide {workload.name}'s --log-every {every}")
+    return every
+
+
+def steps_of(workload: Workload) -> int:
+    """The optimizer steps of a run (the workloads divide evenly: no padding, no short batch)."""
+    name = workload.name
+    per_step = setting(name, "--batch-size") * WORLD_SIZE
+    assert setting(name, "--samples") % per_step == 0, name
+    steps = setting(name, "--epochs") * setting(name, "--samples") // per_step
+    assert steps % log_every(workload) == 0, name
+    return steps
+
+
+def is_boundary(step: int, turn_steps: int) -> bool:
+    """Where both loops stop their clock: after the first step (the start-up is left out) and
+    after every turn_steps steps."""
+    return step == 1 or step % turn_steps == 0
+
+
+def block_clock(loop: str, samples_per_step: int) -> BlockClock:
+    path = os.environ.get(TURNS_ENV)
+    return BlockClock(samples_per_step, Turns(path, loop, int(os.environ["RANK"])) if path else None)
+
+
+def write_blocks(clock: BlockClock, out: Path) -> None:
+    if int(os.environ["RANK"]) == 0:
+        out.write_text(json.dumps(clock.blocks))
+
+
+def phalanx_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
+    """examples/train.py itself, its blocks timed where train.py marks each optimizer step."""
+    from phalanx.runtime.context import DistributedContext
+
+    example = load_example()
     sys.argv = [str(TRAIN), *train_args]
-    load_example().main()
+    args = example.parse_args()
+    clock = block_clock("phalanx", args.batch_size * int(os.environ["WORLD_SIZE"]))
+    mark_step = DistributedContext.mark_step
+
+    def mark_step_and_time(context: DistributedContext, step: int) -> None:
+        mark_step(context, step)
+        if is_boundary(step, turn_steps):
+            clock.boundary(step)
+
+    DistributedContext.mark_step = mark_step_and_time  # train.py calls it on every rank after every step
+    example.main()
+    write_blocks(clock, out)
 
 
-def plain_worker(out: Path, train_args: list[str]) -> None:
-    """The hand-written loop: DistributedSampler + DDP + SGD, timed on rank 0 every --log-every steps."""
+def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
+    """The hand-written loop: DistributedSampler + DDP + SGD, timed at the same steps as train.py."""
     import gc
 
     import torch
@@ -165,8 +263,7 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-    intervals, step, samples = [], 0, 0
-    mark, cpu_mark = time.perf_counter(), time.process_time()
+    clock, step = block_clock("plain", args.batch_size * world), 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
@@ -174,93 +271,122 @@ def plain_worker(out: Path, train_args: list[str]) -> None:
             torch.nn.functional.cross_entropy(model(images), labels).backward()
             optimizer.step()
             step += 1
-            samples += len(labels) * world  # the workloads divide evenly: no padding
-            if step % args.log_every == 0:
-                now, cpu_now = time.perf_counter(), time.process_time()
-                intervals.append((samples, now - mark, cpu_now - cpu_mark))
-                mark, cpu_mark, samples = now, cpu_now, 0
-    if rank == 0:
-        out.write_text(json.dumps(intervals))
+            if is_boundary(step, turn_steps):
+                clock.boundary(step)
+    write_blocks(clock, out)
     del model
     gc.collect()  # DDP holds the group in a reference cycle; destroy it before interpreter exit
     dist.destroy_process_group()
 
 
-def measure(name: str, repeats: int) -> dict[str, object]:
-    workload = WORKLOADS[name]
-    per_step = int(workload[workload.index("--batch-size") + 1]) * WORLD_SIZE  # samples per optimizer step
-    rates: dict[str, list[float]] = {"plain": [], "phalanx": []}  # a run's median interval rate
-    means: dict[str, list[float]] = {"plain": [], "phalanx": []}
-    cpu: dict[str, list[float]] = {"plain": [], "phalanx": []}  # a run's median CPU ms per step
+def measure(workload: Workload, repeats: int, method: str) -> dict[str, object]:
+    name = workload.name
+    per_step = setting(name, "--batch-size") * WORLD_SIZE  # samples per optimizer step
+    runs: dict[str, list[Intervals]] = {loop: [] for loop in LOOPS}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        run_plain(workload, folder)  # warms the file cache and the dataset load, not counted
+        run_alone("plain", workload, folder)  # warms the file cache and the dataset load, not counted
         for round_ in range(repeats):
-            # Which loop goes first alternates: the second run of a pair can meet the first's teardown.
-            first, second = (run_plain, run_phalanx) if round_ % 2 == 0 else (run_phalanx, run_plain)
-            runs = {first: first(workload, folder)}
-            runs[second] = second(workload, folder)
-            for loop, run in (("plain", runs[run_plain]), ("phalanx", runs[run_phalanx])):
-                rates[loop].append(steady_rate(run))
-                means[loop].append(mean_rate(run))
-                cpu[loop].append(cpu_ms_per_step(run, per_step))
+            # Which loop goes first alternates: the second can meet the first's teardown, or its cache footprint.
+            order = LOOPS if round_ % 2 == 0 else LOOPS[::-1]
+            if method == "turns":
+                intervals = run_in_turns(order, workload, folder)
+            else:
+                intervals = {loop: run_alone(loop, workload, folder) for loop in order}
+            for loop in LOOPS:
+                runs[loop].append(intervals[loop])
+    if method == "turns":  # a pair: the two loops' intervals of the same steps, trained in alternate turns
+        rates = {loop: [i.samples / i.seconds for run in runs[loop] for i in run[1:]] for loop in LOOPS}
+        cpu = {loop: [cpu_ms_per_step(i, per_step) for run in runs[loop] for i in run[1:]] for loop in LOOPS}
+    else:  # a pair: the two loops' runs of a round
+        rates = {loop: [steady_rate(run) for run in runs[loop]] for loop in LOOPS}
+        cpu = {loop: [statistics.median(cpu_ms_per_step(i, per_step) for i in run[1:]) for run in runs[loop]] for loop in LOOPS}
     wall, cpu_time = compare(rates), compare(cpu)
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in wall["medians"].items()}
     return {
-        "workload": name, "train_args": workload, "world_size": WORLD_SIZE, "repeats": repeats,
-        "samples_per_second": rates, "median_samples_per_second": wall["medians"], "spread_of_runs": wall["spread"],
-        "mean_rate_samples_per_second": means,
-        "ratio_of_mean_rates": statistics.median(means["phalanx"]) / statistics.median(means["plain"]),
-        "ratio": wall["ratio"], "pair_ratios": wall["pairs"], "median_pair_ratio": wall["median_pair"],
-        "step_ms": step_ms, "extra_us_per_step": (step_ms["phalanx"] - step_ms["plain"]) * 1e3,
-        "cpu_ms_per_step": cpu, "median_cpu_ms_per_step": cpu_time["medians"], "cpu_ratio": cpu_time["ratio"],
-        "cpu_pair_ratios": cpu_time["pairs"], "median_cpu_pair_ratio": cpu_time["median_pair"],
-        "cpu_spread_of_runs": cpu_time["spread"],
+        "workload": name, "method": method, "train_args": WORKLOADS[name], "turn_steps": workload.turn_steps,
+        "world_size": WORLD_SIZE, "repeats": repeats,
+        "intervals": {loop: [[list(i) for i in run] for run in runs[loop]] for loop in LOOPS},
+        "ratio_of_mean_rates": statistics.median(map(mean_rate, runs["phalanx"])) / statistics.median(map(mean_rate, runs["plain"])),
+        "samples_per_second": rates, "wall": wall, "step_ms": step_ms,
+        "extra_us_per_step": (step_ms["phalanx"] - step_ms["plain"]) * 1e3,
+        "cpu_ms_per_step": cpu, "cpu": cpu_time,
     }  # fmt: skip
 
 
-def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--plain-worker":
-        plain_worker(Path(sys.argv[2]), sys.argv[3:])
-        return
-    if len(sys.argv) > 1 and sys.argv[1] == "--phalanx-worker":
-        phalanx_worker(sys.argv[2:])
-        return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "loop_overhead.json")
-    args = parser.parse_args()
-    results = [measure(name, args.repeats) for name in args.workload]
+def verdict(interval: tuple[float, float] | None, target: float = TARGET) -> str:
+    """Whether the pair ratios' median is above the target, with 95% confidence."""
+    if interval is None:
+        return "too few pairs"
+    if interval[0] >= target:
+        return "met"
+    return "missed" if interval[1] < target else "not decided"
+
+
+def ratio_cell(figures: dict[str, object]) -> str:
+    interval = figures["median_pair_95"]
+    within = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+    return f"{figures['median_pair']:.3f}{within}"
+
+
+def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
+    pairs = "interval pairs" if method == "turns" else "run pairs"
     rows = [
-        (r["workload"], f"{r['median_samples_per_second']['plain']:.0f}", f"{r['median_samples_per_second']['phalanx']:.0f}",
-         f"{r['ratio']:.3f}", f"{r['ratio_of_mean_rates']:.3f}", f"{r['median_pair_ratio']:.3f} ({min(r['pair_ratios']):.2f}-{max(r['pair_ratios']):.2f})",
+        (r["workload"], f"{r['wall']['medians']['plain']:.0f}", f"{r['wall']['medians']['phalanx']:.0f}",
+         ratio_cell(r["wall"]), str(len(r["wall"]["pairs"])), verdict(r["wall"]["median_pair_95"]), f"{r['ratio_of_mean_rates']:.3f}",
          f"{r['step_ms']['plain']:.2f} / {r['step_ms']['phalanx']:.2f}", f"{r['extra_us_per_step']:.0f}",
-         f"{r['spread_of_runs']['plain']:.0%} / {r['spread_of_runs']['phalanx']:.0%}")
+         f"{r['wall']['spread']['plain']:.0%} / {r['wall']['spread']['phalanx']:.0%}")
         for r in results
     ]  # fmt: skip
-    headers = ("workload", "plain (samples/s)", "phalanx (samples/s)", "ratio", "ratio (mean rates)", "pair ratio (range)",
-               "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
+    headers = ("workload", "plain (samples/s)", "phalanx (samples/s)", "pair ratio [95%]", pairs,
+               f"ratio >= {TARGET}", "ratio of totals", "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
     print(format_table(headers, rows, indent=""))
-    print(f"medians of {args.repeats} interleaved runs each, {WORLD_SIZE} processes, steady state; target: ratio >= 0.97")
-    print("extra us/step: the phalanx loop's cost per optimizer step over the plain loop's, from the medians")
-    print("a run's samples/s: the median of its intervals; ratio (mean rates): the same from each run's total")
-    print("samples / total seconds, which a burst of load on a shared machine moves more.")
-    print("pair ratio: each phalanx run over the plain run next to it; spread: (max - min) / median of a loop's")
-    print("runs. A spread wider than the 3% margin means the machine's noise is larger than what is measured.")
+    if method == "turns":
+        print(f"{repeats} launches of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a")
+        print("pair is the two loops' intervals of the same --log-every steps (the first of a launch left out).")
+    else:
+        print(f"{repeats} rounds of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its")
+        print("intervals of --log-every steps (the first left out); a pair: the two runs of a round.")
+    print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval;")
+    print(f"the target (overhead at most 3%) is met when the whole interval is at or above {TARGET}, missed when it is")
+    print("below. ratio of totals: each run's samples over its seconds, the median over the runs, phalanx / plain:")
+    print("it counts a cost that comes once in many intervals (the stall watchdog's poll), which the pairs' median")
+    print("passes over, and a neighbour's bursts too. samples/s, step ms, extra us/step: the medians over all")
+    print("intervals or runs of each loop; spread: (max - min) / median of them, the machine's noise.")
     cpu_rows = [
-        (r["workload"], f"{r['median_cpu_ms_per_step']['plain']:.3f}", f"{r['median_cpu_ms_per_step']['phalanx']:.3f}",
-         f"{r['cpu_ratio']:.3f}", f"{r['median_cpu_pair_ratio']:.3f} ({min(r['cpu_pair_ratios']):.2f}-{max(r['cpu_pair_ratios']):.2f})",
-         f"{r['cpu_spread_of_runs']['plain']:.0%} / {r['cpu_spread_of_runs']['phalanx']:.0%}")
+        (r["workload"], f"{r['cpu']['medians']['plain']:.3f}", f"{r['cpu']['medians']['phalanx']:.3f}",
+         ratio_cell(r["cpu"]), f"{r['cpu']['spread']['plain']:.0%} / {r['cpu']['spread']['phalanx']:.0%}")
         for r in results
     ]  # fmt: skip
     print()
-    print(format_table(("workload", "CPU ms/step plain", "CPU ms/step phalanx", "ratio phalanx / plain", "pair ratio (range)",
-                        "spread plain / phalanx"), cpu_rows, indent=""))  # fmt: skip
-    print("rank 0's process CPU time per optimizer step (all threads), the median of a run's intervals: the work each")
-    print("loop does (a ratio above 1: phalanx's extra work). A neighbour's load moves it too; read it with the spread.")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1))
+    print(format_table(("workload", "CPU ms/step plain", "CPU ms/step phalanx", "pair ratio [95%]", "spread plain / phalanx"),
+                       cpu_rows, indent=""))  # fmt: skip
+    print("rank 0's process CPU time per optimizer step (all its threads: gloo's and the stall watchdog's too): the")
+    print("work each loop does (a ratio above 1: phalanx's extra work). It misses a cost that is only waiting, which")
+    print("the wall time catches; a neighbour's load moves it too (cache misses, time stolen by the host).")
+
+
+def main() -> None:
+    for flag, worker in (("--plain-worker", plain_worker), ("--phalanx-worker", phalanx_worker)):
+        if len(sys.argv) > 2 and sys.argv[1] == flag:
+            worker(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+            return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="launches (turns) or rounds of one run each (runs)")
+    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--method", choices=("turns", "runs"), default="turns",
+                        help="turns: both loops launched together, training their blocks in turns (the default: "
+                             "a neighbour's load hits both alike); runs: one loop at a time, rounds interleaved")  # fmt: skip
+    parser.add_argument("--turn-steps", type=int, metavar="N",
+                        help=f"steps per turn, a divisor of the workload's --log-every (default: {TURN_STEPS})")
+    parser.add_argument("--json", type=Path, help="default: benchmarks/results/loop_overhead_<method>.json")
+    args = parser.parse_args()
+    workloads = [Workload(name, args.turn_steps or TURN_STEPS[name]) for name in args.workload]
+    results = [measure(workload, args.repeats, args.method) for workload in workloads]
+    report(results, args.repeats, args.method)
+    out = args.json or REPO / "benchmarks" / "results" / f"loop_overhead_{args.method}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -123,13 +123,13 @@ def test_powersgd_compresses_only_when_it_halves_the_tensor(shape, rank, expecte
 
 
 AGREEMENT_SCRIPT = r"""
-import json, os, sys, tempfile
+import json, os, sys
 import torch, torch.nn as nn, torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from phalanx.bench.cost_model import ddp_bucket_count, traffic
 from phalanx.bench.model_size import ModelSize
 
-dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"), rank=0, world_size=1)  # in the test's tmp_path
 models = {
     "tutorial": (nn.Linear(150528, 10), (2, 150528)),
     "mlp": (nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(12)]), (2, 1024)),
