@@ -14,19 +14,23 @@ the warm-up and left out. The ranks step in lockstep (every step all-reduces), s
 times the job. Compared are pairs, phalanx over plain:
 
 - --method turns (the default): both loops are launched together and train in turns of a few
-  steps (TURN_STEPS; benchmarks/turns.py), their clocks stopped while the other trains. A pair
-  is the two loops' intervals of the same steps, trained in alternate turns tens of
-  milliseconds apart, so a neighbour's burst of load on this shared machine hits both alike.
-  Which loop starts alternates from launch to launch. The price: each turn starts cold (the
-  other job has used the caches), which costs the process with the larger working set more.
-  On digits, 12 launches at 7-step turns put phalanx's CPU time per step at 1.066 x plain's;
-  4 launches at 56-step turns (--turn-steps 56), at 1.028, with a wider interval.
+  steps (TURN_STEPS, --turn-steps; benchmarks/turns.py), their clocks stopped while the other
+  trains. A pair is the two loops' intervals of the same steps, trained in alternate turns
+  well under a second apart, so a neighbour's burst of load on this shared machine hits both
+  alike. Which loop starts alternates from launch to launch. The price: each turn starts cold
+  (the other job has used the caches), which costs the process with the larger working set
+  more. On digits, 12 launches of 7-step turns (~25 ms) put phalanx's CPU time per step at
+  1.066 x plain's, 4 launches of 56-step turns at 1.028: hence 56. And the preemption guard
+  votes by wall time, which the pauses stretch, so it votes more often per step than alone (a
+  vote is one tiny all-reduce a second, at most).
 - --method runs: one loop at a time, a run of each per round (which goes first alternates); a
   pair is the two runs of a round, a run's figure the median of its intervals. Runs are seconds
   apart: on the 2-core machine this was written on, their spread is wider than the 3% margin.
 
 Reported: the median pair ratio with its distribution-free 95% confidence interval (target:
->= 0.97, overhead at most 3%, met when the whole interval is above it), and rank 0's process CPU
+>= 0.97, overhead at most 3%, met when the whole interval is above it; the intervals of one
+launch share its memory layout and placement, so they are not quite independent, and the
+median of each launch's pairs is reported beside it), and rank 0's process CPU
 time per step (all its threads: gloo's and the stall watchdog's too), the work each loop does.
 CPU time misses a cost that is only waiting, which the wall time catches, and is not free of the
 machine's noise either (cache misses under a neighbour's load, time stolen by the host).
@@ -35,7 +39,8 @@ Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cos
 two 28-step epochs) and synthetic (the tutorial's
 3x224x224 images: a step dominated by the gradient all-reduce).
 
-Usage: python benchmarks/loop_overhead.py [--repeats 5] [--workload digits synthetic] [--method turns]
+Usage: python benchmarks/loop_overhead.py [--repeats 6] [--workload digits synthetic] [--method turns]
+       [--turn-steps N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
@@ -66,7 +72,8 @@ WORKLOADS = {
 }
 #: Steps per turn (a divisor of --log-every): short turns, so that the two intervals of a pair run
 #: close together in time; the figures are per --log-every steps, the sum of consecutive turns.
-TURN_STEPS = {"digits": 7, "synthetic": 2}
+#: Longer turns cost less cold start (see above): digits turns take a whole interval, ~0.2 s.
+TURN_STEPS = {"digits": 56, "synthetic": 2}
 
 
 WORLD_SIZE = 2
@@ -107,9 +114,10 @@ def cpu_ms_per_step(interval: Interval, samples_per_step: int) -> float:
 
 
 def compare(runs: dict[str, list[float]]) -> dict[str, object]:
-    """The median of each loop's runs, their spread ((max - min) / median), the ratio phalanx /
-    plain of the medians, and each phalanx run over the plain run next to it (the two saw the same
-    machine state), with a 95% confidence interval of their median."""
+    """The median of each loop's figures (a run's or an interval's), their spread ((max - min) /
+    median), the ratio phalanx / plain of the medians, and the pairs: each phalanx figure over
+    the plain one beside it (the two saw the same machine state), their median with its 95%
+    confidence interval."""
     medians = {loop: statistics.median(values) for loop, values in runs.items()}
     pairs = [mine / plain for mine, plain in zip(runs["phalanx"], runs["plain"])]
     return {
@@ -157,8 +165,41 @@ def read_intervals(loop: str, workload: Workload, folder: Path) -> Intervals:
     return [Interval(*map(sum, zip(*group))) for group in groups]
 
 
+def start(loop: str, workload: Workload, folder: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    output = (folder / f"{loop}.out").open("wb")  # the launcher's console: what a failure said
+    with output:
+        return subprocess.Popen(worker_argv(loop, workload, folder), env=env, stdout=output, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+
+def failure(jobs: dict[str, subprocess.Popen[bytes]], folder: Path, why: str) -> SystemExit:
+    """What went wrong, with the end of the console output of every loop that failed."""
+    lines = [f"loop_overhead: {why}"]
+    for loop, job in jobs.items():
+        if job.poll() not in (None, 0):
+            tail = (folder / f"{loop}.out").read_text(errors="replace").splitlines()[-15:]
+            lines += [f"the {loop} loop exited with {job.returncode}; its last lines:", *("  " + line for line in tail)]
+    return SystemExit("\n".join(lines))
+
+
+def stop(jobs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for job in jobs.values():
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+            try:
+                job.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+
+
 def run_alone(loop: str, workload: Workload, folder: Path) -> Intervals:
-    subprocess.run(worker_argv(loop, workload, folder), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jobs = {loop: start(loop, workload, folder)}
+    try:
+        if jobs[loop].wait(timeout=600) != 0:
+            raise failure(jobs, folder, f"a {workload.name} run failed")
+    finally:
+        stop(jobs)
     return read_intervals(loop, workload, folder)
 
 
@@ -166,21 +207,23 @@ def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path) -> di
     """Both loops launched together, training their blocks in turns (benchmarks/turns.py)."""
     path = folder / "turns.sock"
     path.unlink(missing_ok=True)
+    jobs: dict[str, subprocess.Popen[bytes]] = {}
     referee = Referee(path, order, WORLD_SIZE)
-    env = {**os.environ, TURNS_ENV: str(path)}
-    jobs = {loop: subprocess.Popen(worker_argv(loop, workload, folder), env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True) for loop in order}  # fmt: skip
     try:
-        referee.run(steps_of(workload) // workload.turn_steps)
-        for loop, job in jobs.items():
-            if job.wait(timeout=TURN_TIMEOUT_S) != 0:
-                raise RuntimeError(f"the {loop} loop exited with {job.returncode}: see {folder / f'logs-{loop}'}")
+        for loop in order:
+            jobs[loop] = start(loop, workload, folder, env={**os.environ, TURNS_ENV: str(path)})
+        try:
+            referee.run(steps_of(workload) // workload.turn_steps, running=lambda: all(j.poll() is None for j in jobs.values()))
+        except (OSError, RuntimeError) as error:  # a timeout, a closed connection: a job died or hangs
+            time.sleep(1)  # a job that died has exited by now: its code names it
+            raise failure(jobs, folder, f"the turns of {workload.name} broke off ({error})") from None
+        for job in jobs.values():
+            job.wait(timeout=TURN_TIMEOUT_S)
+        if any(job.returncode for job in jobs.values()):
+            raise failure(jobs, folder, f"a {workload.name} run failed after its last turn")
     finally:
         referee.close()
-        for job in jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGTERM)
-                job.wait()
+        stop(jobs)
     return {loop: read_intervals(loop, workload, folder) for loop in order}
 
 
@@ -191,8 +234,7 @@ def setting(name: str, flag: str) -> int:
 
 def log_every(workload: Workload) -> int:
     every = setting(workload.name, "--log-every")
-    if every % workload.turn_steps:
-        raise SystemExit(f"a turn of {workload.turn_steps} steps does not divide {workload.name}'s --log-every {every}")
+    assert every % workload.turn_steps == 0, workload  # main refuses a --turn-steps that does not divide it
     return every
 
 
@@ -302,13 +344,15 @@ def measure(workload: Workload, repeats: int, method: str) -> dict[str, object]:
         rates = {loop: [steady_rate(run) for run in runs[loop]] for loop in LOOPS}
         cpu = {loop: [statistics.median(cpu_ms_per_step(i, per_step) for i in run[1:]) for run in runs[loop]] for loop in LOOPS}
     wall, cpu_time = compare(rates), compare(cpu)
+    per_launch = len(wall["pairs"]) // repeats  # the pairs come launch by launch
+    launch_medians = [statistics.median(wall["pairs"][i:i + per_launch]) for i in range(0, len(wall["pairs"]), per_launch)]
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in wall["medians"].items()}
     return {
         "workload": name, "method": method, "train_args": WORKLOADS[name], "turn_steps": workload.turn_steps,
         "world_size": WORLD_SIZE, "repeats": repeats,
         "intervals": {loop: [[list(i) for i in run] for run in runs[loop]] for loop in LOOPS},
         "ratio_of_mean_rates": statistics.median(map(mean_rate, runs["phalanx"])) / statistics.median(map(mean_rate, runs["plain"])),
-        "samples_per_second": rates, "wall": wall, "step_ms": step_ms,
+        "samples_per_second": rates, "wall": wall, "step_ms": step_ms, "launch_medians": launch_medians,
         "extra_us_per_step": (step_ms["phalanx"] - step_ms["plain"]) * 1e3,
         "cpu_ms_per_step": cpu, "cpu": cpu_time,
     }  # fmt: skip
@@ -333,13 +377,14 @@ def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
     pairs = "interval pairs" if method == "turns" else "run pairs"
     rows = [
         (r["workload"], f"{r['wall']['medians']['plain']:.0f}", f"{r['wall']['medians']['phalanx']:.0f}",
-         ratio_cell(r["wall"]), str(len(r["wall"]["pairs"])), verdict(r["wall"]["median_pair_95"]), f"{r['ratio_of_mean_rates']:.3f}",
+         ratio_cell(r["wall"]), str(len(r["wall"]["pairs"])), verdict(r["wall"]["median_pair_95"]),
+         f"{min(r['launch_medians']):.3f}-{max(r['launch_medians']):.3f}", f"{r['ratio_of_mean_rates']:.3f}",
          f"{r['step_ms']['plain']:.2f} / {r['step_ms']['phalanx']:.2f}", f"{r['extra_us_per_step']:.0f}",
          f"{r['wall']['spread']['plain']:.0%} / {r['wall']['spread']['phalanx']:.0%}")
         for r in results
     ]  # fmt: skip
     headers = ("workload", "plain (samples/s)", "phalanx (samples/s)", "pair ratio [95%]", pairs,
-               f"ratio >= {TARGET}", "ratio of totals", "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
+               f"ratio >= {TARGET}", "launches", "ratio of totals", "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
     print(format_table(headers, rows, indent=""))
     if method == "turns":
         print(f"{repeats} launches of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a")
@@ -349,10 +394,10 @@ def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
         print("intervals of --log-every steps (the first left out); a pair: the two runs of a round.")
     print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval;")
     print(f"the target (overhead at most 3%) is met when the whole interval is at or above {TARGET}, missed when it is")
-    print("below. ratio of totals: each run's samples over its seconds, the median over the runs, phalanx / plain:")
-    print("it counts a cost that comes once in many intervals (the stall watchdog's poll), which the pairs' median")
-    print("passes over, and a neighbour's bursts too. samples/s, step ms, extra us/step: the medians over all")
-    print("intervals or runs of each loop; spread: (max - min) / median of them, the machine's noise.")
+    print("below. launches: the median of each launch's pairs, lowest and highest. ratio of totals: each run's")
+    print("samples over its seconds, the median over the runs, phalanx / plain: it counts a cost that comes in few")
+    print("intervals, which the pairs' median passes over, and a neighbour's bursts too. samples/s, step ms, extra")
+    print("us/step: the medians over all intervals or runs of each loop; spread: (max - min) / median of them.")
     cpu_rows = [
         (r["workload"], f"{r['cpu']['medians']['plain']:.3f}", f"{r['cpu']['medians']['phalanx']:.3f}",
          ratio_cell(r["cpu"]), f"{r['cpu']['spread']['plain']:.0%} / {r['cpu']['spread']['phalanx']:.0%}")
@@ -372,7 +417,7 @@ def main() -> None:
             worker(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
             return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5, help="launches (turns) or rounds of one run each (runs)")
+    parser.add_argument("--repeats", type=int, default=6, help="launches (turns) or rounds of one run each (runs)")
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--method", choices=("turns", "runs"), default="turns",
                         help="turns: both loops launched together, training their blocks in turns (the default: "
@@ -382,6 +427,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="default: benchmarks/results/loop_overhead_<method>.json")
     args = parser.parse_args()
     workloads = [Workload(name, args.turn_steps or TURN_STEPS[name]) for name in args.workload]
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least one launch")
+    for workload in workloads:
+        every = setting(workload.name, "--log-every")
+        if workload.turn_steps < 2 or every % workload.turn_steps:
+            parser.error(f"--turn-steps {workload.turn_steps}: a turn must be at least 2 steps and divide "
+                         f"the {workload.name} workload's --log-every {every}")  # fmt: skip
     results = [measure(workload, args.repeats, args.method) for workload in workloads]
     report(results, args.repeats, args.method)
     out = args.json or REPO / "benchmarks" / "results" / f"loop_overhead_{args.method}.json"

@@ -7,8 +7,9 @@ blocks of the two jobs alternate a fraction of a second apart, and a neighbour's
 phalanx block and the plain block next to it alike.
 
 The referee (:class:`Referee`, in the benchmark's own process) hands out the turns over a Unix
-socket; each rank (:class:`Turns`) reports at every boundary, and rank 0 times its own blocks,
-turn to turn, so the wait for the other job's block is not counted. What a paused job still
+socket; each rank (:class:`Turns`) reports at every boundary, and times its own blocks
+(:class:`BlockClock`; the benchmark keeps rank 0's), turn to turn, so the wait for the other
+job's block is not counted. What a paused job still
 does in the other's block: its background threads (gloo's, the stall watchdog's, which polls
 every few seconds) may run; nothing else, since every rank of it waits. A turn starts with
 caches the other job has used: short turns reject more of the machine's noise but add this
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: Longest a turn may take before the referee gives up: a block is well under a second.
@@ -72,19 +74,24 @@ class Turns:
 
 
 class Referee:
-    """Lets the jobs take turns, ``blocks`` blocks each, in the order given, then releases them."""
+    """Lets the jobs take turns in the order given; :meth:`run` hands out the turns and then releases them."""
 
     def __init__(self, path: Path, jobs: tuple[str, ...], ranks_per_job: int) -> None:
         self._jobs, self._ranks = jobs, ranks_per_job
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
         self._server.listen(len(jobs) * ranks_per_job)
-        self._server.settimeout(TURN_TIMEOUT_S)
+        self._server.settimeout(1.0)
         self._ranks_of: dict[str, list[socket.socket]] = {job: [] for job in jobs}
 
-    def run(self, blocks: int) -> None:
+    def run(self, blocks: int, running: Callable[[], bool] = lambda: True) -> None:
+        """Waits for every rank's first boundary, gives each job ``blocks`` turns, then ends them.
+        Raises on a rank that leaves early or a job that stops ``running`` before it connected,
+        and (OSError) on a rank that takes longer than TURN_TIMEOUT_S to connect or to finish a
+        block."""
+        deadline = time.monotonic() + TURN_TIMEOUT_S
         for _ in range(len(self._jobs) * self._ranks):  # every rank waits at its first boundary
-            connection, _address = self._server.accept()
+            connection = self._accept(running, deadline)
             connection.settimeout(TURN_TIMEOUT_S)
             job, _rank = _read_line(connection).split()
             self._ranks_of[job].append(connection)
@@ -96,6 +103,16 @@ class Referee:
                         raise RuntimeError(f"a rank of the {job} job left before the end of its block")
         for job in self._jobs:  # every job waits at its last boundary until the other's last block is done
             self._tell(job, END)
+
+    def _accept(self, running: Callable[[], bool], deadline: float) -> socket.socket:
+        while True:  # in short waits: a job that died before its first step is told at once
+            try:
+                return self._server.accept()[0]
+            except TimeoutError:
+                if not running():
+                    raise RuntimeError("a job ended before all its ranks reached their first turn") from None
+                if time.monotonic() > deadline:
+                    raise
 
     def _tell(self, job: str, message: bytes) -> None:
         for connection in self._ranks_of[job]:

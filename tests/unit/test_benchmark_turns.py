@@ -1,19 +1,24 @@
-"""The turns of benchmarks/loop_overhead.py: two jobs' blocks never overlap, and the waits are not timed."""
+"""benchmarks/loop_overhead.py's method: two jobs' turns never overlap, the waits are not timed,
+turns add up to intervals, and the median's confidence interval takes the right order statistics."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
 
+import pytest
+
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from turns import BlockClock, Referee, Turns  # noqa: E402  (a benchmark's sibling module, not a package)
+import loop_overhead  # noqa: E402  (benchmark scripts, not a package)
+from turns import BlockClock, Referee, Turns  # noqa: E402
 
 
 def test_two_jobs_train_their_blocks_in_turns_and_time_only_their_own(tmp_path):
-    blocks, block_s = 3, 0.05
+    blocks, block_s = 3, 0.2
     path = tmp_path / "turns.sock"
     referee = Referee(path, ("first", "second"), ranks_per_job=2)
     trained: list[tuple[str, int, float, float]] = []  # (job, rank, start, end) of every block
@@ -45,3 +50,44 @@ def test_two_jobs_train_their_blocks_in_turns_and_time_only_their_own(tmp_path):
         assert [samples for samples, _, _ in clock.blocks] == [8] * blocks
         # each block is timed from its turn to its end: the other job's block (as long) is not in it
         assert all(block_s <= seconds < 1.8 * block_s for _, seconds, _ in clock.blocks), clock.blocks
+
+
+def test_turns_add_up_to_intervals_of_log_every_steps(tmp_path):
+    # digits: boundaries after step 1 and every 7 steps; an interval is 56 steps, the first 55
+    workload = loop_overhead.Workload("digits", 7)
+    steps = loop_overhead.steps_of(workload)
+    boundaries = [step for step in range(1, steps + 1) if loop_overhead.is_boundary(step, 7)]
+    blocks = [((stop - start) * 64, 0.1 * (stop - start), 0.05) for start, stop in zip(boundaries, boundaries[1:])]
+    (tmp_path / "plain.json").write_text(json.dumps(blocks))
+    intervals = loop_overhead.read_intervals("plain", workload, tmp_path)
+    assert [i.samples / 64 for i in intervals] == [55] + [56] * (steps // 56 - 1)
+    assert intervals[1].seconds == pytest.approx(5.6) and intervals[1].cpu_seconds == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("count", "expected"), [(5, None), (6, (0, 5)), (10, (1, 8)), (50, (17, 32))])
+def test_the_median_interval_takes_the_binomial_order_statistics(count, expected):
+    # the textbook table: n = 6 -> (x1, x6) at 96.9%, n = 10 -> (x2, x9), n = 50 -> (x18, x33)
+    assert loop_overhead.median_interval([float(v) for v in reversed(range(count))]) == (
+        None if expected is None else tuple(float(v) for v in expected))
+
+
+def test_a_rank_that_leaves_mid_run_is_reported_not_waited_for(tmp_path):
+    import socket
+
+    path = tmp_path / "turns.sock"
+    referee = Referee(path, ("only",), ranks_per_job=1)
+
+    def leave_after_hello() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(str(path))
+            connection.sendall(b"only 0\n")
+            connection.recv(1)  # its first turn: it leaves instead of training it
+
+    thread = threading.Thread(target=leave_after_hello, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="a rank of the only job left before the end of its block"):
+        referee.run(blocks=2)
+    referee.close()
+    thread.join(timeout=10)
+    assert time.monotonic() - started < 10

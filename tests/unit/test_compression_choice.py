@@ -16,6 +16,7 @@ from phalanx.runtime.compression import AutoTrial, choose
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.model import COMPRESSIONS, compression_of, wrap_model
 from tests.conftest import run_command
+from tests.unit.powersgd_layout_checks import CHECKS
 
 
 def candidates(*spec: tuple[str, int]) -> list[SimpleNamespace]:
@@ -87,7 +88,7 @@ def test_wrap_model_refuses_what_it_cannot_do(settings):
 LAYOUT_CHECKS = Path(__file__).with_name("powersgd_layout_checks.py")
 
 
-@pytest.mark.parametrize("check", ["per_parameter_layout_matches_torchs_hook", "memories_move_by_parameter_into_another_bucket_layout"])
+@pytest.mark.parametrize("check", sorted(CHECKS))
 def test_powersgd_memories_split_and_move_as_torchs_hook_lays_them_out(check, tmp_path):
     # A process of its own: torch's hook in a gloo group can abort the process that ran it (the script says why).
     result = run_command([sys.executable, str(LAYOUT_CHECKS), check, str(tmp_path / "store")], timeout=120, cwd=tmp_path)

@@ -1,4 +1,5 @@
-"""The stall watchdog says when it cannot work, instead of silently never firing.
+"""The stall watchdog says when it cannot work, instead of silently never firing, and refuses a
+stall timeout that is not a positive number of seconds.
 
 A flight recorder switched on or off is real (a gloo group of one rank in a process of its own:
 torch reads the switch when the group is made). A torch without this flight recorder cannot be
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
-from phalanx.runtime.watchdog import watchdog_unavailable
+from phalanx.errors import SettingsRefused
+from phalanx.runtime.watchdog import stall_timeout_from_env, watchdog_unavailable
 from tests.conftest import run_command
 
 PROBE = """
@@ -48,3 +51,27 @@ def test_a_torch_without_this_flight_recorder_is_named(monkeypatch):
     assert notice is not None and f"torch {torch.__version__} cannot show its flight recorder (AttributeError" in notice
     assert "HINT: use a torch whose flight recorder records gloo collectives" in notice
 
+
+
+@pytest.mark.parametrize(("argument", "variable", "says"), [
+    (None, "-5", "PHALANX_STALL_TIMEOUT='-5'\n  a stall timeout must be a positive number of seconds"),
+    (None, "5m", "PHALANX_STALL_TIMEOUT='5m'\n  it is not a number of seconds"),
+    (0, None, "stall_timeout=0\n  a stall timeout must be a positive number of seconds"),
+    (float("nan"), None, "stall_timeout=nan"),
+])  # fmt: skip
+def test_a_stall_timeout_that_is_not_positive_seconds_is_refused_with_a_hint(monkeypatch, argument, variable, says):
+    if variable is None:
+        monkeypatch.delenv("PHALANX_STALL_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("PHALANX_STALL_TIMEOUT", variable)
+    with pytest.raises(SettingsRefused) as refused:
+        stall_timeout_from_env(argument)
+    assert refused.value.exit_code == 2 and says in str(refused.value)
+    assert "HINT: give the seconds a collective may stay pending before the job is aborted, for example 300" in str(refused.value)
+
+
+def test_the_stall_timeout_comes_from_the_argument_then_the_variable_then_the_default(monkeypatch):
+    monkeypatch.setenv("PHALANX_STALL_TIMEOUT", "42.5")
+    assert stall_timeout_from_env(7) == 7.0 and stall_timeout_from_env(None) == 42.5
+    monkeypatch.delenv("PHALANX_STALL_TIMEOUT")
+    assert stall_timeout_from_env(None) == 300.0

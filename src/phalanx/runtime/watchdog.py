@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.worker_env import WorkerEnv
 
@@ -107,18 +108,23 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
 
 
 def stall_timeout_from_env(value: float | None) -> float:
-    if value is not None:
-        return value
-    text = os.environ.get(STALL_TIMEOUT_VARIABLE)
-    if not text:
-        return DEFAULT_STALL_TIMEOUT_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ValueError(f"{STALL_TIMEOUT_VARIABLE}={text!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise ValueError(f"{STALL_TIMEOUT_VARIABLE}={text!r} must be positive")
-    return seconds
+    """``phalanx.init(stall_timeout=...)``, else PHALANX_STALL_TIMEOUT, else the default; refused
+    (SettingsRefused, exit code 2) unless it is a positive number of seconds."""
+    hint = f"give the seconds a collective may stay pending before the job is aborted, for example {DEFAULT_STALL_TIMEOUT_S:g} (the default)"
+    if value is None:
+        text = os.environ.get(STALL_TIMEOUT_VARIABLE)
+        if not text:
+            return DEFAULT_STALL_TIMEOUT_S
+        setting = f"{STALL_TIMEOUT_VARIABLE}={text!r}"
+        try:
+            value = float(text)
+        except ValueError:
+            raise SettingsRefused(setting, "it is not a number of seconds", hint) from None
+    else:
+        setting = f"stall_timeout={value!r}"
+    if not value > 0:  # NaN too
+        raise SettingsRefused(setting, "a stall timeout must be a positive number of seconds", hint)
+    return float(value)
 
 
 def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, timeout: float) -> str:
