@@ -17,12 +17,13 @@ times the job. Compared are pairs, phalanx over plain:
   steps (TURN_STEPS, --turn-steps; benchmarks/turns.py), their clocks stopped while the other
   trains. A pair is the two loops' intervals of the same steps, trained in alternate turns
   well under a second apart, so a neighbour's burst of load on this shared machine hits both
-  alike. Which loop starts alternates from launch to launch. The price: each turn starts cold
-  (the other job has used the caches), which costs the process with the larger working set
-  more. On digits, 12 launches of 7-step turns (~25 ms) put phalanx's CPU time per step at
-  1.066 x plain's, 4 launches of 56-step turns at 1.028: hence 56. And the preemption guard
-  votes by wall time, which the pauses stretch, so it votes more often per step than alone (a
-  vote is one tiny all-reduce a second, at most).
+  alike. Which loop starts alternates from launch to launch. A possible price: each turn
+  starts with caches the other job has used, which would cost the process with the larger
+  working set more. It did not show: on digits, phalanx's CPU time per step came out at
+  1.066 x plain's [1.042, 1.099] with 7-step turns (12 launches) and 1.076 x [1.041, 1.133] with
+  56-step turns (6 launches), while the shorter turns gave the narrower interval in wall time.
+  The preemption guard votes by wall time, which the pauses stretch, so it votes more often
+  per step than alone (a vote is one tiny all-reduce a second, at most).
 - --method runs: one loop at a time, a run of each per round (which goes first alternates); a
   pair is the two runs of a round, a run's figure the median of its intervals. Runs are seconds
   apart: on the 2-core machine this was written on, their spread is wider than the 3% margin.
@@ -72,8 +73,7 @@ WORKLOADS = {
 }
 #: Steps per turn (a divisor of --log-every): short turns, so that the two intervals of a pair run
 #: close together in time; the figures are per --log-every steps, the sum of consecutive turns.
-#: Longer turns cost less cold start (see above): digits turns take a whole interval, ~0.2 s.
-TURN_STEPS = {"digits": 56, "synthetic": 2}
+TURN_STEPS = {"digits": 7, "synthetic": 2}  # ~25 ms and ~0.5 s
 
 
 WORLD_SIZE = 2

@@ -9,11 +9,10 @@ phalanx block and the plain block next to it alike.
 The referee (:class:`Referee`, in the benchmark's own process) hands out the turns over a Unix
 socket; each rank (:class:`Turns`) reports at every boundary, and times its own blocks
 (:class:`BlockClock`; the benchmark keeps rank 0's), turn to turn, so the wait for the other
-job's block is not counted. What a paused job still
-does in the other's block: its background threads (gloo's, the stall watchdog's, which polls
-every few seconds) may run; nothing else, since every rank of it waits. A turn starts with
-caches the other job has used: short turns reject more of the machine's noise but add this
-cold start to every turn.
+job's block is not counted. What a paused job still does in the other's block: its background
+threads (gloo's, the stall watchdog's, which polls every few seconds) may run; nothing else,
+since every rank of it waits. A turn starts with caches the other job has used: short turns
+reject more of the machine's noise, and add that cold start to every turn.
 """
 
 from __future__ import annotations
