@@ -79,6 +79,8 @@ TURN_STEPS = {"digits": 7, "synthetic": 2}  # ~25 ms and ~0.5 s
 WORLD_SIZE = 2
 #: The phalanx loop's samples/s over the plain loop's: overhead at most 3%.
 TARGET = 0.97
+#: Longest one run alone may take (--method runs); a digits run takes seconds, a synthetic one a minute.
+RUN_TIMEOUT_S = 600.0
 #: The turns' Unix socket, handed to the workers by the benchmark in --method turns.
 TURNS_ENV = "LOOP_OVERHEAD_TURNS"
 LOOPS = ("plain", "phalanx")
@@ -182,6 +184,18 @@ def failure(jobs: dict[str, subprocess.Popen[bytes]], folder: Path, why: str) ->
     return SystemExit("\n".join(lines))
 
 
+def finish(jobs: dict[str, subprocess.Popen[bytes]], folder: Path, name: str, timeout: float) -> None:
+    """Waits for the jobs to end; raises the failure when one fails or takes longer than ``timeout``."""
+    deadline = time.monotonic() + timeout
+    try:
+        for job in jobs.values():
+            job.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise failure(jobs, folder, f"a {name} run took longer than {timeout:g} s") from None
+    if any(job.returncode for job in jobs.values()):
+        raise failure(jobs, folder, f"a {name} run failed")
+
+
 def stop(jobs: dict[str, subprocess.Popen[bytes]]) -> None:
     for job in jobs.values():
         if job.poll() is None:
@@ -196,8 +210,7 @@ def stop(jobs: dict[str, subprocess.Popen[bytes]]) -> None:
 def run_alone(loop: str, workload: Workload, folder: Path) -> Intervals:
     jobs = {loop: start(loop, workload, folder)}
     try:
-        if jobs[loop].wait(timeout=600) != 0:
-            raise failure(jobs, folder, f"a {workload.name} run failed")
+        finish(jobs, folder, workload.name, timeout=RUN_TIMEOUT_S)
     finally:
         stop(jobs)
     return read_intervals(loop, workload, folder)
@@ -217,10 +230,7 @@ def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path) -> di
         except (OSError, RuntimeError) as error:  # a timeout, a closed connection: a job died or hangs
             time.sleep(1)  # a job that died has exited by now: its code names it
             raise failure(jobs, folder, f"the turns of {workload.name} broke off ({error})") from None
-        for job in jobs.values():
-            job.wait(timeout=TURN_TIMEOUT_S)
-        if any(job.returncode for job in jobs.values()):
-            raise failure(jobs, folder, f"a {workload.name} run failed after its last turn")
+        finish(jobs, folder, workload.name, timeout=TURN_TIMEOUT_S)  # after the last turn
     finally:
         referee.close()
         stop(jobs)
@@ -387,10 +397,10 @@ def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
                f"ratio >= {TARGET}", "launches", "ratio of totals", "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
     print(format_table(headers, rows, indent=""))
     if method == "turns":
-        print(f"{repeats} launches of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a")
+        print(f"{repeats} launch{'es' if repeats != 1 else ''} of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a")
         print("pair is the two loops' intervals of the same --log-every steps (the first of a launch left out).")
     else:
-        print(f"{repeats} rounds of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its")
+        print(f"{repeats} round{'s' if repeats != 1 else ''} of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its")
         print("intervals of --log-every steps (the first left out); a pair: the two runs of a round.")
     print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval;")
     print(f"the target (overhead at most 3%) is met when the whole interval is at or above {TARGET}, missed when it is")
