@@ -363,7 +363,9 @@ def main() -> None:
                 reporter.end_epoch(epoch, step, epoch_start)
             if step % args.log_every == 0 or step == total_steps:
                 reporter.start(step, epoch, grad_norm)
-            preempted = preemption.should_stop()
+            # A stop asked for after the last step: the training is complete, so it ends as a
+            # finished run does (exit 0, final metrics) instead of asking for a relaunch.
+            preempted = preemption.should_stop() and step < total_steps
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 save_checkpoint()
                 saved_step = step
@@ -377,6 +379,9 @@ def main() -> None:
                 raise SystemExit(ExitCode.PREEMPTED)
     if checkpoints and saved_step != step:  # the end too: the same command again trains nothing
         save_checkpoint()
+    if preemption.received is not None:
+        reporter.progress.write(f"{preemption.received.name} came after the last step: the training is complete, "
+                                "so it finishes instead of stopping")  # fmt: skip
     reporter.close()
 
     elapsed = time.perf_counter() - started

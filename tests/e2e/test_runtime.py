@@ -325,6 +325,28 @@ def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir
     assert "root cause" not in output and not out.exists()
 
 
+@pytest.mark.parametrize("signal_step", [27, 28])
+def test_a_preemption_after_the_last_step_finishes_the_run(workdir, signal_step):
+    """28 steps in all (448 samples, batch 16). A stop asked for after step 27 saves and exits
+    75 for a relaunch; after step 28 there is nothing left to train, so the run finishes as an
+    uninterrupted one does: exit 0, its checkpoint, its final metrics."""
+    worker = Path(__file__).parent / "workers" / "signal_at_step.py"
+    out = workdir / "metrics.json"
+    argv = [sys.executable, str(worker), str(signal_step), "--samples", "448", "--batch-size", "16", "--epochs", "1",
+            "--checkpoint-dir", str(workdir / "ck"), "--metrics-json", str(out)]  # fmt: skip
+    result = run_command(argv, timeout=120, cwd=workdir)
+    assert (workdir / "ck" / f"step-{signal_step:09d}.pt").exists(), result.output
+    if signal_step < 28:
+        assert result.returncode == 75, result.output
+        assert f"preempted by SIGTERM after step {signal_step}; checkpoint saved" in result.output
+        assert not out.exists()
+        return
+    assert result.returncode == 0, result.output
+    assert "SIGTERM came after the last step: the training is complete" in result.output
+    assert "preempted by" not in result.output
+    assert json.loads(out.read_text())["steps"] == 28
+
+
 def test_preemption_votes_are_rare_on_short_steps_and_every_rank_stops_after_the_same_step(workdir):
     """The guard votes about every period (0.3 s here), not at every boundary, and a signal on
     one rank still stops every rank after one and the same step, soon after it arrived."""

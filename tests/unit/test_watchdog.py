@@ -8,12 +8,13 @@ installed beside the one tested here; it is stood in for by removing the functio
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 import torch
 
 from phalanx.errors import SettingsRefused
-from phalanx.runtime.watchdog import stall_timeout_from_env, watchdog_unavailable
+from phalanx.runtime.watchdog import StallWatchdog, stall_timeout_from_env, watchdog_unavailable
 from tests.conftest import run_command
 
 PROBE = """
@@ -75,3 +76,80 @@ def test_the_stall_timeout_comes_from_the_argument_then_the_variable_then_the_de
     assert stall_timeout_from_env(7) == 7.0 and stall_timeout_from_env(None) == 42.5
     monkeypatch.delenv("PHALANX_STALL_TIMEOUT")
     assert stall_timeout_from_env(None) == 300.0
+
+
+def serve_job_store(monkeypatch):
+    """A real TCPStore, as the job's: the watchdog connects to MASTER_ADDR:MASTER_PORT."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    return store
+
+
+@pytest.fixture
+def job_store(monkeypatch):
+    return serve_job_store(monkeypatch)
+
+
+def wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.02)
+
+
+def test_a_poll_that_fails_is_said_once_and_so_is_its_recovery(job_store, monkeypatch, capsys):
+    """The flight recorder's failure is stood in for (torch's cannot be made to fail on demand);
+    the store, the thread and its polls are real."""
+    said: list[str] = []
+
+    def log() -> str:
+        said.append(capsys.readouterr().err)
+        return "".join(said)
+
+    watchdog = StallWatchdog(rank=3, world_size=4, stall_timeout=300, backend="gloo", poll_s=0.05)
+    watchdog.start()
+    try:
+        wait_for(lambda: job_store.check([f"{watchdog.prefix}3"]))  # it posts its progress
+        dump = torch._C._distributed_c10d._dump_fr_trace
+
+        def unreadable(**_kwargs):
+            raise RuntimeError("flight recorder unreadable")
+
+        monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", unreadable)
+        wait_for(lambda: "cannot poll" in log())
+        time.sleep(0.5)  # about 10 more failed polls
+        assert log().count("cannot poll") == 1
+        assert log().startswith("phalanx: the stall watchdog of rank 3 cannot poll (RuntimeError: flight recorder "
+                                "unreadable); until it can, a stall is not reported by this rank")  # fmt: skip
+        assert "It tries again every 0.05 s" in log() and "\nHINT: " in log()
+        monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", dump)
+        wait_for(lambda: "phalanx: the stall watchdog of rank 3 polls again" in log())
+        assert watchdog._thread.is_alive()
+    finally:
+        watchdog.stop()
+    assert not watchdog._thread.is_alive()
+    assert log().count("rank 3 polls again") == 1
+
+
+def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
+    job_store = serve_job_store(monkeypatch)
+    port = job_store.port
+    watchdog = StallWatchdog(rank=1, world_size=2, stall_timeout=300, backend="gloo", poll_s=0.05)
+    watchdog.start()
+    try:
+        wait_for(lambda: job_store.check([f"{watchdog.prefix}1"]))
+        del job_store  # the store's server closes: every later post fails
+        said = ""
+        deadline = time.monotonic() + 20
+        while "cannot poll" not in said and time.monotonic() < deadline:
+            said += capsys.readouterr().err
+            time.sleep(0.05)
+        time.sleep(0.3)
+        said += capsys.readouterr().err
+    finally:
+        watchdog.stop()
+    assert said.count("phalanx: the stall watchdog of rank 1 cannot poll (") == 1, said
+    assert f"the job's store (127.0.0.1:{port}, MASTER_ADDR:MASTER_PORT)" in said

@@ -153,6 +153,15 @@ def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, t
     return "\n".join(lines)
 
 
+def poll_failed_notice(rank: int, error: Exception, poll_s: float, store: str) -> str:
+    """What a rank's log says when its watchdog cannot read the flight recorder or post to the store."""
+    why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"  # not torch's C++ frames
+    return (f"phalanx: the stall watchdog of rank {rank} cannot poll ({why}); until it can, a stall is not "
+            f"reported by this rank and other ranks' reports may call it silent. It tries again every "
+            f"{poll_s:g} s and says when it polls again.\n"
+            f"HINT: when the job is not ending, check that the job's store ({store}, MASTER_ADDR:MASTER_PORT) is reachable")
+
+
 class StallWatchdog:
     def __init__(self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
@@ -167,11 +176,13 @@ class StallWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-stall-watchdog", daemon=True)
         self._store: Any = None
+        self._store_address = ""
 
     def start(self) -> None:
         from torch.distributed import TCPStore
 
         # A connection of its own: the training thread's store traffic is never interleaved with ours.
+        self._store_address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         self._store = TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
             timeout=timedelta(seconds=30), use_libuv=True,
@@ -184,16 +195,23 @@ class StallWatchdog:
             self._thread.join(timeout=self.poll_s + 5)
 
     def _run(self) -> None:
+        failing = False  # the last poll failed: said once, not at every poll
         while not self._stop.wait(self.poll_s):
             try:
                 me = flight_recorder_progress(self.rank, self.node, self.step, self.backend)
                 self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
                 if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
                     self._abort(me)
-            except Exception:  # noqa: BLE001 - the job is ending (store gone): the watchdog just stops
-                if self._stop.is_set():
+            except Exception as error:  # noqa: BLE001 - a poll must never end the training
+                if self._stop.is_set():  # the job is ending and the store went first
                     return
-                time.sleep(self.poll_s)
+                if not failing:
+                    print(poll_failed_notice(self.rank, error, self.poll_s, self._store_address), file=sys.stderr, flush=True)
+                failing = True
+            else:
+                if failing:
+                    print(f"phalanx: the stall watchdog of rank {self.rank} polls again", file=sys.stderr, flush=True)
+                failing = False
 
     def _abort(self, me: Progress) -> None:
         keys = {rank: f"{self.prefix}{rank}" for rank in range(self.world_size)}
