@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from phalanx.runtime.compression import GradientCompression, make_candidate  # noqa: E402
 from phalanx.runtime.context import DistributedContext  # noqa: E402
 from phalanx.runtime.model import bf16_supported  # noqa: E402
-from phalanx.runtime.watchdog import flight_recorder_progress, watchdog_unavailable  # noqa: E402
+from phalanx.runtime.watchdog import collective_counts, flight_recorder_progress, watchdog_unavailable  # noqa: E402
 
 device = torch.device("cuda", 0)
 torch.cuda.set_device(device)
@@ -66,5 +66,8 @@ while progress.completed < progress.issued and time.monotonic() < deadline:  # N
 print(f"flight recorder: issued {progress.issued}, completed {progress.completed} ({progress.last_completed_op}), "
       f"pending {progress.pending_op}")  # fmt: skip
 assert progress.issued >= 10 and progress.completed == progress.issued and progress.pending_op is None, progress
+counts = collective_counts("nccl")  # the watchdog's cheap poll: the status alone, without the entries
+print(f"flight recorder status: {counts}")
+assert counts is not None and max(c[1] for c in counts) == progress.issued, counts
 dist.destroy_process_group()
 print("ok")

@@ -7,6 +7,7 @@ installed beside the one tested here; it is stood in for by removing the functio
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -14,7 +15,14 @@ import pytest
 import torch
 
 from phalanx.errors import SettingsRefused
-from phalanx.runtime.watchdog import StallWatchdog, stall_timeout_from_env, watchdog_unavailable
+from phalanx.runtime.watchdog import (
+    Progress,
+    StallWatchdog,
+    stall_report,
+    stall_timeout_from_env,
+    stood_still,
+    watchdog_unavailable,
+)
 from tests.conftest import run_command
 
 PROBE = """
@@ -153,3 +161,67 @@ def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
         watchdog.stop()
     assert said.count("phalanx: the stall watchdog of rank 1 cannot poll (") == 1, said
     assert f"the job's store (127.0.0.1:{port}, MASTER_ADDR:MASTER_PORT)" in said
+
+
+@pytest.mark.parametrize(("previous", "now", "read_entries"), [
+    (None, (("0", 5, 5),), True),  # the first poll
+    ((("0", 5, 5),), None, True),  # a torch without the status
+    ((("0", 5, 5),), (("0", 5, 5),), True),  # nothing moved: a stall, or no collective
+    ((("0", 5, 4),), (("0", 5, 4),), True),  # pending and stuck
+    ((("0", 5, 5),), (("0", 9, 8),), False),  # training: collectives complete
+    ((("0", 5, 5),), (("0", 6, 5),), True),  # one issued, none completed since: may be the stall's start
+    ((("0", 5, 5), ("1", 3, 3)), (("0", 9, 9), ("1", 4, 3)), True),  # group 1 stuck while group 0 works
+    ((("0", 5, 5), ("1", 3, 3)), (("0", 9, 9), ("1", 3, 3)), False),  # group 1 idle, nothing pending
+    ((("0", 5, 5),), (("0", 9, 9), ("1", 1, 0)), False),  # a new group's first collective
+])  # fmt: skip
+def test_the_entries_are_read_only_when_the_counts_stood_still(previous, now, read_entries):
+    assert stood_still(previous, now) is read_entries
+
+
+POLLS = """
+import json, sys
+import torch, torch.distributed as dist
+from phalanx.runtime import watchdog
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+reads = []
+full_read = watchdog.flight_recorder_progress
+watchdog.flight_recorder_progress = lambda *a: reads.append(1) or full_read(*a)
+dog = watchdog.StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=1)
+polls = []
+for step in range(4):  # training: collectives complete between polls
+    dist.all_reduce(torch.ones(2))
+    polls.append((dog._poll(), len(reads)))
+polls.append((dog._poll(), len(reads)))  # none since the last poll
+print(json.dumps([(p.issued, p.completed, p.last_completed_op, n) for p, n in polls]))
+import os; os._exit(0)
+"""
+
+
+def test_polls_read_the_status_while_collectives_complete_and_every_entry_when_they_stand_still(tmp_path):
+    """A real flight recorder (a gloo group of one rank, in a process of its own)."""
+    result = run_command([sys.executable, "-c", POLLS, str(tmp_path / "store")], timeout=60, cwd=tmp_path,
+                         env={"TORCH_FR_BUFFER_SIZE": "500"})  # fmt: skip
+    assert result.returncode == 0, result.output
+    polls = json.loads(result.stdout)
+    assert [(issued, completed) for issued, completed, _, _ in polls] == [(1, 1), (2, 2), (3, 3), (4, 4), (4, 4)]
+    assert [reads for *_, reads in polls] == [1, 1, 1, 1, 2]  # the first poll and the one that saw nothing move
+    assert [op for _, _, op, _ in polls] == ["gloo:all_reduce", "", "", "", "gloo:all_reduce"]
+
+
+def test_a_stall_report_names_the_last_completed_collective_when_it_is_known():
+    def progress(rank, issued, op, step):
+        return Progress(rank=rank, node=f"node{rank}", issued=issued, completed=issued, last_completed_op=op,
+                        pending_op=None, pending_seq=None, pending_for_s=0.0, step=step)  # fmt: skip
+
+    me = Progress(rank=0, node="node0", issued=8, completed=7, last_completed_op="gloo:all_reduce",
+                  pending_op="gloo:all_reduce", pending_seq=8, pending_for_s=301.0, step=7)  # fmt: skip
+    everyone = {0: me, 1: progress(1, 7, "gloo:all_reduce", 7), 2: progress(2, 7, "", 7), 3: progress(3, 7, "", None)}
+    report = stall_report(me, everyone, world_size=5, timeout=300).splitlines()
+    assert report[0] == "phalanx: stall: rank 0 has waited 301 s (stall timeout 300 s) in collective #8 (gloo:all_reduce)"
+    assert report[1:5] == [
+        "  stalled: rank 1 on node1: never called collective #8; last completed #7 (gloo:all_reduce, step 7)",
+        "  stalled: rank 2 on node2: never called collective #8; last completed #7 (step 7)",
+        "  stalled: rank 3 on node3: never called collective #8; last completed #7",
+        "  stalled: rank 4: its watchdog posted no progress (the process may be frozen or gone)",
+    ]
+    assert report[5].startswith("HINT: ")

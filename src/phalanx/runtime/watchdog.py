@@ -2,7 +2,9 @@
 
 It needs nothing from the training code. torch's flight recorder logs every collective this
 process issues (gloo and nccl); a background thread reads it every few seconds and posts
-this rank's progress (last collective issued and completed) on the job's store. When a
+this rank's progress (last collective issued and completed) on the job's store. While
+collectives complete it reads only the recorder's counts (microseconds); every entry, which
+holds the GIL for milliseconds, only when the counts stood still since the last poll. When a
 collective here has been pending longer than ``stall_timeout``, the thread reads every rank's
 progress: the ranks that never issued that collective are the stalled ones. It prints a
 report naming them, their node and their last completed collective, and ends this process,
@@ -43,23 +45,55 @@ class Progress:
     node: str
     issued: int  # sequence number of the newest collective this rank has called
     completed: int  # newest collective that finished here
-    last_completed_op: str
+    last_completed_op: str  # "" when not known (a poll that read only the counts)
     pending_op: str | None
     pending_seq: int | None
     pending_for_s: float
     step: int | None
 
 
-def _dump_flight_recorder(backend: str) -> bytes:
+def _dump_flight_recorder(backend: str, *, collectives: bool = True) -> bytes:
     import torch
 
     c10d = torch._C._distributed_c10d
     # Without stack traces: symbolizing them imports torch._dynamo and torch._inductor in this
     # thread, which races the training thread's own import of them (DDP's constructor) and can
     # kill the rank with a partially-initialized-module ImportError. The report never reads them.
+    options = {"includeCollectives": collectives, "includeStackTraces": False}
     if backend == "nccl":  # NCCL's collectives go to a flight recorder of their own, with CUDA events
-        return c10d._dump_nccl_trace(includeStackTraces=False)
-    return c10d._dump_fr_trace(includeStackTraces=False)
+        return c10d._dump_nccl_trace(**options)
+    return c10d._dump_fr_trace(**options)
+
+
+#: (process group, newest collective issued, newest completed) for every group: collective_counts()
+Counts = tuple[tuple[str, int, int], ...]
+
+
+def collective_counts(backend: str) -> Counts | None:
+    """The flight recorder's status alone; None when this torch's dump has no status.
+
+    About 15 us, against about 10 ms for every entry (500 of them), during which this thread
+    holds the GIL: the training thread stopped for up to 80 ms at a full read (measured). In a
+    synchronous job every rank's pause holds all the others, so a job of N ranks pays N of them
+    per poll period; the watchdog reads the entries only when these counts stand still.
+    """
+    status = pickle.loads(_dump_flight_recorder(backend, collectives=False)).get("pg_status")
+    if not status:
+        return None
+    return tuple(sorted((str(group), int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
+                        for group, s in status.items()))  # fmt: skip
+
+
+def stood_still(previous: Counts | None, now: Counts | None) -> bool:
+    """Whether a poll must read every entry: no counts to go by, nothing moved since the previous
+    poll (a stall, or no collective in a poll period), or a group with a collective pending
+    completed nothing since (a stall in that group while another one works)."""
+    if previous is None or now is None:
+        return True
+    before = {group: (issued, completed) for group, issued, completed in previous}
+    if all(before.get(group) == (issued, completed) for group, issued, completed in now):
+        return True
+    return any(issued > completed and before.get(group, (0, -1))[1] == completed for group, issued, completed in now)
 
 
 def flight_recorder_progress(rank: int, node: str, step: int | None, backend: str) -> Progress:
@@ -137,10 +171,10 @@ def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, t
     ]
     for rank in stalled:
         p = everyone[rank]
-        step = f", step {p.step}" if p.step is not None else ""
+        details = ", ".join(d for d in (p.last_completed_op, f"step {p.step}" if p.step is not None else "") if d)
         lines.append(
             f"  stalled: rank {rank} on {p.node}: never called collective #{me.pending_seq}; last completed "
-            f"#{p.completed} ({p.last_completed_op}{step})"
+            f"#{p.completed}{f' ({details})' if details else ''}"
         )
     for rank in silent:
         lines.append(f"  stalled: rank {rank}: its watchdog posted no progress (the process may be frozen or gone)")
@@ -177,6 +211,8 @@ class StallWatchdog:
         self._thread = threading.Thread(target=self._run, name="phalanx-stall-watchdog", daemon=True)
         self._store: Any = None
         self._store_address = ""
+        self._counts: Counts | None = None  # at the last poll
+        self._read: Progress | None = None  # the last poll that read every entry
 
     def start(self) -> None:
         from torch.distributed import TCPStore
@@ -198,7 +234,7 @@ class StallWatchdog:
         failing = False  # the last poll failed: said once, not at every poll
         while not self._stop.wait(self.poll_s):
             try:
-                me = flight_recorder_progress(self.rank, self.node, self.step, self.backend)
+                me = self._poll()
                 self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
                 if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
                     self._abort(me)
@@ -212,6 +248,25 @@ class StallWatchdog:
                 if failing:
                     print(f"phalanx: the stall watchdog of rank {self.rank} polls again", file=sys.stderr, flush=True)
                 failing = False
+
+    def _poll(self) -> Progress:
+        """This rank's progress: from the status counts while collectives complete, from every
+        entry of the flight recorder when they stood still since the last poll (:func:`stood_still`)
+        or this torch has no status. A collective pending past the stall timeout has stood still
+        for many polls, so it is always seen with its entries: its age and name."""
+        counts, previous = collective_counts(self.backend), self._counts
+        self._counts = counts
+        if self._read is None or stood_still(previous, counts):
+            self._read = flight_recorder_progress(self.rank, self.node, self.step, self.backend)
+            return self._read
+        issued, completed = max(c[1] for c in counts), max(c[2] for c in counts)
+        # The names are the last full read's (that of a collective completed since is unknown);
+        # a report about this rank follows a poll that read every entry, as its counts stood still.
+        last_op = self._read.last_completed_op if completed == self._read.completed else ""
+        return Progress(
+            rank=self.rank, node=self.node, issued=issued, completed=completed, last_completed_op=last_op,
+            pending_op=None, pending_seq=None, pending_for_s=0.0, step=self.step,
+        )  # fmt: skip
 
     def _abort(self, me: Progress) -> None:
         keys = {rank: f"{self.prefix}{rank}" for rank in range(self.world_size)}
