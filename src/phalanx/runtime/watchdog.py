@@ -73,7 +73,7 @@ def collective_counts(backend: str) -> Counts | None:
     """The flight recorder's status alone; None when this torch's dump has no status.
 
     About 15 us, against about 10 ms for every entry (500 of them), during which this thread
-    holds the GIL: the training thread stopped for up to 80 ms at a full read (measured). In a
+    holds the GIL: a training thread stopped 4-9 ms at each full read, once 99 ms (measured). In a
     synchronous job every rank's pause holds all the others, so a job of N ranks pays N of them
     per poll period; the watchdog reads the entries only when these counts stand still.
     """
