@@ -179,7 +179,7 @@ def test_the_entries_are_read_only_when_the_counts_stood_still(previous, now, re
 
 
 POLLS = """
-import json, sys
+import json, sys, time
 import torch, torch.distributed as dist
 from phalanx.runtime import watchdog
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
@@ -188,8 +188,12 @@ full_read = watchdog.flight_recorder_progress
 watchdog.flight_recorder_progress = lambda *a: reads.append(1) or full_read(*a)
 dog = watchdog.StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=1)
 polls = []
+def completed():  # gloo's thread records a completion just after wait() returns
+    while (counts := watchdog.collective_counts("gloo"))[0][2] < counts[0][1]:
+        time.sleep(0.001)
 for step in range(4):  # training: collectives complete between polls
     dist.all_reduce(torch.ones(2))
+    completed()
     polls.append((dog._poll(), len(reads)))
 polls.append((dog._poll(), len(reads)))  # none since the last poll
 print(json.dumps([(p.issued, p.completed, p.last_completed_op, n) for p, n in polls]))
@@ -225,3 +229,15 @@ def test_a_stall_report_names_the_last_completed_collective_when_it_is_known():
         "  stalled: rank 4: its watchdog posted no progress (the process may be frozen or gone)",
     ]
     assert report[5].startswith("HINT: ")
+
+
+@pytest.mark.parametrize("status", [None, {}, {"0": {"enqueued": 3}}, {"0": None}])
+def test_a_status_of_another_shape_makes_every_poll_read_the_entries(monkeypatch, status):
+    """Another torch's dump is stood in for: the watchdog must then work as without the counts."""
+    import pickle
+
+    from phalanx.runtime import watchdog
+
+    monkeypatch.setattr(watchdog, "_dump_flight_recorder", lambda *_a, **_k: pickle.dumps({"pg_status": status}))
+    assert watchdog.collective_counts("gloo") is None
+    assert stood_still(watchdog.collective_counts("gloo"), watchdog.collective_counts("gloo"))

@@ -70,7 +70,8 @@ Counts = tuple[tuple[str, int, int], ...]
 
 
 def collective_counts(backend: str) -> Counts | None:
-    """The flight recorder's status alone; None when this torch's dump has no status.
+    """The flight recorder's status alone; None when this torch's dump has no status (or one of
+    another shape).
 
     About 15 us, against about 10 ms for every entry (500 of them), during which this thread
     holds the GIL: a training thread stopped 4-9 ms at each full read, once 99 ms (measured). In a
@@ -78,10 +79,12 @@ def collective_counts(backend: str) -> Counts | None:
     per poll period; the watchdog reads the entries only when these counts stand still.
     """
     status = pickle.loads(_dump_flight_recorder(backend, collectives=False)).get("pg_status")
-    if not status:
+    try:
+        counts = tuple(sorted((str(group), int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
+                              for group, s in status.items()))  # fmt: skip
+    except (AttributeError, KeyError, TypeError, ValueError):  # another torch's format: read every entry instead
         return None
-    return tuple(sorted((str(group), int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
-                        for group, s in status.items()))  # fmt: skip
+    return counts or None
 
 
 def stood_still(previous: Counts | None, now: Counts | None) -> bool:
