@@ -116,7 +116,7 @@ def real_mean_loss(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tenso
     """The batch's mean loss over its real samples, for the metrics. Only a rank's last batch
     of an epoch can hold padding (the samples that even out the shards), which would otherwise
     count twice; every other batch reuses the mean loss the gradient came from, at no cost."""
-    if real == len(labels) or real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
+    if real == labels.shape[0] or real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
         return loss
     with torch.no_grad():
         return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real])
@@ -345,8 +345,9 @@ def main() -> None:
                     logits = model(images)
                     loss = torch.nn.functional.cross_entropy(logits, labels)
                 precision.backward(loss, scale=micro.loss_scale)  # all-reduces on the window's last only
-            trained += len(labels)
-            real, real_before = loader.real_delivered - real_before, loader.real_delivered
+            trained += labels.shape[0]  # (len() of a tensor runs Python code: this is read every step)
+            real = loader.real_delivered - real_before
+            real_before += real
             reporter.totals.add_mean(real, loss=real_mean_loss(loss, logits, labels, real))
             if not micro.sync:
                 continue

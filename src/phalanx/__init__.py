@@ -24,5 +24,7 @@ def __getattr__(name: str) -> Any:
     if name in _RUNTIME:
         from phalanx import runtime
 
-        return getattr(runtime, name)
+        # Kept as a module attribute: found directly from then on (a loop reads phalanx.accumulate every step).
+        value = globals()[name] = getattr(runtime, name)
+        return value
     raise AttributeError(f"module 'phalanx' has no attribute {name!r}")

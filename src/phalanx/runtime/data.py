@@ -14,6 +14,7 @@ those the loop trained on. :class:`ResumableLoader` counts what it delivered ins
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import signal
@@ -75,13 +76,18 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         start = self._position = self.position  # a pass left unfinished continues from where it stopped
         self._remaining_at_start = self.num_samples - start
-        # The indices come from a list iterator, which counts what it handed out: no Python code
-        # runs per sample (the DataLoader asks for each one), and position reads the count.
+        # The indices come from a list iterator, which counts what it handed out (position reads
+        # the count), chained to the pass's end: no Python code runs per sample, which the
+        # DataLoader asks for one by one (a generator here cost a frame resumption per sample).
         self._handing_out = iter(self._epoch_indices()[start:])
-        yield from self._handing_out
+        return itertools.chain(self._handing_out, self._end_of_pass())
+
+    def _end_of_pass(self) -> Iterator[int]:
+        """Runs once the pass's indices are exhausted, and yields none."""
         self._handing_out, self._position = None, self.num_samples
-        self.epoch += 1  # exhausted: the next pass is the next epoch, reshuffled
+        self.epoch += 1  # the next pass is the next epoch, reshuffled
         self._move_to(0)
+        yield from ()
 
     @property
     def real_handed_out(self) -> int:
@@ -147,44 +153,44 @@ class ResumableLoader(DataLoader):
             raise ValueError("in_order=False: ResumableLoader resumes after the batches delivered, which must come in order")
         kwargs["worker_init_fn"] = _IgnorePreemptionSignals(kwargs.get("worker_init_fn"))
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
-        self._pass_start: tuple[int, int] | None = None  # (epoch, position) where the pass in progress began
-        self._delivered = 0  # batches of that pass the loop has received
+        self._pass: _Pass | None = None  # the pass in progress
         self._real_before = 0  # real samples delivered before that pass
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.sampler
-        if self._pass_start is not None:  # the last pass was left unfinished: continue after what it delivered
+        if self._pass is not None:  # the last pass was left unfinished: continue after what it delivered
             sampler.load_state_dict(self.state_dict())
         self._real_before = self.real_delivered
-        self._pass_start, self._delivered = (sampler.epoch, sampler.position), 0
+        self._pass = progress = _Pass(sampler.epoch, sampler.position)
         for batch in super().__iter__():
-            self._delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
+            progress.delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
             yield batch
         self._real_before = self.real_delivered
-        self._pass_start = None  # the pass is over: the sampler's own state is exact again
+        self._pass = None  # the pass is over: the sampler's own state is exact again
 
-    def _delivered_stop(self) -> int:
+    def _delivered_stop(self, progress: _Pass) -> int:
         """The sampler position after the last batch delivered in the pass in progress."""
-        assert self._pass_start is not None
-        return min(self._pass_start[1] + self._delivered * self.batch_size, self.sampler.num_samples)
+        return min(progress.start + progress.delivered * self.batch_size, self.sampler.num_samples)
 
     @property
     def resume_point(self) -> tuple[int, int]:
         """(epoch, sample position) after the last batch delivered: where a resume continues."""
-        if self._pass_start is None:
+        progress = self._pass
+        if progress is None:
             return self.sampler.epoch, self.sampler.position
-        epoch, stop = self._pass_start[0], self._delivered_stop()
+        stop = self._delivered_stop(progress)
         left = self.sampler.num_samples - stop
         if left == 0 or (self.drop_last and left < self.batch_size):  # nothing more this epoch
-            return epoch + 1, 0
-        return epoch, stop
+            return progress.epoch + 1, 0
+        return progress.epoch, stop
 
     @property
     def real_delivered(self) -> int:
         """Real samples delivered since the loader was made (or its state loaded)."""
-        if self._pass_start is None:
+        progress = self._pass
+        if progress is None:
             return self._real_before
-        return self._real_before + self.sampler.real_samples(self._pass_start[1], self._delivered_stop())
+        return self._real_before + self.sampler.real_samples(progress.start, self._delivered_stop(progress))
 
     def state_dict(self) -> dict[str, int]:
         epoch, position = self.resume_point  # the sampler's own schema, at the delivered position
@@ -192,7 +198,18 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.sampler.load_state_dict(state)
-        self._pass_start, self._delivered, self._real_before = None, 0, 0
+        self._pass, self._real_before = None, 0
+
+
+class _Pass:
+    """A pass of a ResumableLoader over its sampler: where it began and the batches the loop
+    received. A plain object, counted every batch (an attribute of the DataLoader itself would
+    go through DataLoader.__setattr__, Python code, at every batch)."""
+
+    __slots__ = ("epoch", "start", "delivered")
+
+    def __init__(self, epoch: int, start: int) -> None:
+        self.epoch, self.start, self.delivered = epoch, start, 0
 
 
 class _IgnorePreemptionSignals:

@@ -50,6 +50,7 @@ class PreemptionGuard:
         self._next_vote = 1  # the boundary of the next vote, the same on every rank
         self._voted_at, self._voted_time = 0, time.perf_counter()
         self._in_flight: tuple[Any, torch.Tensor] | None = None  # the vote started at boundary _voted_at
+        self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
         for signum in signals:
             signal.signal(signum, self._on_signal)
 
@@ -62,7 +63,7 @@ class PreemptionGuard:
         Call it once at every step boundary on every rank: it is a collective at some of them
         (the same ones on every rank), and costs nothing at the others.
         """
-        if not (self.context.is_distributed and dist.is_initialized()):
+        if not self._voting:
             return self.received is not None
         self._boundary += 1
         if self._in_flight is not None:  # started at the previous boundary: read it now
