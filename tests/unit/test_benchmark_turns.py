@@ -1,5 +1,6 @@
 """benchmarks/loop_overhead.py's method: two jobs' turns never overlap, the waits are not timed,
-turns add up to intervals, and the median's confidence interval takes the right order statistics."""
+turns add up to intervals, the median's confidence interval takes the right order statistics,
+and the target is decided by the pairs and the launches together."""
 
 from __future__ import annotations
 
@@ -69,6 +70,17 @@ def test_the_median_interval_takes_the_binomial_order_statistics(count, expected
     # the textbook table: n = 6 -> (x1, x6) at 96.9%, n = 10 -> (x2, x9), n = 50 -> (x18, x33)
     assert loop_overhead.median_interval([float(v) for v in reversed(range(count))]) == (
         None if expected is None else tuple(float(v) for v in expected))
+
+
+@pytest.mark.parametrize(("intervals", "expected"), [
+    (((0.975, 0.99), (0.971, 1.01)), "met"),
+    (((0.975, 0.99), (0.95, 1.01)), "not decided"),  # the pairs' interval alone would say met
+    (((0.90, 0.96), (0.93, 0.965)), "missed"),
+    (((0.90, 0.96), (0.93, 0.99)), "not decided"),
+    (((0.975, 0.99), None), "too few launches"),
+])  # fmt: skip
+def test_the_target_is_decided_only_when_the_pairs_and_the_launches_agree(intervals, expected):
+    assert loop_overhead.verdict(*intervals) == expected
 
 
 def test_a_rank_that_leaves_mid_run_is_reported_not_waited_for(tmp_path):
