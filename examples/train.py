@@ -332,7 +332,7 @@ def main() -> None:
                                 "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                 "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
 
-    started, trained, saved_step = time.perf_counter(), 0, step
+    started, trained, saved_step, stopped_at_the_end = time.perf_counter(), 0, step, False
     while loader.resume_point[0] < args.epochs:
         epoch, epoch_start = loader.resume_point  # (epoch, sample) where this pass starts
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
@@ -364,9 +364,11 @@ def main() -> None:
                 reporter.end_epoch(epoch, step, epoch_start)
             if step % args.log_every == 0 or step == total_steps:
                 reporter.start(step, epoch, grad_norm)
-            # A stop asked for after the last step: the training is complete, so it ends as a
-            # finished run does (exit 0, final metrics) instead of asking for a relaunch.
-            preempted = preemption.should_stop() and step < total_steps
+            # A stop agreed on after the last step finds the training complete: the run ends as a
+            # finished one does (exit 0, final metrics) instead of asking for a relaunch.
+            stop = preemption.should_stop()
+            preempted = stop and loader.resume_point[0] < args.epochs
+            stopped_at_the_end = stop and not preempted
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 save_checkpoint()
                 saved_step = step
@@ -380,8 +382,9 @@ def main() -> None:
                 raise SystemExit(ExitCode.PREEMPTED)
     if checkpoints and saved_step != step:  # the end too: the same command again trains nothing
         save_checkpoint()
-    if preemption.received is not None:
-        reporter.progress.write(f"{preemption.received.name} came after the last step: the training is complete, "
+    if stopped_at_the_end or preemption.received is not None:
+        signal_name = preemption.received.name if preemption.received else "a preemption signal (to another rank)"
+        reporter.progress.write(f"{signal_name} came after the last step: the training is complete, "
                                 "so it finishes instead of stopping")  # fmt: skip
     reporter.close()
 

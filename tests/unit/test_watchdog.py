@@ -16,6 +16,7 @@ import torch
 
 from phalanx.errors import SettingsRefused
 from phalanx.runtime.watchdog import (
+    COUNTS_ONLY_POLLS,
     Progress,
     StallWatchdog,
     stall_report,
@@ -127,12 +128,13 @@ def test_a_poll_that_fails_is_said_once_and_so_is_its_recovery(job_store, monkey
             raise RuntimeError("flight recorder unreadable")
 
         monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", unreadable)
-        wait_for(lambda: "cannot poll" in log())
+        wait_for(lambda: "cannot read the flight recorder" in log())
         time.sleep(0.5)  # about 10 more failed polls
-        assert log().count("cannot poll") == 1
-        assert log().startswith("phalanx: the stall watchdog of rank 3 cannot poll (RuntimeError: flight recorder "
-                                "unreadable); until it can, a stall is not reported by this rank")  # fmt: skip
-        assert "It tries again every 0.05 s" in log() and "\nHINT: " in log()
+        assert log().count("cannot read") == 1
+        assert log().startswith("phalanx: the stall watchdog of rank 3 cannot read the flight recorder (RuntimeError: "
+                                "flight recorder unreadable). Until it can, this rank reports no stall")  # fmt: skip
+        assert "It tries again every 0.05 s" in log()
+        assert "\nHINT: when the job is not ending, the flight recorder is torch's: the error above is its own" in log()
         monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", dump)
         wait_for(lambda: "phalanx: the stall watchdog of rank 3 polls again" in log())
         assert watchdog._thread.is_alive()
@@ -152,14 +154,14 @@ def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
         del job_store  # the store's server closes: every later post fails
         said = ""
         deadline = time.monotonic() + 20
-        while "cannot poll" not in said and time.monotonic() < deadline:
+        while "cannot post" not in said and time.monotonic() < deadline:
             said += capsys.readouterr().err
             time.sleep(0.05)
         time.sleep(0.3)
         said += capsys.readouterr().err
     finally:
         watchdog.stop()
-    assert said.count("phalanx: the stall watchdog of rank 1 cannot poll (") == 1, said
+    assert said.count("phalanx: the stall watchdog of rank 1 cannot post to the job's store (") == 1, said
     assert f"the job's store (127.0.0.1:{port}, MASTER_ADDR:MASTER_PORT)" in said
 
 
@@ -172,7 +174,8 @@ def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
     ((("0", 5, 5),), (("0", 6, 5),), True),  # one issued, none completed since: may be the stall's start
     ((("0", 5, 5), ("1", 3, 3)), (("0", 9, 9), ("1", 4, 3)), True),  # group 1 stuck while group 0 works
     ((("0", 5, 5), ("1", 3, 3)), (("0", 9, 9), ("1", 3, 3)), False),  # group 1 idle, nothing pending
-    ((("0", 5, 5),), (("0", 9, 9), ("1", 1, 0)), False),  # a new group's first collective
+    ((("0", 5, 5),), (("0", 9, 9), ("1", 1, -1)), True),  # a new group's first collective, pending (as torch counts it)
+    ((("0", 5, 5),), (("0", 9, 9), ("1", 1, 1)), False),  # a new group's first collective, done
 ])  # fmt: skip
 def test_the_entries_are_read_only_when_the_counts_stood_still(previous, now, read_entries):
     assert stood_still(previous, now) is read_entries
@@ -183,49 +186,49 @@ import json, sys, time
 import torch, torch.distributed as dist
 from phalanx.runtime import watchdog
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-reads = []
-full_read = watchdog.flight_recorder_progress
-watchdog.flight_recorder_progress = lambda *a: reads.append(1) or full_read(*a)
 dog = watchdog.StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=1)
-polls = []
-def completed():  # gloo's thread records a completion just after wait() returns
-    while (counts := watchdog.collective_counts("gloo"))[0][2] < counts[0][1]:
-        time.sleep(0.001)
-for step in range(4):  # training: collectives complete between polls
+def step_and_poll():  # training: a collective completes between two polls
     dist.all_reduce(torch.ones(2))
-    completed()
-    polls.append((dog._poll(), len(reads)))
-polls.append((dog._poll(), len(reads)))  # none since the last poll
-print(json.dumps([(p.issued, p.completed, p.last_completed_op, n) for p, n in polls]))
+    while (counts := watchdog.collective_counts("gloo"))[0][2] < counts[0][1]:
+        time.sleep(0.001)  # gloo's thread records a completion just after wait() returns
+    return dog._poll()
+dist.all_reduce(torch.ones(2))  # as phalanx.init's barrier
+polls = [dog._poll()]  # the first poll
+polls += [step_and_poll() for _ in range(3)]
+polls.append(dog._poll())  # nothing moved since the last poll
+polls += [step_and_poll() for _ in range(watchdog.COUNTS_ONLY_POLLS + 1)]
+print(json.dumps([None if p is None else (p.issued, p.completed, p.last_completed_op) for p in polls]))
 import os; os._exit(0)
 """
 
 
-def test_polls_read_the_status_while_collectives_complete_and_every_entry_when_they_stand_still(tmp_path):
-    """A real flight recorder (a gloo group of one rank, in a process of its own)."""
+def test_polls_read_every_entry_only_when_the_counts_stand_still_or_after_many_polls(tmp_path):
+    """A real flight recorder (a gloo group of one rank, in a process of its own). A poll that
+    reads only the counts posts nothing (None)."""
     result = run_command([sys.executable, "-c", POLLS, str(tmp_path / "store")], timeout=60, cwd=tmp_path,
                          env={"TORCH_FR_BUFFER_SIZE": "500"})  # fmt: skip
     assert result.returncode == 0, result.output
     polls = json.loads(result.stdout)
-    assert [(issued, completed) for issued, completed, _, _ in polls] == [(1, 1), (2, 2), (3, 3), (4, 4), (4, 4)]
-    assert [reads for *_, reads in polls] == [1, 1, 1, 1, 2]  # the first poll and the one that saw nothing move
-    assert [op for _, _, op, _ in polls] == ["gloo:all_reduce", "", "", "", "gloo:all_reduce"]
+    counts_only = COUNTS_ONLY_POLLS
+    assert polls == [[1, 1, "gloo:all_reduce"], None, None, None, [4, 4, "gloo:all_reduce"], *[None] * counts_only,
+                     [5 + counts_only, 5 + counts_only, "gloo:all_reduce"]]  # fmt: skip
 
 
-def test_a_stall_report_names_the_last_completed_collective_when_it_is_known():
+def test_a_stall_report_names_the_stalled_ranks_their_last_collective_and_step():
     def progress(rank, issued, op, step):
         return Progress(rank=rank, node=f"node{rank}", issued=issued, completed=issued, last_completed_op=op,
                         pending_op=None, pending_seq=None, pending_for_s=0.0, step=step)  # fmt: skip
 
     me = Progress(rank=0, node="node0", issued=8, completed=7, last_completed_op="gloo:all_reduce",
                   pending_op="gloo:all_reduce", pending_seq=8, pending_for_s=301.0, step=7)  # fmt: skip
-    everyone = {0: me, 1: progress(1, 7, "gloo:all_reduce", 7), 2: progress(2, 7, "", 7), 3: progress(3, 7, "", None)}
+    everyone = {0: me, 1: progress(1, 7, "gloo:all_reduce", 7), 2: progress(2, 7, "gloo:broadcast", None),
+                3: progress(3, 0, "none", None)}  # rank 3 completed no collective; rank 2 marked no step
     report = stall_report(me, everyone, world_size=5, timeout=300).splitlines()
     assert report[0] == "phalanx: stall: rank 0 has waited 301 s (stall timeout 300 s) in collective #8 (gloo:all_reduce)"
     assert report[1:5] == [
         "  stalled: rank 1 on node1: never called collective #8; last completed #7 (gloo:all_reduce, step 7)",
-        "  stalled: rank 2 on node2: never called collective #8; last completed #7 (step 7)",
-        "  stalled: rank 3 on node3: never called collective #8; last completed #7",
+        "  stalled: rank 2 on node2: never called collective #8; last completed #7 (gloo:broadcast)",
+        "  stalled: rank 3 on node3: never called collective #8; last completed #0 (none)",
         "  stalled: rank 4: its watchdog posted no progress (the process may be frozen or gone)",
     ]
     assert report[5].startswith("HINT: ")

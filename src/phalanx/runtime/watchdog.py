@@ -4,7 +4,8 @@ It needs nothing from the training code. torch's flight recorder logs every coll
 process issues (gloo and nccl); a background thread reads it every few seconds and posts
 this rank's progress (last collective issued and completed) on the job's store. While
 collectives complete it reads only the recorder's counts (microseconds); every entry, which
-holds the GIL for milliseconds, only when the counts stood still since the last poll. When a
+holds the GIL for milliseconds, only when the counts stood still since the last poll (and
+every twelfth poll anyway). When a
 collective here has been pending longer than ``stall_timeout``, the thread reads every rank's
 progress: the ranks that never issued that collective are the stalled ones. It prints a
 report naming them, their node and their last completed collective, and ends this process,
@@ -31,12 +32,16 @@ DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
 #: The flight recorder records only when this is set before the process group is created.
 FLIGHT_RECORDER_VARIABLE = "TORCH_FR_BUFFER_SIZE"
-#: The newest collectives it keeps. Each poll reads them all (about 9 ms for 500 entries, 29 ms
-#: for 2000, measured) while training waits for the GIL; a stall needs only the oldest pending
-#: one, which stays in the buffer unless 500 more were issued after it (DDP issues one per bucket).
+#: The newest collectives it keeps. A poll that reads the entries reads them all (about 9 ms for
+#: 500, 29 ms for 2000, measured) while training waits for the GIL; a stall needs only the oldest
+#: pending one, which stays in the buffer unless 500 more were issued after it (DDP issues one per
+#: bucket).
 FLIGHT_RECORDER_ENTRIES = "500"
 #: At most this long, a watchdog that found a stall waits for every rank's progress report.
 ABORT_GRACE_S = 20.0
+#: Polls that read only the counts between two that read every entry, at most: a safety net for a
+#: stall the counts cannot show (see StallWatchdog._poll).
+COUNTS_ONLY_POLLS = 11
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Progress:
     node: str
     issued: int  # sequence number of the newest collective this rank has called
     completed: int  # newest collective that finished here
-    last_completed_op: str  # "" when not known (a poll that read only the counts)
+    last_completed_op: str
     pending_op: str | None
     pending_seq: int | None
     pending_for_s: float
@@ -190,13 +195,14 @@ def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, t
     return "\n".join(lines)
 
 
-def poll_failed_notice(rank: int, error: Exception, poll_s: float, store: str) -> str:
+def poll_failed_notice(rank: int, action: str, error: Exception, poll_s: float, store: str) -> str:
     """What a rank's log says when its watchdog cannot read the flight recorder or post to the store."""
     why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"  # not torch's C++ frames
-    return (f"phalanx: the stall watchdog of rank {rank} cannot poll ({why}); until it can, a stall is not "
-            f"reported by this rank and other ranks' reports may call it silent. It tries again every "
-            f"{poll_s:g} s and says when it polls again.\n"
-            f"HINT: when the job is not ending, check that the job's store ({store}, MASTER_ADDR:MASTER_PORT) is reachable")
+    hint = (f"check that the job's store ({store}, MASTER_ADDR:MASTER_PORT) is reachable from this node"
+            if "store" in action else "the flight recorder is torch's: the error above is its own")  # fmt: skip
+    return (f"phalanx: the stall watchdog of rank {rank} cannot {action} ({why}). Until it can, this rank "
+            f"reports no stall, and other ranks' reports use its last post (or none). It tries again every "
+            f"{poll_s:g} s and says when it polls again.\nHINT: when the job is not ending, {hint}")
 
 
 class StallWatchdog:
@@ -215,7 +221,7 @@ class StallWatchdog:
         self._store: Any = None
         self._store_address = ""
         self._counts: Counts | None = None  # at the last poll
-        self._read: Progress | None = None  # the last poll that read every entry
+        self._counts_only = 0  # polls since the last that read every entry
 
     def start(self) -> None:
         from torch.distributed import TCPStore
@@ -236,8 +242,12 @@ class StallWatchdog:
     def _run(self) -> None:
         failing = False  # the last poll failed: said once, not at every poll
         while not self._stop.wait(self.poll_s):
+            action = "read the flight recorder"
             try:
                 me = self._poll()
+                if me is None:  # collectives complete: nothing a report could use, nothing to post
+                    continue
+                action = "post to the job's store"
                 self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
                 if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
                     self._abort(me)
@@ -245,31 +255,33 @@ class StallWatchdog:
                 if self._stop.is_set():  # the job is ending and the store went first
                     return
                 if not failing:
-                    print(poll_failed_notice(self.rank, error, self.poll_s, self._store_address), file=sys.stderr, flush=True)
+                    print(poll_failed_notice(self.rank, action, error, self.poll_s, self._store_address),
+                          file=sys.stderr, flush=True)  # fmt: skip
                 failing = True
             else:
                 if failing:
                     print(f"phalanx: the stall watchdog of rank {self.rank} polls again", file=sys.stderr, flush=True)
                 failing = False
 
-    def _poll(self) -> Progress:
-        """This rank's progress: from the status counts while collectives complete, from every
-        entry of the flight recorder when they stood still since the last poll (:func:`stood_still`)
-        or this torch has no status. A collective pending past the stall timeout has stood still
-        for many polls, so it is always seen with its entries: its age and name."""
+    def _poll(self) -> Progress | None:
+        """This rank's progress from every entry of the flight recorder, to post; None while its
+        counts show collectives completing (:func:`stood_still`), which costs microseconds
+        instead of milliseconds holding the GIL.
+
+        Only a full read is posted: the counts number a group's work, point-to-point included,
+        not the entries' collective sequence, so a report never compares the two. A stall
+        stops every rank's counts, so each rank reads its entries and posts within two polls of
+        its start, long before the stall timeout. Every COUNTS_ONLY_POLLS + 1 polls the entries
+        are read anyway: a rank blocked inside a collective's launch (NCCL counts it only once
+        launched) while another of its groups keeps working shows moving counts.
+        """
         counts, previous = collective_counts(self.backend), self._counts
         self._counts = counts
-        if self._read is None or stood_still(previous, counts):
-            self._read = flight_recorder_progress(self.rank, self.node, self.step, self.backend)
-            return self._read
-        issued, completed = max(c[1] for c in counts), max(c[2] for c in counts)
-        # The names are the last full read's (that of a collective completed since is unknown);
-        # a report about this rank follows a poll that read every entry, as its counts stood still.
-        last_op = self._read.last_completed_op if completed == self._read.completed else ""
-        return Progress(
-            rank=self.rank, node=self.node, issued=issued, completed=completed, last_completed_op=last_op,
-            pending_op=None, pending_seq=None, pending_for_s=0.0, step=self.step,
-        )  # fmt: skip
+        if self._counts_only < COUNTS_ONLY_POLLS and not stood_still(previous, counts):
+            self._counts_only += 1
+            return None
+        self._counts_only = 0
+        return flight_recorder_progress(self.rank, self.node, self.step, self.backend)
 
     def _abort(self, me: Progress) -> None:
         keys = {rank: f"{self.prefix}{rank}" for rank in range(self.world_size)}
