@@ -245,12 +245,11 @@ class StallWatchdog:
             action = "read the flight recorder"
             try:
                 me = self._poll()
-                if me is None:  # collectives complete: nothing a report could use, nothing to post
-                    continue
-                action = "post to the job's store"
-                self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
-                if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
-                    self._abort(me)
+                if me is not None:  # (None: collectives complete, nothing a report could use)
+                    action = "post to the job's store"
+                    self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
+                    if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
+                        self._abort(me)
             except Exception as error:  # noqa: BLE001 - a poll must never end the training
                 if self._stop.is_set():  # the job is ending and the store went first
                     return
