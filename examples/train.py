@@ -332,7 +332,7 @@ def main() -> None:
                                 "sampler": loader.state_dict(), "precision": precision.state_dict(),
                                 "compression": compression_of(model).state_dict(), "reporter": reporter_state})  # fmt: skip
 
-    started, trained, saved_step, stopped_at_the_end = time.perf_counter(), 0, step, False
+    started, trained, saved_step, stop = time.perf_counter(), 0, step, False
     while loader.resume_point[0] < args.epochs:
         epoch, epoch_start = loader.resume_point  # (epoch, sample) where this pass starts
         # Checkpoints fall on optimizer steps, so a resumed epoch starts at a window boundary.
@@ -368,7 +368,6 @@ def main() -> None:
             # finished one does (exit 0, final metrics) instead of asking for a relaunch.
             stop = preemption.should_stop()
             preempted = stop and loader.resume_point[0] < args.epochs
-            stopped_at_the_end = stop and not preempted
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 save_checkpoint()
                 saved_step = step
@@ -382,7 +381,7 @@ def main() -> None:
                 raise SystemExit(ExitCode.PREEMPTED)
     if checkpoints and saved_step != step:  # the end too: the same command again trains nothing
         save_checkpoint()
-    if stopped_at_the_end or preemption.received is not None:
+    if stop or preemption.received is not None:  # (a stop before the end left the loop above)
         signal_name = preemption.received.name if preemption.received else "a preemption signal (to another rank)"
         reporter.progress.write(f"{signal_name} came after the last step: the training is complete, "
                                 "so it finishes instead of stopping")  # fmt: skip

@@ -5,11 +5,11 @@ process issues (gloo and nccl); a background thread reads it every few seconds a
 this rank's progress (last collective issued and completed) on the job's store. While
 collectives complete it reads only the recorder's counts (microseconds); every entry, which
 holds the GIL for milliseconds, only when the counts stood still since the last poll (and
-every twelfth poll anyway). When a
-collective here has been pending longer than ``stall_timeout``, the thread reads every rank's
-progress: the ranks that never issued that collective are the stalled ones. It prints a
-report naming them, their node and their last completed collective, and ends this process,
-so that torchrun tears the job down within seconds (the report becomes the root cause).
+every twelfth poll anyway). When a collective here has been pending longer than
+``stall_timeout``, the thread reads every rank's progress: the ranks that never issued that
+collective are the stalled ones. It prints a report naming them, their node and their last
+completed collective, and ends this process, so that torchrun tears the job down within
+seconds (the report becomes the root cause).
 """
 
 from __future__ import annotations
@@ -179,10 +179,10 @@ def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, t
     ]
     for rank in stalled:
         p = everyone[rank]
-        details = ", ".join(d for d in (p.last_completed_op, f"step {p.step}" if p.step is not None else "") if d)
+        step = f", step {p.step}" if p.step is not None else ""
         lines.append(
             f"  stalled: rank {rank} on {p.node}: never called collective #{me.pending_seq}; last completed "
-            f"#{p.completed}{f' ({details})' if details else ''}"
+            f"#{p.completed} ({p.last_completed_op}{step})"
         )
     for rank in silent:
         lines.append(f"  stalled: rank {rank}: its watchdog posted no progress (the process may be frozen or gone)")
