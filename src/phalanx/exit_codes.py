@@ -7,11 +7,13 @@ class ExitCode(enum.IntEnum):
     OK = 0
     #: A worker process failed (the root cause is printed last), or a check found a problem.
     FAILED = 1
-    #: The settings were refused before anything started, or the nodes disagree on them.
+    #: The settings were refused: before anything started, by a worker (a phalanx error that
+    #: exits with this code, such as SettingsRefused), or the nodes disagree on them.
     REFUSED = 2
     #: The other nodes did not join within --join-timeout.
     JOIN_TIMEOUT = 3
-    #: A worker's stall watchdog ended it: a rank stopped making progress (report in its log).
+    #: A worker's stall watchdog ended it: a rank stopped making progress (report in its log; phalanx
+    #: run exits with it too when that report is the root cause).
     STALLED = 4
     #: A worker stopped for preemption after saving a checkpoint (EX_TEMPFAIL: run it again).
     PREEMPTED = 75

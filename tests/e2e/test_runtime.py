@@ -258,11 +258,14 @@ def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
     script = workdir / "mismatch.py"
     script.write_text((Path(__file__).parent / "workers" / "mismatch.py").read_text())
     result = phalanx("run", "--nproc-per-node", "2", str(script))
-    assert result.returncode == 1
+    assert result.returncode == 2, result.output  # ExitCode.REFUSED: the ranks were not started alike
     assert "consistent" not in result.stdout
+    cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
+    assert "it refused its settings" in cause and "refused too: rank" in cause
+    assert "phalanx: error: the ranks disagree before the first step\n  " in cause and "Traceback" not in cause
     for rank in (0, 1):
         log = next(workdir.glob(f"phalanx-logs/*/attempt_0/rank{rank}/stderr.log")).read_text()
-        assert "InconsistentRanks: the ranks disagree before the first step" in log
+        assert "InconsistentRanks: phalanx: error: the ranks disagree before the first step" in log
         assert "dataset length: ranks 0: 100; ranks 1: 101" in log
         assert "parameter shapes: ranks 0: ['weight:(2, 4)'" in log
 
@@ -275,8 +278,10 @@ def test_compression_modes_train(workdir, compression):
 
 def test_bf16_on_gloo_is_refused_with_a_hint(phalanx, workdir):
     result = phalanx("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1", "--compression", "bf16")
-    assert result.returncode == 1
-    assert "compression bf16 on the gloo backend" in result.stderr and "HINT: use --compression fp16" in result.stderr
+    assert result.returncode == 2, result.output  # ExitCode.REFUSED, as a refusal before the start
+    cause = result.stderr[result.stderr.index("phalanx: root cause:") :]  # the message, not the traceback
+    assert "phalanx: error: compression bf16 on the gloo backend (cpu)" in cause and "Traceback" not in cause
+    assert cause.rstrip().endswith("HINT: use --compression fp16 (same bytes on the wire) or powersgd on gloo")
 
 
 def test_uneven_shards_neither_hang_nor_count_padding(workdir):
@@ -293,7 +298,7 @@ def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     timeout = 4
     result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(script), "2",
                      env={"PHALANX_STALL_TIMEOUT": str(timeout)}, timeout=120)  # fmt: skip
-    assert result.returncode == 1, result.output
+    assert result.returncode == 4, result.output  # ExitCode.STALLED: the root cause's own code
     assert result.seconds < timeout + 30 + 20  # + the launch itself on this 2-core machine
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
     assert "exited with code 4" in cause  # ExitCode.STALLED, from the watchdog of a waiting rank

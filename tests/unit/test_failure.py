@@ -41,3 +41,51 @@ def test_preemption_is_told_apart_from_a_failure():
     assert is_preemption([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)])
     assert not is_preemption([failure(0, 1.0, exitcode=-signal.SIGTERM)])
     assert not is_preemption([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=1)])
+
+
+REFUSED_TAIL = (
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "train.py", line 298, in main',
+    "[rank1]:     raise SettingsRefused(",
+    "[rank1]: phalanx.errors.SettingsRefused: phalanx: error: compression bf16 on the gloo backend (cpu)",
+    "[rank1]:   gloo cannot reduce bf16 gradients.",
+    "[rank1]: HINT: use --compression fp16",
+    "[W1202 04:52:28 ProcessGroup.cpp] destroy_process_group() was not called",
+)
+
+
+def test_a_phalanx_error_in_a_worker_is_shown_as_its_message_with_its_exit_code():
+    from phalanx.launch.failure import exit_code_for, phalanx_error_of
+
+    found = [failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, tail=REFUSED_TAIL), failure(2, 1.5)]
+    ending = phalanx_error_of(found[0])
+    assert ending.is_refusal and ending.message == (
+        "phalanx: error: compression bf16 on the gloo backend (cpu)", "  gloo cannot reduce bf16 gradients.",
+        "HINT: use --compression fp16",
+    )  # fmt: skip
+    assert exit_code_for(found) == 2  # SettingsRefused: ExitCode.REFUSED
+    text = format_root_cause(found)
+    assert text.splitlines()[0] == ("phalanx: root cause: rank 1 (local rank 1) on node0 (127.0.0.101) exited with code 1: "
+                                    "it refused its settings (traceback: r1.log)")  # fmt: skip
+    assert "  refused too: rank 0" in text and "  then failed too: rank 2" in text
+    assert text.endswith("phalanx: error: compression bf16 on the gloo backend (cpu)\n  gloo cannot reduce bf16 "
+                         "gradients.\nHINT: use --compression fp16")  # fmt: skip
+    assert "Traceback" not in text and "destroy_process_group" not in text
+
+
+def test_each_phalanx_error_keeps_its_own_exit_code():
+    from phalanx.launch.failure import exit_code_for
+
+    def ending(last_line):
+        return [failure(0, 1.0, tail=("Traceback (most recent call last):", last_line))]
+
+    assert exit_code_for(ending("phalanx.runtime.consistency.InconsistentRanks: phalanx: error: the ranks disagree")) == 2
+    assert exit_code_for(ending("phalanx.errors.PhalanxError: phalanx: error: something failed")) == 1
+    assert "exited with code 1: it stopped with a phalanx error (traceback: r0.log)\nphalanx: error: something failed" in (
+        format_root_cause(ending("phalanx.errors.PhalanxError: phalanx: error: something failed"))
+    )
+    # a class this phalanx does not have (the worker runs another version): a plain failure
+    assert exit_code_for(ending("phalanx.errors.NoSuchError: phalanx: error: x")) == 1
+    assert exit_code_for(ending("ValueError: phalanx: error: not ours")) == 1
+    assert exit_code_for([failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s",))]) == 4
+    assert exit_code_for([]) == 1

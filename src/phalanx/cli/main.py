@@ -8,9 +8,10 @@ Commands:
   plan    predict the all-reduce time a step for a model, layout and link, with each compression
 
 Exit codes, for every command:
-  0 success; 1 a worker failed (its root cause is printed last); 2 settings refused, or the
-  nodes disagree on them; 3 the other nodes did not join in time; 75 the workers stopped for
-  preemption after saving a checkpoint; 128+N stopped by signal N.
+  0 success; 1 a worker failed (its root cause is printed last); 2 settings refused (by phalanx
+  or a worker), or the nodes disagree on them; 3 the other nodes did not join in time; 4 the
+  stall watchdog ended the job; 75 the workers stopped for preemption after saving a checkpoint;
+  128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="phalanx",
         description="Multi-node synchronous data-parallel training with PyTorch, on torchrun, that starts "
         "the first time. Start with: phalanx run --help",
-        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not join "
-        "in time, 75 the workers stopped for preemption, 128+N stopped by signal N.",
+        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not\n"
+        "join in time, 4 a stalled rank (the watchdog's report), 75 the workers stopped for preemption,\n"
+        "128+N stopped by signal N.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")

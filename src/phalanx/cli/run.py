@@ -17,8 +17,9 @@ cannot work are refused before anything starts; the nodes compare their settings
 first step; rank 0's node prints the rank plan; each rank logs to LOG_DIR/<run>/attempt_N/rankR/;
 a failure ends with its root cause.
 
-Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not join
-in time, 75 the workers stopped for preemption (run again to continue), 128+N stopped by signal N.
+Exit codes: 0 ok, 1 a worker failed, 2 settings refused (by phalanx run or by a worker) or nodes
+disagree, 3 nodes did not join in time, 4 a stalled rank (the watchdog's report), 75 the workers
+stopped for preemption (run again to continue), 128+N stopped by signal N.
 """
 
 from __future__ import annotations

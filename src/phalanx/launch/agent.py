@@ -82,8 +82,7 @@ class NodeAgent:
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
                 return ExitCode.PREEMPTED
-            self._report_failures(found)
-            return ExitCode.FAILED
+            return self._report_failures(found)
         except RendezvousTimeoutError:
             raise JoinTimeout(
                 f"torchrun's rendezvous at {self.plan.rdzv_endpoint} timed out after {self.plan.join_timeout:g} s",
@@ -116,11 +115,14 @@ class NodeAgent:
             return
         say(format_rank_plan(rows))
 
-    def _report_failures(self, found: list[failure.RankFailure]) -> None:
+    def _report_failures(self, found: list[failure.RankFailure]) -> int:
+        """Names the root cause; the exit code that goes with it."""
         failure.save_failures(found, failure_file(self.plan))
-        if self.plan.is_simulated:
-            return  # the simulating parent merges every node's file and names the root cause once
-        say(failure.format_root_cause(found + self._failures_of_other_nodes(found)))
+        if self.plan.is_simulated:  # the simulating parent merges every node's file and names the root cause once
+            return failure.exit_code_for(found)
+        everyone = found + self._failures_of_other_nodes(found)
+        say(failure.format_root_cause(everyone))
+        return failure.exit_code_for(everyone)
 
     def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
         """Best effort: trade failure reports with the other nodes on the store, briefly."""

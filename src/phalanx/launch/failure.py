@@ -8,7 +8,9 @@ fail, and write their own tracebacks, after that.
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import signal
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,6 +101,62 @@ KNOWN_ENDINGS = (
 )
 
 
+#: The last line of a traceback that a phalanx error ended: "phalanx.errors.SettingsRefused: phalanx:
+#: error: ..." (what torch.distributed prefixes a rank's lines with, "[rank1]: ", left out).
+_PHALANX_ERROR = re.compile(r"^(?:\[rank\d+\]: )?(phalanx(?:\.\w+)+)\.(\w+): (phalanx: error: .*)$")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+
+
+@dataclass(frozen=True)
+class PhalanxErrorEnding:
+    """A phalanx error that ended a worker (a SettingsRefused from phalanx.init, wrap_model...):
+    its message as the user would have read it, and the exit code phalanx gives it."""
+
+    message: tuple[str, ...]  # "phalanx: error: ...", its why lines, "HINT: ..."
+    exit_code: int
+
+    @property
+    def is_refusal(self) -> bool:
+        return self.exit_code == ExitCode.REFUSED
+
+
+def phalanx_error_of(failure: RankFailure) -> PhalanxErrorEnding | None:
+    """The phalanx error a worker's traceback ends with; None when it ended otherwise."""
+    lines = [_RANK_PREFIX.sub("", line) for line in failure.tail]
+    starts = [(i, match) for i, line in enumerate(lines) if (match := _PHALANX_ERROR.match(line))]
+    if not starts:
+        return None
+    index, match = starts[-1]
+    message = [match.group(3)]
+    for line in lines[index + 1 :]:  # the error's own lines; whatever the process printed after, not
+        if not line.startswith(("  ", "HINT: ")):
+            break
+        message.append(line)
+    return PhalanxErrorEnding(tuple(message), _exit_code_of(match.group(1), match.group(2)))
+
+
+def _exit_code_of(module: str, name: str) -> int:
+    from phalanx.errors import PhalanxError
+
+    try:
+        kind = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):  # a worker's phalanx is another version than this one
+        return ExitCode.FAILED
+    return int(kind.exit_code) if isinstance(kind, type) and issubclass(kind, PhalanxError) else ExitCode.FAILED
+
+
+def exit_code_for(failures: list[RankFailure]) -> int:
+    """What phalanx run exits with after these failures: the root cause's own documented code
+    when it has one (a refusal: 2; a stall found by the watchdog: 4), else 1."""
+    cause = root_cause(failures)
+    if cause is None:
+        return ExitCode.FAILED
+    ending = phalanx_error_of(cause)
+    if ending is not None:
+        return ending.exit_code
+    return ExitCode.STALLED if cause.exitcode == ExitCode.STALLED else ExitCode.FAILED
+
+
 def hint_for(failure: RankFailure) -> str | None:
     text = "\n".join(failure.tail)
     return next((hint for words, hint in KNOWN_ENDINGS if words in text), None)
@@ -108,15 +166,26 @@ def format_root_cause(failures: list[RankFailure]) -> str:
     cause = root_cause(failures)
     if cause is None:
         return "phalanx: the run failed, but no worker reported a failure"
-    lines = [
-        f"phalanx: root cause: rank {cause.rank} (local rank {cause.local_rank}) on {cause.node} ({cause.address}) "
-        f"{cause.how}",
-    ]
-    stopped = sorted(f.rank for f in failures if f is not cause and f.exitcode == -signal.SIGTERM)
-    failed = sorted(f.rank for f in failures if f is not cause and f.exitcode != -signal.SIGTERM)
-    for ranks, what in ((failed, "then failed too"), (stopped, "stopped by their agent")):
-        if ranks:
+    ending = phalanx_error_of(cause)
+    where = f"phalanx: root cause: rank {cause.rank} (local rank {cause.local_rank}) on {cause.node} ({cause.address})"
+    if ending is not None:  # phalanx's own message says it all; the traceback stays in the log
+        what = "it refused its settings" if ending.is_refusal else "it stopped with a phalanx error"
+        lines = [f"{where} {cause.how}: {what} (traceback: {cause.log})"]
+    else:
+        lines = [f"{where} {cause.how}"]
+    others = [f for f in failures if f is not cause and f.exitcode != -signal.SIGTERM]
+    refused = [f for f in others if (other := phalanx_error_of(f)) is not None and other.is_refusal]
+    groups = (
+        ("refused too", refused),
+        ("then failed too", [f for f in others if f not in refused]),
+        ("stopped by their agent", [f for f in failures if f is not cause and f.exitcode == -signal.SIGTERM]),
+    )
+    for what, group in groups:
+        if group:
+            ranks = sorted(f.rank for f in group)
             lines.append(f"  {what}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
+    if ending is not None:
+        return "\n".join([*lines, *ending.message])
     if cause.tail:
         lines.append(f"  last lines of its stderr ({cause.log}):")
         lines += [f"    {line}" for line in cause.tail]

@@ -92,6 +92,6 @@ class Simulation:
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
         if found:
             say(failure.format_root_cause(found))
-            return ExitCode.FAILED
+            return failure.exit_code_for(found)
         # No worker failed: a node refused or timed out before training; its message says why.
         return next((code for code in codes if code in (ExitCode.REFUSED, ExitCode.JOIN_TIMEOUT)), ExitCode.FAILED)

@@ -13,11 +13,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.errors import PhalanxError
+from phalanx.exit_codes import ExitCode
 from phalanx.runtime.context import DistributedContext
 
 
-class InconsistentRanks(RuntimeError):
-    """Raised on every rank when the ranks disagree on something that must be equal."""
+class InconsistentRanks(PhalanxError, RuntimeError):
+    """Raised on every rank when the ranks disagree on something that must be equal: the
+    settings were refused (exit code 2 from ``phalanx run``)."""
+
+    exit_code = ExitCode.REFUSED
 
 
 def rank_fingerprint(context: DistributedContext, model: torch.nn.Module | None, dataset: Sized | None) -> dict[str, Any]:
@@ -49,12 +54,12 @@ def check_consistency(
             groups.setdefault(_short(fingerprint.get(key)), []).append(rank)
         if len(groups) > 1:
             parts = "; ".join(f"ranks {_ranks(ranks)}: {value}" for value, ranks in groups.items())
-            problems.append(f"  {key}: {parts}")
+            problems.append(f"{key}: {parts}")
     if problems:
         raise InconsistentRanks(
-            "the ranks disagree before the first step:\n" + "\n".join(problems) + "\n"
-            "HINT: every rank must build the same model and dataset from the same code and data "
-            "(check the files and arguments on every node)"
+            "the ranks disagree before the first step", "\n  ".join(problems),
+            "every rank must build the same model and dataset from the same code and data "
+            "(check the files and arguments on every node)",
         )
 
 
