@@ -307,6 +307,20 @@ def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     assert "not reached" not in result.stdout
 
 
+def test_a_stall_in_a_process_group_names_its_member_that_never_called_the_collective(phalanx, workdir):
+    """Sequence numbers count per group: rank 1 is 30 collectives along in the default group but
+    never called the pair's #3; rank 2, outside the pair, is not named."""
+    script = workdir / "stall_in_group.py"
+    script.write_text((Path(__file__).parent / "workers" / "stall_in_group.py").read_text())
+    result = phalanx("run", "--nproc-per-node", "3", str(script), env={"PHALANX_STALL_TIMEOUT": "4"}, timeout=120)
+    assert result.returncode == 4, result.output  # ExitCode.STALLED
+    cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
+    assert "in collective #3 (gloo:all_reduce) of process group 1 (pair)" in cause
+    stalled = [line.strip() for line in cause.splitlines() if line.strip().startswith("stalled:")]
+    assert stalled == ["stalled: rank 1 on node0: never called collective #3; last completed #2 (gloo:all_reduce, step 30)"]
+    assert "not reached" not in result.stdout
+
+
 def test_a_watchdog_that_cannot_work_says_so_once_and_the_training_runs(workdir):
     """With the flight recorder switched off the watchdog would never fire: phalanx.init says so
     in each rank's log, of which the console shows rank 0's, and the job trains on without it."""

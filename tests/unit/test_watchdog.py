@@ -210,17 +210,28 @@ def test_polls_read_every_entry_only_when_the_counts_stand_still_or_after_many_p
     assert result.returncode == 0, result.output
     polls = json.loads(result.stdout)
     counts_only = COUNTS_ONLY_POLLS
-    assert polls == [[1, 1, "gloo:all_reduce"], None, None, None, [4, 4, "gloo:all_reduce"], *[None] * counts_only,
-                     [5 + counts_only, 5 + counts_only, "gloo:all_reduce"]]  # fmt: skip
+    def read(seq):  # (issued, completed, last completed op), per process group: only the default one here
+        return [{"0": seq}, {"0": seq}, {"0": "gloo:all_reduce"}]
+
+    assert polls == [read(1), None, None, None, read(4), *[None] * counts_only, read(5 + counts_only)]
+
+
+def progress(rank, issued, op, step, group="0"):
+    """A rank with nothing pending, whose newest collective in ``group`` was #``issued``."""
+    return Progress(rank=rank, node=f"node{rank}", issued={group: issued}, completed={group: issued},
+                    last_completed_op={group: op}, pending_group=None, pending_group_desc=None, pending_op=None,
+                    pending_seq=None, pending_for_s=0.0, step=step)  # fmt: skip
+
+
+def waiting(rank, seq, group="0", desc="default_pg"):
+    """A rank whose collective #``seq`` in ``group`` has been pending for 301 s."""
+    return Progress(rank=rank, node=f"node{rank}", issued={group: seq}, completed={group: seq - 1},
+                    last_completed_op={group: "gloo:all_reduce"}, pending_group=group, pending_group_desc=desc,
+                    pending_op="gloo:all_reduce", pending_seq=seq, pending_for_s=301.0, step=7)  # fmt: skip
 
 
 def test_a_stall_report_names_the_stalled_ranks_their_last_collective_and_step():
-    def progress(rank, issued, op, step):
-        return Progress(rank=rank, node=f"node{rank}", issued=issued, completed=issued, last_completed_op=op,
-                        pending_op=None, pending_seq=None, pending_for_s=0.0, step=step)  # fmt: skip
-
-    me = Progress(rank=0, node="node0", issued=8, completed=7, last_completed_op="gloo:all_reduce",
-                  pending_op="gloo:all_reduce", pending_seq=8, pending_for_s=301.0, step=7)  # fmt: skip
+    me = waiting(0, 8)
     everyone = {0: me, 1: progress(1, 7, "gloo:all_reduce", 7), 2: progress(2, 7, "gloo:broadcast", None),
                 3: progress(3, 0, "none", None)}  # rank 3 completed no collective; rank 2 marked no step
     report = stall_report(me, everyone, world_size=5, timeout=300).splitlines()
@@ -232,6 +243,23 @@ def test_a_stall_report_names_the_stalled_ranks_their_last_collective_and_step()
         "  stalled: rank 4: its watchdog posted no progress (the process may be frozen or gone)",
     ]
     assert report[5].startswith("HINT: ")
+
+
+def test_a_stall_in_a_group_compares_that_group_s_numbers_among_its_members():
+    """Sequence numbers count per process group: rank 1 is far ahead in the default group, yet
+    never called #3 of group 1; rank 2 is no member of group 1 and is not named."""
+    me = waiting(0, 3, group="1", desc="metrics")
+    behind = Progress(rank=1, node="node1", issued={"0": 900, "1": 2}, completed={"0": 900, "1": 2},
+                      last_completed_op={"0": "gloo:all_reduce", "1": "gloo:broadcast"}, pending_group=None,
+                      pending_group_desc=None, pending_op=None, pending_seq=None, pending_for_s=0.0, step=40)  # fmt: skip
+    everyone = {0: me, 1: behind, 2: progress(2, 900, "gloo:all_reduce", 40)}
+    report = stall_report(me, everyone, world_size=3, timeout=300, members=frozenset({0, 1})).splitlines()
+    assert report[0].endswith("in collective #3 (gloo:all_reduce) of process group 1 (metrics)")
+    assert report[1:-1] == ["  stalled: rank 1 on node1: never called collective #3; last completed #2 (gloo:broadcast, step 40)"]
+    everyone[1] = progress(1, 3, "gloo:all_reduce", 40, group="1")
+    assert stall_report(me, everyone, 3, 300, frozenset({0, 1})).splitlines()[1] == (
+        "  every rank of the group called collective #3, but it does not complete: a network or backend hang"
+    )
 
 
 @pytest.mark.parametrize("status", [None, {}, {"0": {"enqueued": 3}}, {"0": None}])

@@ -6,10 +6,10 @@ this rank's progress (last collective issued and completed) on the job's store. 
 collectives complete it reads only the recorder's counts (microseconds); every entry, which
 holds the GIL for milliseconds, only when the counts stood still since the last poll (and
 every twelfth poll anyway). When a collective here has been pending longer than
-``stall_timeout``, the thread reads every rank's progress: the ranks that never issued that
-collective are the stalled ones. It prints a report naming them, their node and their last
-completed collective, and ends this process, so that torchrun tears the job down within
-seconds (the report becomes the root cause).
+``stall_timeout``, the thread reads every rank's progress: the ranks of its process group that
+never issued that collective are the stalled ones (sequence numbers count per group). It
+prints a report naming them, their node and their last completed collective, and ends this
+process, so that torchrun tears the job down within seconds (the report becomes the root cause).
 """
 
 from __future__ import annotations
@@ -46,14 +46,19 @@ COUNTS_ONLY_POLLS = 11
 
 @dataclass(frozen=True)
 class Progress:
+    """One rank's collectives, per process group. Sequence numbers count within a group (torch's
+    collective_seq_id), so a report compares a group's numbers only with that group's."""
+
     rank: int
     node: str
-    issued: int  # sequence number of the newest collective this rank has called
-    completed: int  # newest collective that finished here
-    last_completed_op: str
-    pending_op: str | None
-    pending_seq: int | None
-    pending_for_s: float
+    issued: dict[str, int]  # per process group (torch's name: "0" is the default group): newest collective called
+    completed: dict[str, int]  # per group: newest collective that finished here
+    last_completed_op: dict[str, str]  # per group: that collective's name ("gloo:all_reduce")
+    pending_group: str | None  # the collective pending the longest here: its group,
+    pending_group_desc: str | None  # the group's description (torch's "default_pg" for the default group),
+    pending_op: str | None  # its name,
+    pending_seq: int | None  # its sequence number in its group,
+    pending_for_s: float  # and how long it has been pending
     step: int | None
 
 
@@ -106,25 +111,42 @@ def stood_still(previous: Counts | None, now: Counts | None) -> bool:
 
 def flight_recorder_progress(rank: int, node: str, step: int | None, backend: str) -> Progress:
     trace = pickle.loads(_dump_flight_recorder(backend))
-    # One pass: this runs every poll while training holds the other share of the GIL.
-    issued, last, pending = 0, None, None
+    # One pass: this runs while training holds the other share of the GIL.
+    issued: dict[str, int] = {}
+    completed: dict[str, int] = {}
+    last_op: dict[str, str] = {}
+    pending = None  # the entry pending the longest
     for entry in trace.get("entries", []):
         if entry.get("is_p2p"):
             continue
-        seq = entry["collective_seq_id"]
-        issued = max(issued, seq)
+        group, seq = entry["process_group"][0], entry["collective_seq_id"]
+        issued[group] = max(issued.get(group, 0), seq)
         if entry.get("retired") or entry.get("state") == "completed":
-            if last is None or seq > last["collective_seq_id"]:
-                last = entry
-        elif pending is None or seq < pending["collective_seq_id"]:
+            if seq > completed.get(group, 0):
+                completed[group], last_op[group] = seq, entry["profiling_name"]
+        elif pending is None or entry["time_created_ns"] < pending["time_created_ns"]:
             pending = entry
     age = (time.time_ns() - pending["time_created_ns"]) / 1e9 if pending else 0.0
     return Progress(
-        rank=rank, node=node, issued=issued, completed=last["collective_seq_id"] if last else 0,
-        last_completed_op=last["profiling_name"] if last else "none",
+        rank=rank, node=node, issued=issued, completed=completed, last_completed_op=last_op,
+        pending_group=pending["process_group"][0] if pending else None,
+        pending_group_desc=pending["process_group"][1] if pending else None,
         pending_op=pending["profiling_name"] if pending else None,
         pending_seq=pending["collective_seq_id"] if pending else None, pending_for_s=age, step=step,
     )  # fmt: skip
+
+
+def group_members(name: str) -> frozenset[int] | None:
+    """The global ranks of this process's group called ``name``; None when torch cannot say."""
+    import torch.distributed as dist
+
+    try:
+        for group, group_name in dist.distributed_c10d._world.pg_names.items():  # every group this process made
+            if group_name == name:
+                return frozenset(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - torch's registry of groups is private: without it, every rank is a member
+        return None
+    return None
 
 
 def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
@@ -134,7 +156,7 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
 
     other_torch = f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with 2.13)"
     try:
-        issued = flight_recorder_progress(0, "", None, backend).issued
+        issued = any(flight_recorder_progress(0, "", None, backend).issued.values())
     except Exception as error:  # noqa: BLE001 - a torch without this flight recorder, or another format of it
         problem, hint = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})", other_torch
     else:
@@ -169,26 +191,34 @@ def stall_timeout_from_env(value: float | None) -> float:
     return float(value)
 
 
-def stall_report(me: Progress, everyone: dict[int, Progress], world_size: int, timeout: float) -> str:
-    assert me.pending_seq is not None
-    stalled = sorted(r for r, p in everyone.items() if p.issued < me.pending_seq)
-    silent = sorted(set(range(world_size)) - set(everyone))
+def stall_report(
+    me: Progress, everyone: dict[int, Progress], world_size: int, timeout: float, members: frozenset[int] | None = None,
+) -> str:  # fmt: skip
+    """The report on ``me``'s pending collective: the ranks of its group (``members``, global
+    ranks; None: every rank) that never called it are the stalled ones."""
+    assert me.pending_seq is not None and me.pending_group is not None
+    group, seq = me.pending_group, me.pending_seq
+    expected = sorted(members) if members is not None else range(world_size)
+    stalled = [rank for rank in expected if rank in everyone and everyone[rank].issued.get(group, 0) < seq]
+    silent = [rank for rank in expected if rank not in everyone]
+    in_group = "" if me.pending_group_desc == "default_pg" else f" of process group {group} ({me.pending_group_desc})"
     lines = [
         f"phalanx: stall: rank {me.rank} has waited {me.pending_for_s:.0f} s (stall timeout {timeout:g} s) in "
-        f"collective #{me.pending_seq} ({me.pending_op})",
+        f"collective #{seq} ({me.pending_op}){in_group}",
     ]
     for rank in stalled:
         p = everyone[rank]
         step = f", step {p.step}" if p.step is not None else ""
         lines.append(
-            f"  stalled: rank {rank} on {p.node}: never called collective #{me.pending_seq}; last completed "
-            f"#{p.completed} ({p.last_completed_op}{step})"
+            f"  stalled: rank {rank} on {p.node}: never called collective #{seq}; last completed "
+            f"#{p.completed.get(group, 0)} ({p.last_completed_op.get(group, 'none')}{step})"
         )
     for rank in silent:
         lines.append(f"  stalled: rank {rank}: its watchdog posted no progress (the process may be frozen or gone)")
     if not stalled and not silent:
         lines.append(
-            f"  every rank called collective #{me.pending_seq}, but it does not complete: a network or backend hang"
+            f"  every rank{' of the group' if in_group else ''} called collective #{seq}, but it does not complete: "
+            "a network or backend hang"
         )
     lines.append("HINT: look at what the stalled ranks do before that collective (data loading, a rank-only branch, "
                  f"I/O); py-spy dump --pid shows a live stack. Raise {STALL_TIMEOUT_VARIABLE} for slow steps")  # fmt: skip
@@ -283,7 +313,9 @@ class StallWatchdog:
         return flight_recorder_progress(self.rank, self.node, self.step, self.backend)
 
     def _abort(self, me: Progress) -> None:
-        keys = {rank: f"{self.prefix}{rank}" for rank in range(self.world_size)}
+        members = group_members(me.pending_group) if me.pending_group is not None else None
+        expected = sorted(members) if members is not None else range(self.world_size)  # the pending collective's group
+        keys = {rank: f"{self.prefix}{rank}" for rank in expected}
         # A rank's first post can lag (its watchdog shares the CPU and the GIL with training):
         # give every rank a few polls to report before calling the silent ones frozen.
         deadline = time.monotonic() + min(ABORT_GRACE_S, 3 * self.poll_s + 5)
@@ -292,5 +324,5 @@ class StallWatchdog:
         everyone = {
             rank: Progress(**json.loads(self._store.get(key))) for rank, key in keys.items() if self._store.check([key])
         }
-        print(stall_report(me, everyone, self.world_size, self.stall_timeout), file=sys.stderr, flush=True)
+        print(stall_report(me, everyone, self.world_size, self.stall_timeout, members), file=sys.stderr, flush=True)
         os._exit(ExitCode.STALLED)
