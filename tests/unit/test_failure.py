@@ -2,11 +2,23 @@
 
 import signal
 
-from phalanx.launch.failure import RankFailure, format_root_cause, root_cause, tail_of
+from phalanx.launch.failure import (
+    RankFailure,
+    exit_code_for,
+    format_root_cause,
+    log_lines,
+    phalanx_error_in,
+    phalanx_error_of,
+    root_cause,
+    tail_of,
+)
 
 
-def failure(rank, time, exitcode=1, tail=("Traceback (most recent call last):", "ValueError: x")):
-    return RankFailure(rank, rank % 2, f"node{rank // 2}", f"127.0.0.{101 + rank // 2}", exitcode, time, f"r{rank}.log", tail)
+def failure(rank, time, exitcode=1, tail=("Traceback (most recent call last):", "ValueError: x"), reported=100.0):
+    """As failures_from makes it; here the log is its tail."""
+    error = phalanx_error_in(list(tail))
+    return RankFailure(rank, rank % 2, f"node{rank // 2}", f"127.0.0.{101 + rank // 2}", exitcode, time, f"r{rank}.log",
+                       tail, reported, error.message if error else (), error.exit_code if error else 1)  # fmt: skip
 
 
 def test_the_log_that_went_quiet_first_is_the_cause():
@@ -31,8 +43,13 @@ def test_signals_are_named_and_known_endings_get_a_hint():
 def test_tail_starts_at_the_last_traceback(tmp_path):
     log = tmp_path / "stderr.log"
     log.write_text("noise\nTraceback (most recent call last):\n  old\nTraceback (most recent call last):\n  new\nKeyError: 1\n")
-    assert tail_of(log) == ("Traceback (most recent call last):", "  new", "KeyError: 1")
-    assert tail_of(tmp_path / "missing.log") == ()
+    assert tail_of(log_lines(log)) == ("Traceback (most recent call last):", "  new", "KeyError: 1")
+    assert tail_of(log_lines(tmp_path / "missing.log")) == ()
+
+
+def test_a_stall_report_is_kept_from_its_first_line():
+    report = ["phalanx: stall: rank 0 has waited 9 s in collective #4", *[f"  stalled: rank {r}" for r in range(1, 20)]]
+    assert tail_of(["Traceback (most recent call last):", "KeyError: 1", *report]) == tuple(report[:12])
 
 
 def test_preemption_is_told_apart_from_a_failure():
@@ -55,8 +72,6 @@ REFUSED_TAIL = (
 
 
 def test_a_phalanx_error_in_a_worker_is_shown_as_its_message_with_its_exit_code():
-    from phalanx.launch.failure import exit_code_for, phalanx_error_of
-
     found = [failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, tail=REFUSED_TAIL), failure(2, 1.5)]
     ending = phalanx_error_of(found[0])
     assert ending.is_refusal and ending.message == (
@@ -74,8 +89,6 @@ def test_a_phalanx_error_in_a_worker_is_shown_as_its_message_with_its_exit_code(
 
 
 def test_each_phalanx_error_keeps_its_own_exit_code():
-    from phalanx.launch.failure import exit_code_for
-
     def ending(last_line):
         return [failure(0, 1.0, tail=("Traceback (most recent call last):", last_line))]
 
@@ -88,4 +101,35 @@ def test_each_phalanx_error_keeps_its_own_exit_code():
     assert exit_code_for(ending("phalanx.errors.NoSuchError: phalanx: error: x")) == 1
     assert exit_code_for(ending("ValueError: phalanx: error: not ours")) == 1
     assert exit_code_for([failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s",))]) == 4
+    assert exit_code_for([failure(0, 1.0, exitcode=4, tail=("sys.exit(4) of the script's own",))]) == 1
     assert exit_code_for([]) == 1
+
+
+def test_a_phalanx_error_counts_only_when_it_ended_the_worker():
+    """Printed, then the worker went on and was killed (or exited with a code of its own)."""
+    for exitcode in (-9, 3):
+        killed = failure(0, 1.0, exitcode=exitcode, tail=REFUSED_TAIL)
+        assert phalanx_error_of(killed) is None and exit_code_for([killed]) == 1
+        assert "refused" not in format_root_cause([killed])
+
+
+def test_the_error_is_found_in_the_whole_log_not_only_its_tail():
+    log = ["Traceback (most recent call last):", "phalanx.runtime.consistency.InconsistentRanks: phalanx: error: the ranks disagree",
+           *[f"  key {i}: ranks 0: a; ranks 1: b" for i in range(5)], "HINT: build the same model", "",
+           *[f"NCCL INFO teardown {i}" for i in range(8)]]  # fmt: skip
+    assert "phalanx: error: the ranks disagree" not in "\n".join(tail_of(log))
+    error = phalanx_error_in(log)
+    assert error.exit_code == 2 and len(error.message) == 7 and error.message[-1] == "HINT: build the same model"
+
+
+def test_a_worker_the_agent_killed_after_its_grace_period_is_never_the_cause():
+    """A rank stuck outside any collective, whose PreemptionGuard catches the agent's SIGTERM, is
+    SIGKILLed 30 s later; its log went quiet first, yet the watchdog's report is the cause."""
+    stall = ("phalanx: stall: rank 0 has waited 5 s (stall timeout 4 s) in collective #4 (gloo:all_reduce)",
+             "  stalled: rank 1 on node0: never called collective #4; last completed #3 (gloo:all_reduce, step 2)")  # fmt: skip
+    found = [failure(0, 50.0, exitcode=4, tail=stall, reported=100.0), failure(1, 10.0, exitcode=-9, tail=(), reported=131.0)]
+    assert root_cause(found).rank == 0 and exit_code_for(found) == 4
+    assert "  stopped by their agent: rank 1" in format_root_cause(found)
+    # killed when the agent first looked (the out-of-memory killer): the cause
+    oom = [failure(1, 10.0, exitcode=-9, tail=(), reported=100.0), failure(0, 12.0, reported=101.0)]
+    assert root_cause(oom).rank == 1

@@ -256,10 +256,27 @@ def test_a_stall_in_a_group_compares_that_group_s_numbers_among_its_members():
     report = stall_report(me, everyone, world_size=3, timeout=300, members=frozenset({0, 1})).splitlines()
     assert report[0].endswith("in collective #3 (gloo:all_reduce) of process group 1 (metrics)")
     assert report[1:-1] == ["  stalled: rank 1 on node1: never called collective #3; last completed #2 (gloo:broadcast, step 40)"]
+    # without the group's members (torch could not say), a rank that called nothing in it is not judged
+    assert stall_report(me, everyone, 3, 300).splitlines()[1:-1] == report[1:-1]
     everyone[1] = progress(1, 3, "gloo:all_reduce", 40, group="1")
     assert stall_report(me, everyone, 3, 300, frozenset({0, 1})).splitlines()[1] == (
         "  every rank of the group called collective #3, but it does not complete: a network or backend hang"
     )
+    unnamed = waiting(0, 3, group="1", desc="undefined")  # new_group() without a group_desc
+    assert stall_report(unnamed, everyone, 3, 300).splitlines()[0].endswith("(gloo:all_reduce) of process group 1")
+
+
+def test_a_group_whose_entries_left_the_buffer_keeps_its_numbers():
+    from phalanx.runtime.watchdog import with_earlier
+
+    earlier = Progress(rank=1, node="n", issued={"0": 400, "1": 2}, completed={"0": 400, "1": 2},
+                       last_completed_op={"0": "gloo:all_reduce", "1": "gloo:broadcast"}, pending_group=None,
+                       pending_group_desc=None, pending_op=None, pending_seq=None, pending_for_s=0.0, step=3)  # fmt: skip
+    now = progress(1, 900, "gloo:all_reduce", 9)  # 500 of group 0 since: group 1's entries are gone
+    kept = with_earlier(now, earlier)
+    assert kept.issued == {"0": 900, "1": 2} and kept.completed == {"0": 900, "1": 2}
+    assert kept.last_completed_op == {"0": "gloo:all_reduce", "1": "gloo:broadcast"} and kept.step == 9
+    assert with_earlier(now, None) is now
 
 
 @pytest.mark.parametrize("status", [None, {}, {"0": {"enqueued": 3}}, {"0": None}])

@@ -28,13 +28,16 @@ class RankFailure:
     node: str
     address: str
     exitcode: int
-    time: float
+    time: float  # when its log was last written
     log: str
     tail: tuple[str, ...]
+    reported: float = 0.0  # when torchrun's agent saw it end (whole seconds)
+    error: tuple[str, ...] = ()  # the phalanx error its traceback ended with: the message's lines
+    error_code: int = ExitCode.FAILED  # that error's exit code
 
     @classmethod
     def from_dict(cls, item: dict[str, Any]) -> RankFailure:
-        return cls(**{**item, "tail": tuple(item["tail"])})
+        return cls(**{**item, "tail": tuple(item["tail"]), "error": tuple(item.get("error", ()))})
 
     @property
     def how(self) -> str:
@@ -47,12 +50,20 @@ class RankFailure:
         return f"exited with code {self.exitcode}"
 
 
-def tail_of(path: Path | None, lines: int = TAIL_LINES) -> tuple[str, ...]:
-    """The last lines of a log, starting at its last traceback when there is one."""
-    if path is None or not path.is_file():
-        return ()
-    text = path.read_text(errors="replace").splitlines()
-    starts = [i for i, line in enumerate(text) if "Traceback (most recent call last)" in line]
+#: How the stall watchdog's report begins (phalanx.runtime.watchdog.stall_report).
+STALL_REPORT = "phalanx: stall:"
+
+
+def log_lines(path: Path | None) -> list[str]:
+    return path.read_text(errors="replace").splitlines() if path is not None and path.is_file() else []
+
+
+def tail_of(text: list[str], lines: int = TAIL_LINES) -> tuple[str, ...]:
+    """What a log ended with: the last lines, from its last traceback when there is one; or the
+    stall watchdog's report from its first line, which names the collective."""
+    starts = [i for i, line in enumerate(text) if "Traceback (most recent call last)" in line or STALL_REPORT in line]
+    if starts and STALL_REPORT in text[starts[-1]]:
+        return tuple(text[starts[-1] :][:lines])
     chosen = text[starts[-1] :] if starts else text
     return tuple(chosen[-lines:])
 
@@ -64,6 +75,8 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
         log = stderr_of_rank.get(rank)
         # The log's mtime is exact; torchrun's own timestamp is whole seconds, too coarse to order.
         written = log.stat().st_mtime if log is not None and log.exists() else float(failure.timestamp)
+        text = log_lines(log)
+        error = phalanx_error_in(text)
         found.append(
             RankFailure(
                 rank=rank,
@@ -73,7 +86,10 @@ def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, addres
                 exitcode=failure.exitcode,
                 time=written,
                 log=str(log) if log else "",
-                tail=tail_of(log),
+                tail=tail_of(text),
+                reported=float(failure.timestamp),
+                error=error.message if error else (),
+                error_code=error.exit_code if error else ExitCode.FAILED,
             )
         )
     return found
@@ -85,9 +101,23 @@ def is_preemption(failures: list[RankFailure]) -> bool:
     return ExitCode.PREEMPTED in codes and codes <= {ExitCode.PREEMPTED, -signal.SIGTERM}
 
 
+#: After the first failure torchrun's agent SIGTERMs the other workers, and SIGKILLs those still
+#: running after its grace period (30 s): such a SIGKILL comes well after the first failure was seen.
+TEARDOWN_KILL_AFTER_S = 5.0
+
+
+def stopped_by_agent(failure: RankFailure, failures: list[RankFailure]) -> bool:
+    """Whether the agent ended this worker while stopping the job: a consequence, never the cause.
+    (A worker that handles SIGTERM, as PreemptionGuard does, is SIGKILLed after the grace period.)"""
+    if failure.exitcode == -signal.SIGTERM:
+        return True
+    first_seen = min(f.reported for f in failures)
+    return failure.exitcode == -signal.SIGKILL and failure.reported >= first_seen + TEARDOWN_KILL_AFTER_S
+
+
 def root_cause(failures: list[RankFailure]) -> RankFailure | None:
-    # A SIGTERM comes from an agent stopping the survivors: a consequence, never the cause.
-    return min(failures, key=lambda f: (f.exitcode == -signal.SIGTERM, f.time, f.rank), default=None)
+    """The failure whose log went quiet first, among those the agent did not end itself."""
+    return min(failures, key=lambda f: (stopped_by_agent(f, failures), f.time, f.rank), default=None)
 
 
 #: Last words of a worker that phalanx can explain: (text in its log tail, HINT).
@@ -120,9 +150,9 @@ class PhalanxErrorEnding:
         return self.exit_code == ExitCode.REFUSED
 
 
-def phalanx_error_of(failure: RankFailure) -> PhalanxErrorEnding | None:
-    """The phalanx error a worker's traceback ends with; None when it ended otherwise."""
-    lines = [_RANK_PREFIX.sub("", line) for line in failure.tail]
+def phalanx_error_in(text: list[str]) -> PhalanxErrorEnding | None:
+    """The last phalanx error a log's tracebacks end with; None when there is none."""
+    lines = [_RANK_PREFIX.sub("", line) for line in text]
     starts = [(i, match) for i, line in enumerate(lines) if (match := _PHALANX_ERROR.match(line))]
     if not starts:
         return None
@@ -145,6 +175,18 @@ def _exit_code_of(module: str, name: str) -> int:
     return int(kind.exit_code) if isinstance(kind, type) and issubclass(kind, PhalanxError) else ExitCode.FAILED
 
 
+def phalanx_error_of(failure: RankFailure) -> PhalanxErrorEnding | None:
+    """The phalanx error that ended a worker: only when it exited as an uncaught exception does
+    (code 1), not when a signal or its own exit code ended it after printing one."""
+    if not failure.error or failure.exitcode != ExitCode.FAILED:
+        return None
+    return PhalanxErrorEnding(failure.error, failure.error_code)
+
+
+def is_stall_report(failure: RankFailure) -> bool:
+    return failure.exitcode == ExitCode.STALLED and any(STALL_REPORT in line for line in failure.tail)
+
+
 def exit_code_for(failures: list[RankFailure]) -> int:
     """What phalanx run exits with after these failures: the root cause's own documented code
     when it has one (a refusal: 2; a stall found by the watchdog: 4), else 1."""
@@ -154,7 +196,7 @@ def exit_code_for(failures: list[RankFailure]) -> int:
     ending = phalanx_error_of(cause)
     if ending is not None:
         return ending.exit_code
-    return ExitCode.STALLED if cause.exitcode == ExitCode.STALLED else ExitCode.FAILED
+    return ExitCode.STALLED if is_stall_report(cause) else ExitCode.FAILED
 
 
 def hint_for(failure: RankFailure) -> str | None:
@@ -170,15 +212,16 @@ def format_root_cause(failures: list[RankFailure]) -> str:
     where = f"phalanx: root cause: rank {cause.rank} (local rank {cause.local_rank}) on {cause.node} ({cause.address})"
     if ending is not None:  # phalanx's own message says it all; the traceback stays in the log
         what = "it refused its settings" if ending.is_refusal else "it stopped with a phalanx error"
-        lines = [f"{where} {cause.how}: {what} (traceback: {cause.log})"]
+        lines = [f"{where} {cause.how}: {what}" + (f" (traceback: {cause.log})" if cause.log else "")]
     else:
         lines = [f"{where} {cause.how}"]
-    others = [f for f in failures if f is not cause and f.exitcode != -signal.SIGTERM]
+    stopped = [f for f in failures if f is not cause and stopped_by_agent(f, failures)]
+    others = [f for f in failures if f is not cause and f not in stopped]
     refused = [f for f in others if (other := phalanx_error_of(f)) is not None and other.is_refusal]
     groups = (
         ("refused too", refused),
         ("then failed too", [f for f in others if f not in refused]),
-        ("stopped by their agent", [f for f in failures if f is not cause and f.exitcode == -signal.SIGTERM]),
+        ("stopped by their agent", stopped),
     )
     for what, group in groups:
         if group:

@@ -20,7 +20,7 @@ import pickle
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +42,8 @@ ABORT_GRACE_S = 20.0
 #: Polls that read only the counts between two that read every entry, at most: a safety net for a
 #: stall the counts cannot show (see StallWatchdog._poll).
 COUNTS_ONLY_POLLS = 11
+#: How torch's flight recorder describes the default process group.
+DEFAULT_GROUP_DESC = "default_pg"
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,20 @@ def flight_recorder_progress(rank: int, node: str, step: int | None, backend: st
     )  # fmt: skip
 
 
+def with_earlier(progress: Progress, earlier: Progress | None) -> Progress:
+    """``progress``, keeping what an earlier read saw of groups whose entries have left the
+    recorder's buffer since (a group used once an epoch, behind 500 of another's): a group's
+    sequence numbers only grow."""
+    if earlier is None:
+        return progress
+    issued = {**earlier.issued, **{g: max(seq, earlier.issued.get(g, 0)) for g, seq in progress.issued.items()}}
+    completed, last_op = dict(earlier.completed), dict(earlier.last_completed_op)
+    for group, seq in progress.completed.items():
+        if seq >= completed.get(group, 0):
+            completed[group], last_op[group] = seq, progress.last_completed_op[group]
+    return replace(progress, issued=issued, completed=completed, last_completed_op=last_op)
+
+
 def group_members(name: str) -> frozenset[int] | None:
     """The global ranks of this process's group called ``name``; None when torch cannot say."""
     import torch.distributed as dist
@@ -199,9 +215,14 @@ def stall_report(
     assert me.pending_seq is not None and me.pending_group is not None
     group, seq = me.pending_group, me.pending_seq
     expected = sorted(members) if members is not None else range(world_size)
-    stalled = [rank for rank in expected if rank in everyone and everyone[rank].issued.get(group, 0) < seq]
+    # Without the members of a group other than the default one, only the ranks that called
+    # something in it are judged: another rank may be no member.
+    judged = members is not None or me.pending_group_desc == DEFAULT_GROUP_DESC
+    stalled = [rank for rank in expected
+               if rank in everyone and (judged or group in everyone[rank].issued) and everyone[rank].issued.get(group, 0) < seq]  # fmt: skip
     silent = [rank for rank in expected if rank not in everyone]
-    in_group = "" if me.pending_group_desc == "default_pg" else f" of process group {group} ({me.pending_group_desc})"
+    described = f" ({me.pending_group_desc})" if me.pending_group_desc not in (None, "", "undefined") else ""
+    in_group = "" if me.pending_group_desc == DEFAULT_GROUP_DESC else f" of process group {group}{described}"
     lines = [
         f"phalanx: stall: rank {me.rank} has waited {me.pending_for_s:.0f} s (stall timeout {timeout:g} s) in "
         f"collective #{seq} ({me.pending_op}){in_group}",
@@ -252,6 +273,7 @@ class StallWatchdog:
         self._store_address = ""
         self._counts: Counts | None = None  # at the last poll
         self._counts_only = 0  # polls since the last that read every entry
+        self._progress: Progress | None = None  # from the last poll that read every entry
 
     def start(self) -> None:
         from torch.distributed import TCPStore
@@ -310,7 +332,8 @@ class StallWatchdog:
             self._counts_only += 1
             return None
         self._counts_only = 0
-        return flight_recorder_progress(self.rank, self.node, self.step, self.backend)
+        self._progress = with_earlier(flight_recorder_progress(self.rank, self.node, self.step, self.backend), self._progress)
+        return self._progress
 
     def _abort(self, me: Progress) -> None:
         members = group_members(me.pending_group) if me.pending_group is not None else None
