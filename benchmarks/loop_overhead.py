@@ -34,9 +34,9 @@ layout and placement, so they are not quite independent: with identical loops on
 launch medians of 11 pairs spread 0.92-1.11 on the 2-core machine this was written on). The
 target (>= 0.97, overhead at most 3%) is met when both intervals lie above it; at 6 launches the
 launches' interval is their whole range, and with launch medians that spread by 5-10%, deciding
-a margin of 1-2% takes many more launches (16 launches left digits undecided, twice). Beside them: rank
-0's process CPU time per step (all its threads: gloo's and the stall watchdog's too), the work
-each loop does.
+a margin of 1-2% takes many launches (on digits, 16 launches twice left it undecided; 60 gave
+intervals of about +-1.5%). Beside them: rank 0's process CPU time per step (all its threads:
+gloo's and the stall watchdog's too), the work each loop does.
 CPU time misses a cost that is only waiting, which the wall time catches, and is not free of the
 machine's noise either (cache misses under a neighbour's load, time stolen by the host).
 
