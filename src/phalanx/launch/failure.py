@@ -230,7 +230,7 @@ def format_root_cause(failures: list[RankFailure]) -> str:
     if ending is not None:
         return "\n".join([*lines, *ending.message])
     if cause.tail:
-        lines.append(f"  last lines of its stderr ({cause.log}):")
+        lines.append(f"  the end of its stderr ({cause.log}):")  # a traceback, or the stall watchdog's report
         lines += [f"    {line}" for line in cause.tail]
     elif cause.log:
         lines.append(f"  its stderr ({cause.log}) is empty")
