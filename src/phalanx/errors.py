@@ -22,8 +22,7 @@ class PhalanxError(Exception):
 
     def render(self) -> str:
         lines = [f"phalanx: error: {self.what}"]
-        if self.why:
-            lines.append(f"  {self.why}")
+        lines += [f"  {line}" for line in self.why.splitlines()]  # a why of several lines: each indented
         if self.hint:
             lines.append(f"HINT: {self.hint}")
         return "\n".join(lines)

@@ -133,3 +133,15 @@ def test_a_worker_the_agent_killed_after_its_grace_period_is_never_the_cause():
     # killed when the agent first looked (the out-of-memory killer): the cause
     oom = [failure(1, 10.0, exitcode=-9, tail=(), reported=100.0), failure(0, 12.0, reported=101.0)]
     assert root_cause(oom).rank == 1
+
+
+def test_every_line_of_a_multi_line_why_is_indented_and_read_back_whole():
+    from phalanx.runtime.consistency import InconsistentRanks
+
+    error = InconsistentRanks("the ranks disagree", "dataset length: ranks 0: 100; ranks 1: 101\nbackend: ranks 0: gloo; ranks 1: nccl",
+                              "build the same model")  # fmt: skip
+    rendered = error.render().splitlines()
+    assert rendered[1:3] == ["  dataset length: ranks 0: 100; ranks 1: 101", "  backend: ranks 0: gloo; ranks 1: nccl"]
+    log = ["Traceback (most recent call last):", f"phalanx.runtime.consistency.InconsistentRanks: {rendered[0]}", *rendered[1:],
+           "[W1202 torch teardown]"]  # fmt: skip
+    assert phalanx_error_in(log).message == tuple(rendered)

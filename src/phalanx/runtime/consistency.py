@@ -57,7 +57,7 @@ def check_consistency(
             problems.append(f"{key}: {parts}")
     if problems:
         raise InconsistentRanks(
-            "the ranks disagree before the first step", "\n  ".join(problems),
+            "the ranks disagree before the first step", "\n".join(problems),
             "every rank must build the same model and dataset from the same code and data "
             "(check the files and arguments on every node)",
         )
