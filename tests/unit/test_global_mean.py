@@ -18,17 +18,7 @@ def context():
     context.close()
 
 
-@pytest.fixture(params=["read on the host", "kept as tensors"])
-def kept(request, monkeypatch):
-    """Both ways of keeping a value: CPU values are read into Python numbers at once; GPU
-    values stay tensors, summed on the device. No GPU in CI: the second is forced here for CPU
-    tensors, which run the same tensor code (stack, float64 conversion, weighted sum)."""
-    if request.param == "kept as tensors":
-        monkeypatch.setattr(metrics, "_host_or_detached", lambda v: v.detach() if isinstance(v, torch.Tensor) else v)
-    return request.param
-
-
-def test_the_mean_is_exact_across_folds_and_value_types(context, kept):
+def test_the_mean_is_exact_across_folds_and_value_types(context):
     """More additions than one fold holds, tensors of several dtypes and Python numbers mixed:
     the result is the float64 sum of exactly the values given, not float32 arithmetic."""
     mean = phalanx.GlobalMean(context, "loss", "correct")
@@ -55,7 +45,7 @@ def test_the_tensor_column_converts_every_dtype_exactly():
     assert metrics._float64_column(same_type, torch.device("cpu")).tolist() == [float(v) for v in same_type]
 
 
-def test_add_keeps_no_autograd_graph_and_reset_starts_over(context, kept):
+def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
     mean = phalanx.GlobalMean(context, "loss")
     weight = torch.ones(3, requires_grad=True)
     mean.add(3, loss=(weight * 2).sum())
@@ -67,7 +57,7 @@ def test_add_keeps_no_autograd_graph_and_reset_starts_over(context, kept):
     assert result["samples"] == 0 and math.isnan(result["loss"])
 
 
-def test_a_diverged_loss_shows_as_nan_or_inf_and_does_not_raise(context, kept):
+def test_a_diverged_loss_shows_as_nan_or_inf_and_does_not_raise(context):
     mean = phalanx.GlobalMean(context, "loss")
     mean.add_mean(2, loss=torch.tensor(float("inf")))
     assert mean.compute()["loss"] == math.inf
@@ -75,7 +65,7 @@ def test_a_diverged_loss_shows_as_nan_or_inf_and_does_not_raise(context, kept):
     assert math.isnan(mean.compute()["loss"])
 
 
-def test_a_started_computation_holds_the_values_added_before_it_only(context, kept):
+def test_a_started_computation_holds_the_values_added_before_it_only(context):
     """compute_async snapshots the totals: what a training step adds while the all-reduce runs
     belongs to the next logging point, not to the one in flight."""
     mean = phalanx.GlobalMean(context, "loss")
@@ -87,7 +77,7 @@ def test_a_started_computation_holds_the_values_added_before_it_only(context, ke
     assert mean.compute() == {"loss": pytest.approx(103.0 / 4), "samples": 4.0}
 
 
-def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothing(context, kept):
+def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothing(context):
     mean = phalanx.GlobalMean(context, "loss")
     mean.add_mean(2, loss=torch.tensor(1.0))
     mean.add_mean(6, loss=torch.tensor(3.0))
@@ -97,7 +87,7 @@ def test_batch_means_are_weighted_by_their_samples_and_an_empty_batch_adds_nothi
     assert mean.compute() == {"loss": pytest.approx(30.0 / 10), "samples": 10.0}
 
 
-def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_totals(context, kept):
+def test_snapshots_are_reduced_with_the_next_computation_and_keep_their_own_totals(context):
     """An epoch's end keeps its totals aside; the next logging point reduces them in the same
     collective and returns each one's means, in the order given."""
     mean = phalanx.GlobalMean(context, "loss", "correct")

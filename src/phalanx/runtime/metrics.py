@@ -17,9 +17,11 @@ _FOLD_EVERY = 256
 class GlobalMean:
     """Sums of named values and a sample count, all-reduced in one collective on demand.
 
-    On the CPU every value is read at once and summed in Python (float64); on a GPU the values
-    stay on the device and are summed there, so that nothing before the all-reduce waits for
-    the device. NaN and infinities propagate as they would in a tensor sum.
+    A tensor value is kept as it is, without its graph, and read when the kept values are summed
+    (in float64, on the context's device): on a GPU nothing before the all-reduce waits for the
+    device, and on the CPU a training step pays for no tensor operation of its own. So a tensor
+    handed over must not be changed in place afterwards (a loss never is). Python numbers are
+    summed on the host. NaN and infinities propagate as they would in a tensor sum.
     """
 
     def __init__(self, context: DistributedContext, *names: str) -> None:
@@ -28,8 +30,8 @@ class GlobalMean:
         self.reset()
 
     def reset(self) -> None:
-        self._host_sums = [0.0] * len(self.names)  # the values read on the CPU
-        self._device_sums: torch.Tensor | None = None  # the values kept on a GPU, once there is one
+        self._host_sums = [0.0] * len(self.names)  # the values given as Python numbers
+        self._device_sums: torch.Tensor | None = None  # the values given as tensors, once there is one
         self._pending: list[tuple[float, list[torch.Tensor | float]]] = []  # (weight, a value per name)
         self._samples = 0.0
 
@@ -46,10 +48,14 @@ class GlobalMean:
             self._keep(float(samples), samples, means)
 
     def _keep(self, weight: float, samples: int, values: dict[str, torch.Tensor | float]) -> None:
-        # Called every step. A value on the CPU is read at once (a Python number costs less to keep
-        # and to sum than a tensor, and there is no device to wait for); one on a GPU is only
-        # kept, detached. They are summed every _FOLD_EVERY additions and when compute() reads them.
-        kept = [_host_or_detached(value) for value in map(values.__getitem__, self.names)]
+        # Called every step, so it reads nothing: the values are summed every _FOLD_EVERY
+        # additions and when compute() needs them. A tensor is kept as its ``.data``: the same
+        # storage without the autograd graph (which can then be freed), made without a
+        # dispatched operator. Once per step, on caches a backward pass has just evicted, that
+        # costs about 4 us against about 9 us for ``detach()`` and 10 us for reading ``item()``
+        # (measured on the 2-core machine: 0.3% of a 3 ms step). Kept values are never written,
+        # so autograd not tracking the alias changes nothing.
+        kept = [value.data if isinstance(value, torch.Tensor) else value for value in map(values.__getitem__, self.names)]
         self._pending.append((weight, kept))
         self._samples += samples
         if len(self._pending) >= _FOLD_EVERY:
@@ -144,14 +150,6 @@ class PendingMeans:
         *sums, samples = row
         means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
         return {**means, "samples": samples}
-
-
-def _host_or_detached(value: torch.Tensor | float) -> torch.Tensor | float:
-    """A CPU tensor's value as a Python number (``item()`` gives it exactly, whatever the dtype);
-    a GPU tensor detached (no graph kept), to be summed on its device without a sync."""
-    if isinstance(value, torch.Tensor):
-        return value.item() if value.is_cpu else value.detach()
-    return value
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
