@@ -2,8 +2,9 @@
 
 The phalanx loop is examples/train.py itself (ResumableSampler and ResumableLoader, GlobalMean of
 the real samples, progress lines, metrics file, preemption guard, stall watchdog, consistency
-check; no checkpoints). The plain loop below is what a user writes from the PyTorch tutorial:
-DistributedSampler, DDP, SGD, no metrics. Both train the same model (train.py's build_model) on
+check; no checkpoints). The plain loop below is the tutorial's own (shared/seed/): DistributedSampler,
+DDP, SGD, each batch moved to the device, a CrossEntropyLoss module, rank 0 printing the last
+batch's loss after each epoch, no metrics. Both train the same model (train.py's build_model) on
 the same data with the same per-process batch, launched the same way (`phalanx run
 --nproc-per-node 2`).
 
@@ -61,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
@@ -273,6 +275,17 @@ def block_clock(loop: str, samples_per_step: int) -> BlockClock:
     return BlockClock(samples_per_step, Turns(path, loop, int(os.environ["RANK"])) if path else None)
 
 
+def step_timer(clock: BlockClock, turn_steps: int) -> Callable[[int], None]:
+    """What both loops call after every optimizer step: the same Python frames on both sides, so
+    that the harness costs them alike (a frame is about a microsecond on a cache the step evicted)."""
+
+    def after_step(step: int) -> None:
+        if is_boundary(step, turn_steps):
+            clock.boundary(step)
+
+    return after_step
+
+
 def write_blocks(clock: BlockClock, out: Path) -> None:
     if int(os.environ["RANK"]) == 0:
         out.write_text(json.dumps(clock.blocks))
@@ -286,12 +299,12 @@ def phalanx_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
     sys.argv = [str(TRAIN), *train_args]
     args = example.parse_args()
     clock = block_clock("phalanx", args.batch_size * int(os.environ["WORLD_SIZE"]))
+    after_step = step_timer(clock, turn_steps)
     mark_step = DistributedContext.mark_step
 
-    def mark_step_and_time(context: DistributedContext, step: int) -> None:
+    def mark_step_and_time(context: DistributedContext, step: int) -> None:  # the frame the plain loop's call has
         mark_step(context, step)
-        if is_boundary(step, turn_steps):
-            clock.boundary(step)
+        after_step(step)
 
     DistributedContext.mark_step = mark_step_and_time  # train.py calls it on every rank after every step
     example.main()
@@ -299,7 +312,9 @@ def phalanx_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
 
 
 def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
-    """The hand-written loop: DistributedSampler + DDP + SGD, timed at the same steps as train.py."""
+    """The hand-written loop, as the tutorial (shared/seed/) writes it: DistributedSampler, DDP,
+    SGD, each batch moved to the device, the loss from a CrossEntropyLoss module, rank 0 printing
+    the last batch's loss after each epoch. On the CPU (gloo), timed at the same steps as train.py."""
     import gc
 
     import torch
@@ -313,22 +328,28 @@ def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")  # the tutorial's cuda:<local rank>, here on gloo
     torch.manual_seed(args.seed)
     dataset = example.load_dataset(args.dataset, args.samples, args.seed)
-    model = DistributedDataParallel(example.build_model(dataset))
+    model = DistributedDataParallel(example.build_model(dataset).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     clock, step = block_clock("plain", args.batch_size * world), 0
+    after_step = step_timer(clock, turn_steps)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
-            optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            images, labels = images.to(device), labels.to(device)
+            optimizer.zero_grad()
+            loss = criterion(model(images), labels)
+            loss.backward()
             optimizer.step()
             step += 1
-            if is_boundary(step, turn_steps):
-                clock.boundary(step)
+            after_step(step)
+        if rank == 0:
+            print(f"Epoch {epoch}, Loss: {loss.item():.4f}")
     write_blocks(clock, out)
     del model
     gc.collect()  # DDP holds the group in a reference cycle; destroy it before interpreter exit
