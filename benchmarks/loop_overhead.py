@@ -276,8 +276,9 @@ def block_clock(loop: str, samples_per_step: int) -> BlockClock:
 
 
 def step_timer(clock: BlockClock, turn_steps: int) -> Callable[[int], None]:
-    """What both loops call after every optimizer step: the same Python frames on both sides, so
-    that the harness costs them alike (a frame is about a microsecond on a cache the step evicted)."""
+    """What the plain loop calls after every optimizer step: one frame, as train.py's wrapped
+    mark_step (phalanx_worker), so that the harness costs both loops alike (a frame is about a
+    microsecond on caches the step evicted)."""
 
     def after_step(step: int) -> None:
         if is_boundary(step, turn_steps):
@@ -299,12 +300,12 @@ def phalanx_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
     sys.argv = [str(TRAIN), *train_args]
     args = example.parse_args()
     clock = block_clock("phalanx", args.batch_size * int(os.environ["WORLD_SIZE"]))
-    after_step = step_timer(clock, turn_steps)
     mark_step = DistributedContext.mark_step
 
-    def mark_step_and_time(context: DistributedContext, step: int) -> None:  # the frame the plain loop's call has
+    def mark_step_and_time(context: DistributedContext, step: int) -> None:  # one frame, as the plain loop's step_timer
         mark_step(context, step)
-        after_step(step)
+        if is_boundary(step, turn_steps):
+            clock.boundary(step)
 
     DistributedContext.mark_step = mark_step_and_time  # train.py calls it on every rank after every step
     example.main()
