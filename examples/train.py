@@ -113,9 +113,10 @@ def build_model(dataset: TensorDataset) -> torch.nn.Module:
 
 
 def real_mean_loss(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, real: int) -> torch.Tensor:
-    """The batch's mean loss over its real samples, for the metrics. Only a rank's last batch
-    of an epoch can hold padding (the samples that even out the shards), which would otherwise
-    count twice; every other batch reuses the mean loss the gradient came from, at no cost."""
+    """The mean loss over a batch's first ``real`` samples, for the metrics. Only a rank's last
+    batch of an epoch can hold padding (the samples that even out the shards), which would
+    otherwise count twice; every other batch reuses the mean loss the gradient came from, at no
+    cost (the loop does not call this for them)."""
     if real == labels.shape[0] or real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
         return loss
     with torch.no_grad():
@@ -345,10 +346,11 @@ def main() -> None:
                     logits = model(images)
                     loss = torch.nn.functional.cross_entropy(logits, labels)
                 precision.backward(loss, scale=micro.loss_scale)  # all-reduces on the window's last only
-            trained += labels.shape[0]  # (len() of a tensor runs Python code: this is read every step)
+            batch = labels.shape[0]  # (len() of a tensor runs Python code: this is read every step)
+            trained += batch
             real = loader.real_delivered - real_before
             real_before += real
-            reporter.totals.add_mean(real, loss=real_mean_loss(loss, logits, labels, real))
+            reporter.totals.add_mean(real, loss=loss if real == batch else real_mean_loss(loss, logits, labels, real))
             if not micro.sync:
                 continue
             grad_norm = None

@@ -45,6 +45,22 @@ def test_the_tensor_column_converts_every_dtype_exactly():
     assert metrics._float64_column(same_type, torch.device("cpu")).tolist() == [float(v) for v in same_type]
 
 
+def test_values_in_host_memory_are_summed_on_the_host_and_the_device_sum_weights_exactly(context):
+    """On the CPU every kept tensor is read at the fold and summed on the host: no float64 sums
+    are kept as tensors. The sum for values on an accelerator is not reached here (CI has no
+    GPU: tests/gpu covers that routing); its arithmetic is the same on any device, so it is
+    called directly with CPU tensors: weights times values, each converted exactly."""
+    mean = phalanx.GlobalMean(context, "loss")
+    mean.add_mean(2, loss=torch.tensor(0.5))
+    mean.add_mean(3, loss=torch.tensor(1.25, dtype=torch.float16))
+    assert mean.compute() == {"loss": pytest.approx((2 * 0.5 + 3 * 1.25) / 5, rel=1e-12), "samples": 5.0}
+    assert mean._device_sums is None
+    big = torch.tensor(2**40 + 1, dtype=torch.int64)  # not exact in float32
+    mean._add_on_device(0, [(2, torch.tensor(0.1)), (3, big)])
+    assert mean._device_sums.dtype == torch.float64
+    assert mean._device_sums.tolist() == [2 * float(torch.tensor(0.1)) + 3 * (2.0**40 + 1)]
+
+
 def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
     mean = phalanx.GlobalMean(context, "loss")
     weight = torch.ones(3, requires_grad=True)

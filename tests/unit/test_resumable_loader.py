@@ -63,6 +63,13 @@ def test_real_samples_delivered_leave_the_padding_out():
     assert counts == [4] * 6 + [1]  # 26 slots in batches of 4; the last holds 1 real sample and 1 padding
     assert source.real_delivered == 25
 
+    resumed = loader(2, rank=3, world_size=4)  # mid-epoch, after 3 batches (12 slots): 4, 4, 4 and 1 real are left
+    resumed.load_state_dict({**source.state_dict(), "epoch": 0, "position": 12})
+    counts = []
+    for _ in resumed:
+        counts.append(resumed.real_delivered - sum(counts))
+    assert counts == [4, 4, 4, 1]
+
 
 def test_batches_of_no_size_are_refused():
     with pytest.raises(ValueError, match="batch_size=None"):

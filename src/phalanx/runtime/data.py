@@ -161,7 +161,9 @@ class ResumableLoader(DataLoader):
         if self._pass is not None:  # the last pass was left unfinished: continue after what it delivered
             sampler.load_state_dict(self.state_dict())
         self._real_before = self.real_delivered
-        self._pass = progress = _Pass(sampler.epoch, sampler.position)
+        # Only the positions at the end of an epoch can be padding: below this, every sample is real.
+        real_until = sampler.real_samples(0, sampler.num_samples)
+        self._pass = progress = _Pass(sampler.epoch, sampler.position, real_until)
         for batch in super().__iter__():
             progress.delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
             yield batch
@@ -190,6 +192,9 @@ class ResumableLoader(DataLoader):
         progress = self._pass
         if progress is None:
             return self._real_before
+        stop = progress.start + progress.delivered * self.batch_size
+        if stop <= progress.real_until:  # every batch but an epoch's last, read at every step: no call
+            return self._real_before + stop - progress.start
         return self._real_before + self.sampler.real_samples(progress.start, self._delivered_stop(progress))
 
     def state_dict(self) -> dict[str, int]:
@@ -206,10 +211,11 @@ class _Pass:
     received. A plain object, counted every batch (an attribute of the DataLoader itself would
     go through DataLoader.__setattr__, Python code, at every batch)."""
 
-    __slots__ = ("epoch", "start", "delivered")
+    __slots__ = ("epoch", "start", "delivered", "real_until")
 
-    def __init__(self, epoch: int, start: int) -> None:
+    def __init__(self, epoch: int, start: int, real_until: int) -> None:
         self.epoch, self.start, self.delivered = epoch, start, 0
+        self.real_until = real_until  # the sampler's positions below it hold real samples
 
 
 class _IgnorePreemptionSignals:
