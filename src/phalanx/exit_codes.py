@@ -1,4 +1,5 @@
-"""The exit codes of every phalanx command, in one place (documented in README.md)."""
+"""The exit codes of every phalanx command, in one place (documented in README.md), and the words
+that begin a stall report, which goes with STALLED."""
 
 import enum
 
@@ -19,3 +20,9 @@ class ExitCode(enum.IntEnum):
     PREEMPTED = 75
     #: Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143, as a shell would report.
     INTERRUPTED = 130
+
+
+#: How the stall watchdog's report begins, in the log of a worker that exits with STALLED: the
+#: watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the report by it
+#: (phalanx.launch.failure), to show it as the root cause.
+STALL_REPORT = "phalanx: stall:"

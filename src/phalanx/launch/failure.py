@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.exit_codes import ExitCode
+from phalanx.exit_codes import STALL_REPORT, ExitCode
 
 TAIL_LINES = 12
 
@@ -48,10 +48,6 @@ class RankFailure:
                 name = f"signal {-self.exitcode}"
             return f"was killed by {name}"
         return f"exited with code {self.exitcode}"
-
-
-#: How the stall watchdog's report begins (phalanx.runtime.watchdog.stall_report).
-STALL_REPORT = "phalanx: stall:"
 
 
 def log_lines(path: Path | None) -> list[str]:

@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from phalanx.errors import SettingsRefused
-from phalanx.exit_codes import ExitCode
+from phalanx.exit_codes import STALL_REPORT, ExitCode
 from phalanx.worker_env import WorkerEnv
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
@@ -224,7 +224,7 @@ def stall_report(
     described = f" ({me.pending_group_desc})" if me.pending_group_desc not in (None, "", "undefined") else ""
     in_group = "" if me.pending_group_desc == DEFAULT_GROUP_DESC else f" of process group {group}{described}"
     lines = [
-        f"phalanx: stall: rank {me.rank} has waited {me.pending_for_s:.0f} s (stall timeout {timeout:g} s) in "
+        f"{STALL_REPORT} rank {me.rank} has waited {me.pending_for_s:.0f} s (stall timeout {timeout:g} s) in "
         f"collective #{seq} ({me.pending_op}){in_group}",
     ]
     for rank in stalled:
