@@ -115,9 +115,9 @@ def build_model(dataset: TensorDataset) -> torch.nn.Module:
 def real_mean_loss(loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, real: int) -> torch.Tensor:
     """The mean loss over a batch's first ``real`` samples, for the metrics. Only a rank's last
     batch of an epoch can hold padding (the samples that even out the shards), which would
-    otherwise count twice; every other batch reuses the mean loss the gradient came from, at no
-    cost (the loop does not call this for them)."""
-    if real == labels.shape[0] or real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
+    otherwise count twice; the loop calls this for such a batch only, and every other batch
+    reuses the mean loss the gradient came from, at no cost."""
+    if real == 0:  # GlobalMean.add_mean leaves a batch of 0 real samples out
         return loss
     with torch.no_grad():
         return torch.nn.functional.cross_entropy(logits[:real].float(), labels[:real])
