@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import phalanx
-from phalanx.exit_codes import ExitCode
+from phalanx.exit_codes import ExitCode, exit_quickly
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.metrics import PendingMeans
 from phalanx.runtime.model import COMPRESSIONS, compression_of, parameters_sha256, unwrap, wrap_model
@@ -412,3 +412,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Everything is closed and written: skip the exit's search of every live object for cycles,
+    # about 2 s of CPU per process with torch imported (phalanx.exit_codes.exit_quickly).
+    exit_quickly(ExitCode.OK)

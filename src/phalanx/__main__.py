@@ -1,3 +1,3 @@
-from phalanx.cli.main import main
+from phalanx.cli.main import run_command
 
-raise SystemExit(main())
+run_command()

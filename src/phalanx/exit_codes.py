@@ -1,7 +1,9 @@
-"""The exit codes of every phalanx command, in one place (documented in README.md), and the words
-that begin a stall report, which goes with STALLED."""
+"""The exit codes of every phalanx command, in one place (documented in README.md), the words
+that begin a stall report, which goes with STALLED, and the quick exit of a finished process."""
 
 import enum
+import gc
+from typing import NoReturn
 
 
 class ExitCode(enum.IntEnum):
@@ -26,3 +28,19 @@ class ExitCode(enum.IntEnum):
 #: watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the report by it
 #: (phalanx.launch.failure), to show it as the root cause.
 STALL_REPORT = "phalanx: stall:"
+
+
+def exit_quickly(code: int) -> NoReturn:
+    """Ends a process that has finished its work (files closed, results written) with ``code``.
+
+    At exit the interpreter searches every object still alive for reference cycles: with torch
+    imported, about a second of CPU; two in a training process, which has more alive (on the
+    2-core machine: ``python -c "import torch"`` exits in 1.05 s, and in 0.3 s after
+    ``gc.freeze()``; a 2-process launch of examples/train.py ends 3.4 s sooner, its launcher's
+    exit and its workers' together). Freezing the objects skips that search. Everything else
+    still happens: atexit handlers run, objects are released as their modules go, standard
+    output is flushed. Only an object that nothing but a cycle keeps alive is never finalized
+    (the memory goes back with the process): so nothing may be left open when this is called.
+    """
+    gc.freeze()
+    raise SystemExit(code)

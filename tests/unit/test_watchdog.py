@@ -187,12 +187,14 @@ import torch, torch.distributed as dist
 from phalanx.runtime import watchdog
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 dog = watchdog.StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=1)
-def step_and_poll():  # training: a collective completes between two polls
+def all_reduce():
     dist.all_reduce(torch.ones(2))
     while (counts := watchdog.collective_counts("gloo"))[0][2] < counts[0][1]:
         time.sleep(0.001)  # gloo's thread records a completion just after wait() returns
+def step_and_poll():  # training: a collective completes between two polls
+    all_reduce()
     return dog._poll()
-dist.all_reduce(torch.ones(2))  # as phalanx.init's barrier
+all_reduce()  # as phalanx.init's barrier
 polls = [dog._poll()]  # the first poll
 polls += [step_and_poll() for _ in range(3)]
 polls.append(dog._poll())  # nothing moved since the last poll

@@ -13,6 +13,7 @@ from typing import Any
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
 from phalanx.bench.collective_settings import CollectiveSettings
+from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 
 
@@ -52,4 +53,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_quickly(main())

@@ -15,6 +15,7 @@ from phalanx.bench.ddp_models import MODELS
 from phalanx.bench.ddp_report import ddp_row
 from phalanx.bench.ddp_runner import measure, waiting_group
 from phalanx.bench.ddp_settings import DdpSettings
+from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 
 
@@ -53,4 +54,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_quickly(main())

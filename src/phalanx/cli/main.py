@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from phalanx import __version__
 from phalanx.cli import bench as bench_cli
@@ -26,6 +27,7 @@ from phalanx.cli import env as env_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
 from phalanx.errors import PhalanxError
+from phalanx.exit_codes import exit_quickly
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,5 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run_command() -> NoReturn:
+    """The ``phalanx`` command (and ``python -m phalanx``): :func:`main`, then a quick exit."""
+    exit_quickly(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_command()

@@ -20,6 +20,7 @@ from phalanx.bench.collective_runner import CollectiveBench
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.doctor_settings import DoctorSettings
 from phalanx.diagnostics.probes import Probe
+from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 from phalanx.worker_env import WorkerEnv
 
@@ -104,4 +105,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_quickly(main())

@@ -20,7 +20,7 @@ from typing import Any
 
 from phalanx.console import say
 from phalanx.errors import JoinTimeout, PhalanxError
-from phalanx.exit_codes import ExitCode
+from phalanx.exit_codes import ExitCode, exit_quickly
 from phalanx.launch import failure
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.lobby import Lobby
@@ -151,4 +151,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_quickly(main())
