@@ -93,23 +93,32 @@ def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_average
     assert sum(last) < 0.8 * sum(first), ranks[0]["losses"]
 
 
-def interrupted(workdir: Path, compression: str, save_at: int, *control: str, steps: int = 50) -> tuple[dict, dict, str]:
+def interrupted(workdir: Path, compression: str, save_at: int, *args: str, steps: int = 50) -> tuple[dict, dict, str]:
     """Rank 0's record of a run saving at save_at and going on, and of a run resumed from that save."""
-    ck = workdir / f"ck-{compression}-{save_at}{''.join(control)}"
-    common = ("--compression", compression, "--steps", str(steps), "--checkpoint-dir", str(ck), *control)
-    full, _ = worker(workdir, f"full-{ck.name}", *common, "--save-at", str(save_at))
-    resumed, output = worker(workdir, f"resumed-{ck.name}", *common)
+    full, _ = worker(workdir, "full", *run_args(workdir, compression, steps, *args), "--save-at", str(save_at))
+    resumed, output = resume(workdir, "resumed", compression, save_at, *args, steps=steps)
+    return full[0], resumed, output
+
+
+def run_args(workdir: Path, compression: str, steps: int, *args: str) -> tuple[str, ...]:
+    return "--compression", compression, "--steps", str(steps), "--checkpoint-dir", str(workdir / "ck"), *args
+
+
+def resume(workdir: Path, name: str, compression: str, save_at: int, *args: str, steps: int = 50) -> tuple[dict, str]:
+    """Rank 0's record of a run resumed from :func:`interrupted`'s save (which stays: it saves no other)."""
+    resumed, output = worker(workdir, name, *run_args(workdir, compression, steps, *args))
     assert resumed[0]["resumed_from"] == save_at and resumed[0]["used"] == resumed[1]["used"]
-    return full[0], resumed[0], output
+    return resumed[0], output
 
 
 def test_powersgd_resumes_bit_for_bit_with_its_error_feedback(workdir):
     full, resumed, _ = interrupted(workdir, "powersgd", 30)
     assert resumed["params_sha256"] == full["params_sha256"]
-    # The control: the same resume without the compression state drifts from the first step.
-    full, resumed, _ = interrupted(workdir, "powersgd", 30, "--no-compression-state")
-    assert resumed["sha_after"]["30"] != full["sha_after"]["30"]
-    assert resumed["params_sha256"] != full["params_sha256"]
+    # The control: the same resume, from the same checkpoint, without its compression state
+    # drifts from the first step.
+    control, _ = resume(workdir, "control", "powersgd", 30, "--no-compression-state")
+    assert control["sha_after"]["30"] != full["sha_after"]["30"]
+    assert control["params_sha256"] != full["params_sha256"]
 
 
 def test_powersgd_resumes_bit_for_bit_over_several_buckets(workdir):

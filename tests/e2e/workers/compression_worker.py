@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path)
     parser.add_argument("--save-at", type=int, default=None)
     parser.add_argument("--stop", action="store_true", help="exit right after the save")
-    parser.add_argument("--no-compression-state", action="store_true", help="control: leave it out of checkpoints")
+    parser.add_argument("--no-compression-state", action="store_true", help="control: resume without the checkpoint's")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--widths", default="128", help="hidden layer widths; 4096,2048 makes DDP use 2 buckets")
@@ -85,7 +85,7 @@ def main() -> None:
     if latest is not None:
         unwrap(model).load_state_dict(latest.state["model"])
         optimizer.load_state_dict(latest.state["optimizer"])
-        if "compression" in latest.state:
+        if "compression" in latest.state and not args.no_compression_state:
             compression.load_state_dict(latest.state["compression"])
         restore_rng_state(latest.rng)
         step = resumed_from = latest.step
@@ -113,9 +113,8 @@ def main() -> None:
         record["sha_after"][step] = parameters_sha256(model)
         step += 1
         if checkpoints and step == args.save_at:
-            state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
-            if not args.no_compression_state:
-                state["compression"] = compression.state_dict()  # a collective: every rank calls it
+            state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                     "compression": compression.state_dict()}  # a collective: every rank calls it
             checkpoints.save(step, state)
             if args.stop:
                 break
