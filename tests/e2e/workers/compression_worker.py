@@ -61,7 +61,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path)
     parser.add_argument("--save-at", type=int, default=None)
     parser.add_argument("--stop", action="store_true", help="exit right after the save")
-    parser.add_argument("--no-compression-state", action="store_true", help="control: resume without the checkpoint's")
+    parser.add_argument("--no-compression-state", action="store_true",
+                        help="control: resume without the checkpoint's compression state")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--widths", default="128", help="hidden layer widths; 4096,2048 makes DDP use 2 buckets")
