@@ -166,8 +166,9 @@ class Reporter:
     loss of each epoch.
 
     One running sum for the whole run; adding to it is the only per-batch cost. A logging point
-    starts its all-reduce (:meth:`start`) and is shown at the next step boundary (:meth:`finish`),
-    so the round trip overlaps a step instead of holding every rank. Consecutive sums differ by
+    adds its sums to the boundary's shared all-reduce (:meth:`start`; the preemption vote joins
+    it, and the loop starts it) and is shown at the next step boundary (:meth:`finish`), so the
+    round trip overlaps a step instead of holding every rank. Consecutive sums differ by
     the window's loss, the sums at two epoch ends by the epoch's. An epoch's end only keeps this
     rank's sums aside (:meth:`end_epoch`); they are reduced with the next logging point's, in the
     same collective: on a small model with short epochs, a collective per epoch was a measurable
@@ -178,8 +179,11 @@ class Reporter:
     uninterrupted run's, also after a stop between two logging points.
     """
 
-    def __init__(self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int) -> None:
-        self.context, self.epochs, self.total_steps = context, args.epochs, total_steps
+    def __init__(
+        self, args: argparse.Namespace, context: phalanx.DistributedContext, total_steps: int, step: int,
+        boundary: phalanx.SharedReduction,
+    ) -> None:  # fmt: skip
+        self.context, self.epochs, self.total_steps, self.boundary = context, args.epochs, total_steps, boundary
         self.totals = phalanx.GlobalMean(context, "loss")
         self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
         self._logged_step: int | None = None
@@ -197,14 +201,16 @@ class Reporter:
         self._epoch_ends.append(EpochEnd(epoch, step, first_sample, self.totals.snapshot()))
 
     def start(self, step: int, epoch: int, grad_norm: torch.Tensor | None) -> None:
-        """A collective (every rank reaches the same logging points)."""
+        """Adds the sums to the boundary's all-reduce (every rank reaches the same logging points)."""
         self.finish()
         ended_at = self.meter.clock()
-        self._pending = self._reduce()._replace(step=step, epoch=epoch, ended_at=ended_at, grad_norm=grad_norm)
+        point = self._reduce(self.boundary)
+        self._pending = point._replace(step=step, epoch=epoch, ended_at=ended_at, grad_norm=grad_norm)
 
-    def _reduce(self) -> LoggingPoint:
+    def _reduce(self, shared: phalanx.SharedReduction | None = None) -> LoggingPoint:
+        """The sums now and at the epoch ends since the last point, in ``shared`` or reduced at once."""
         ends, self._epoch_ends = tuple(self._epoch_ends), []
-        return LoggingPoint(self.totals.compute_async(*(end.totals for end in ends)), ends)
+        return LoggingPoint(self.totals.compute_async(*(end.totals for end in ends), shared=shared), ends)
 
     def finish(self) -> None:
         """Shows the logging point in flight, if any: call it at every step boundary."""
@@ -317,7 +323,9 @@ def main() -> None:
 
     micro_batches_per_epoch = math.ceil(sampler.num_samples / args.batch_size)
     total_steps = args.epochs * math.ceil(micro_batches_per_epoch / args.accumulate)
-    reporter = Reporter(args, context, total_steps, step)
+    # The logging points' global loss and the preemption vote share one all-reduce per boundary.
+    boundary = phalanx.SharedReduction(context)
+    reporter = Reporter(args, context, total_steps, step, boundary)
     if latest is not None:
         if "reporter" in latest.state:
             reporter.load_checkpoint_state(latest.state["reporter"])
@@ -368,7 +376,8 @@ def main() -> None:
                 reporter.start(step, epoch, grad_norm)
             # A stop agreed on after the last step finds the training complete: the run ends as a
             # finished one does (exit 0, final metrics) instead of asking for a relaunch.
-            stop = preemption.should_stop()
+            stop = preemption.should_stop(boundary)
+            boundary.start()  # the all-reduce of the logging point and the vote runs during the next step
             preempted = stop and loader.resume_point[0] < args.epochs
             if checkpoints and (preempted or step % args.checkpoint_every == 0):
                 save_checkpoint()

@@ -369,19 +369,27 @@ def test_a_preemption_after_the_last_step_finishes_the_run(workdir, signal_step)
     assert json.loads(out.read_text())["steps"] == 28
 
 
-def test_preemption_votes_are_rare_on_short_steps_and_every_rank_stops_after_the_same_step(workdir):
-    """The guard votes about every period (0.3 s here), not at every boundary, and a signal on
-    one rank still stops every rank after one and the same step, soon after it arrived."""
+def test_preemption_votes_are_rare_on_short_steps_ride_on_logging_points_and_every_rank_stops_after_the_same_step(workdir):
+    """Until step 200 a logging point every 10 steps carries the vote: the guard issues no
+    collective of its own there (but for its first vote) and the logged means are right. After it,
+    the guard votes in collectives of its own about every period (0.3 s here), not at every
+    boundary, and a signal on one rank still stops every rank after one and the same step, soon
+    after it arrived."""
     worker = Path(__file__).parent / "workers" / "preemption_votes.py"
-    signal_step, period_s = 300, 0.3
-    argv = ("run", "--nproc-per-node", "2", str(worker), str(workdir), "1", str(signal_step), str(period_s))
+    signal_step, period_s, log_every, log_until = 300, 0.3, 10, 200
+    argv = ("run", "--nproc-per-node", "2", str(worker), str(workdir), "1", str(signal_step), str(period_s),
+            str(log_every), str(log_until))  # fmt: skip
     result = run_command(phalanx_argv(*argv), timeout=120, cwd=workdir)
     assert result.returncode == 0, result.output
     lines = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     stops = {line["stopped_after"] for line in lines}
     assert len(stops) == 1, lines  # the same step on every rank
     (stopped_after,) = stops
-    # A step takes at least 2 ms: a vote every 0.3 s is at most one per 150 steps. The signal
-    # is read within two votes and one boundary.
+    for line in lines:
+        assert line["means"] == [1.5] * (log_until // log_every), line  # ranks 0 and 1 add 1 and 2
+        assert line["own_votes_while_logging"] <= 1, line  # the first vote comes before the first logging point
+        assert line["votes"] >= log_until // log_every, line
+        # A step takes at least 2 ms: a vote every 0.3 s is at most one per 150 steps.
+        assert line["own_votes"] <= stopped_after / 20, line
+    # The signal is read within two votes and one boundary.
     assert signal_step < stopped_after <= signal_step + 2 * period_s / 0.002 + 1, lines
-    assert all(line["votes"] <= stopped_after / 20 for line in lines), lines

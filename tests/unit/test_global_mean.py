@@ -11,13 +11,6 @@ import phalanx
 from phalanx.runtime import metrics
 
 
-@pytest.fixture
-def context():
-    context = phalanx.init()  # no torchrun variables: world size 1, no process group
-    yield context
-    context.close()
-
-
 def test_the_mean_is_exact_across_folds_and_value_types(context):
     """More additions than one fold holds, tensors of several dtypes and Python numbers mixed:
     the result is the float64 sum of exactly the values given, not float32 arithmetic."""

@@ -19,20 +19,13 @@ from phalanx.runtime.progress import StepMeter
 
 
 @pytest.fixture
-def context():
-    context = phalanx.init()  # no torchrun variables: world size 1
-    yield context
-    context.close()
-
-
-@pytest.fixture
 def new_reporter(train_example, context, tmp_path):
     """Reporters of a run of 9 steps in 3 epochs, from ``step`` on, with the metrics file in ``name``."""
     made = []
 
     def make(step: int = 0, name: str = "m.jsonl"):
         args = argparse.Namespace(epochs=3, metrics_jsonl=tmp_path / name, tensorboard=None)
-        reporter = train_example.Reporter(args, context, total_steps=9, step=step)
+        reporter = train_example.Reporter(args, context, total_steps=9, step=step, boundary=phalanx.SharedReduction(context))
         reporter.progress = phalanx.ProgressReporter(9, stream=io.StringIO())  # plain lines, as in a log
         made.append(reporter)
         return reporter
@@ -160,15 +153,28 @@ def test_the_first_rate_after_a_resume_counts_only_the_samples_trained_since(new
 
 
 def count_collectives(reporter, monkeypatch) -> list[int]:
+    """The snapshots of each all-reduce the reporter's sums take of their own (not in the boundary's)."""
     calls = []
     compute_async = reporter.totals.compute_async
 
-    def counted(*snapshots):
-        calls.append(len(snapshots))
-        return compute_async(*snapshots)
+    def counted(*snapshots, shared=None):
+        if shared is None:
+            calls.append(len(snapshots))
+        return compute_async(*snapshots, shared=shared)
 
     monkeypatch.setattr(reporter.totals, "compute_async", counted)
     return calls
+
+
+def test_a_logging_point_adds_its_sums_to_the_boundary_s_all_reduce(reporter, monkeypatch):
+    """No collective of its own: the loop starts the boundary's, which the preemption vote joins."""
+    calls = count_collectives(reporter, monkeypatch)
+    add_steps(reporter, [1.0, 3.0])
+    reporter.start(step=2, epoch=0, grad_norm=None)
+    assert calls == [] and reporter.boundary.pending
+    reporter.boundary.start()
+    reporter.finish()
+    assert "step 2/9 (22%)  epoch 1/3  loss 2.0000" in shown(reporter)
 
 
 def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):

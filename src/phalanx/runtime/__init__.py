@@ -12,9 +12,10 @@ from phalanx.runtime.metrics import GlobalMean
 from phalanx.runtime.metrics_log import MetricsLog
 from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
+from phalanx.runtime.shared_reduction import SharedReduction
 
 __all__ = [
     "CheckpointManager", "DistributedContext", "GlobalMean", "MetricsLog", "MixedPrecision", "ProgressReporter",
-    "ResumableLoader", "ResumableSampler", "StepMeter", "StepReport", "accumulate", "clip_gradients", "init",
-    "no_backward_sync",
+    "ResumableLoader", "ResumableSampler", "SharedReduction", "StepMeter", "StepReport", "accumulate",
+    "clip_gradients", "init", "no_backward_sync",
 ]  # fmt: skip

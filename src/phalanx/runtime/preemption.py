@@ -11,11 +11,17 @@ all-reduce costs a gloo round trip, 0.4-0.9 ms measured on a 2.5 ms step, which 
 a small model's step time, and 1-2 ms of CPU in gloo's threads on the 2-core machine (measured
 beside a DDP loop), so a vote every half second took 0.2-0.4% of the process's CPU. The vote
 carries each rank's proposal for the number of steps until the next vote (the period over its
-mean step time) and the all-reduce takes the largest, so every rank knows the same next
-voting step. A vote started at one boundary is read at the next, while the step between
-computes. A signal is acted on within about period_s plus two steps: well inside the grace
-time schedulers give (30 s for Kubernetes and torchrun's agent), which must also hold the
+mean step time); the all-reduce sums them, and every rank takes the same mean as the number of
+steps to the next vote. A vote started at one boundary is read at the next, while the step
+between computes. A signal is acted on within about period_s plus two steps: well inside the
+grace time schedulers give (30 s for Kubernetes and torchrun's agent), which must also hold the
 checkpoint's save.
+
+Handed the loop's :class:`~phalanx.runtime.shared_reduction.SharedReduction`, the guard also
+votes whenever something else (a logging point's global loss) reduces at that boundary: two
+numbers more in an all-reduce that runs anyway. When logging points come more often than the
+period, as they do on short steps, the ranks then vote at each of them and never in a
+collective of their own.
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ import math
 import signal
 import time
 from types import FrameType
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -48,11 +54,12 @@ class PreemptionGuard:
         self.context = context
         self.period_s = period_s
         self.received: signal.Signals | None = None
-        self.votes = 0  # votes started so far: the collectives this guard issued
+        self.votes = 0  # votes started so far
+        self.own_votes = 0  # of them, those in a collective of their own (alone in the all-reduce)
         self._boundary = 0
         self._next_vote = 1  # the boundary of the next vote, the same on every rank
         self._voted_at, self._voted_time = 0, time.perf_counter()
-        self._in_flight: tuple[Any, torch.Tensor] | None = None  # the vote started at boundary _voted_at
+        self._in_flight: ReducedPart | None = None  # the vote started at boundary _voted_at
         self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
         for signum in signals:
             signal.signal(signum, self._on_signal)
@@ -60,32 +67,37 @@ class PreemptionGuard:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.received = signal.Signals(signum)
 
-    def should_stop(self) -> bool:
+    def should_stop(self, shared: SharedReduction | None = None) -> bool:
         """True on every rank, after the same step, once any rank got a preemption signal.
 
         Call it once at every step boundary on every rank: it is a collective at some of them
-        (the same ones on every rank), and costs nothing at the others.
+        (the same ones on every rank), and costs nothing at the others. With ``shared``, call it
+        after everything else of the boundary was added, and start ``shared`` after it: a vote
+        goes into it, and one rides along whenever it holds something already.
         """
         if not self._voting:
             return self.received is not None
         self._boundary += 1
         if self._in_flight is not None:  # started at the previous boundary: read it now
-            work, vote = self._in_flight
+            stop, proposals = self._in_flight.wait().tolist()
             self._in_flight = None
-            work.wait()
-            stop, steps_to_next = vote.tolist()
             if stop:
                 return True  # no vote is left in flight once the ranks stop
-            self._next_vote = self._voted_at + int(steps_to_next)
-        if self._boundary >= self._next_vote:
-            self._start_vote()
+            self._next_vote = self._voted_at + math.ceil(proposals / self.context.world_size)
+        if self._boundary >= self._next_vote or (shared is not None and shared.pending):
+            self._start_vote(shared)
         return False
 
-    def _start_vote(self) -> None:
+    def _start_vote(self, shared: SharedReduction | None) -> None:
         now = time.perf_counter()
         step_time = (now - self._voted_time) / (self._boundary - self._voted_at)
         proposal = min(MAX_STEPS_BETWEEN_VOTES, max(1, math.ceil(self.period_s / step_time))) if step_time > 0 else 1
-        vote = torch.tensor([1.0 if self.received is not None else 0.0, float(proposal)], device=self.context.device)
-        self._in_flight = (dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True), vote)
+        reduction = shared if shared is not None else SharedReduction(self.context)
+        if not reduction.pending:
+            self.own_votes += 1
+        vote = torch.tensor([1.0 if self.received is not None else 0.0, float(proposal)], dtype=torch.float64)
+        self._in_flight = reduction.add(vote)
+        if shared is None:
+            reduction.start()
         self._voted_at, self._voted_time = self._boundary, now
         self.votes += 1

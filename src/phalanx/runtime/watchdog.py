@@ -272,6 +272,7 @@ class StallWatchdog:
         self._store: Any = None
         self._store_address = ""
         self._counts: Counts | None = None  # at the last poll
+        self._first_poll = True
         self._counts_only = 0  # polls since the last that read every entry
         self._progress: Progress | None = None  # from the last poll that read every entry
 
@@ -326,9 +327,11 @@ class StallWatchdog:
         are read anyway: a rank blocked inside a collective's launch (NCCL counts it only once
         launched) while another of its groups keeps working shows moving counts.
         """
-        counts, previous = collective_counts(self.backend), self._counts
-        self._counts = counts
-        if self._counts_only < COUNTS_ONLY_POLLS and not stood_still(previous, counts):
+        counts, previous, first = collective_counts(self.backend), self._counts, self._first_poll
+        self._counts, self._first_poll = counts, False
+        # The first poll has no counts to compare with: it keeps them for the next one. Reading
+        # every entry instead would pause every run, seconds into it, for nothing a report needs.
+        if counts is not None and (first or self._counts_only < COUNTS_ONLY_POLLS and not stood_still(previous, counts)):
             self._counts_only += 1
             return None
         self._counts_only = 0

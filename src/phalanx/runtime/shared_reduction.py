@@ -1,0 +1,95 @@
+"""One all-reduce for the small sums several parts of a training loop need at the same step boundary.
+
+A logging point's global loss (:meth:`GlobalMean.compute_async
+<phalanx.runtime.metrics.GlobalMean.compute_async>`) and a preemption vote
+(:meth:`PreemptionGuard.should_stop <phalanx.runtime.preemption.PreemptionGuard.should_stop>`)
+each need a few numbers summed across the ranks. What a tiny collective costs is not its bytes
+but its round trip and the threads it wakes: on gloo 1-2 ms of CPU each on a 2-core machine
+(measured beside a DDP loop). Handed a :class:`SharedReduction`, they add their vectors to it,
+and :meth:`SharedReduction.start` sums all of them in one all-reduce.
+
+The parts are float64 vectors, summed on the context's device. A collective when anything was
+added: every rank adds vectors of the same sizes, in the same order, between the same two starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.runtime.context import DistributedContext
+
+
+class SharedReduction:
+    """The vectors added since the last :meth:`start`, summed across the ranks in one all-reduce."""
+
+    def __init__(self, context: DistributedContext) -> None:
+        self.context = context
+        self._batch: _Batch | None = None  # what add() puts in the next all-reduce
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything was added since the last start: the next :meth:`start` is a collective."""
+        return self._batch is not None
+
+    def add(self, values: torch.Tensor) -> ReducedPart:
+        """Adds ``values`` (flattened, as float64 on the context's device: a copy is reduced, not
+        ``values`` itself) to the next all-reduce; the part returned reads its global sum."""
+        batch = self._batch = self._batch or _Batch()
+        vector = values.reshape(-1).to(dtype=torch.float64, device=self.context.device)
+        return ReducedPart(batch, self, batch.append(vector), vector.numel())
+
+    def start(self) -> None:
+        """Starts the all-reduce of everything added since the last start (nothing to do when
+        nothing was). Call it at the step boundary, after every part was added, so that it runs
+        during the next step; a part read before its start starts it then, on every rank alike."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.start(self.context.is_distributed and dist.is_initialized())
+
+
+class ReducedPart:
+    """One vector of a :class:`SharedReduction`: its sum over every rank, once reduced."""
+
+    def __init__(self, batch: _Batch, owner: SharedReduction, offset: int, size: int) -> None:
+        self._batch, self._owner, self._offset, self._size = batch, owner, offset, size
+
+    def wait(self) -> torch.Tensor:
+        """The global sum (a view of the reduced vector); waits for the all-reduce, which a
+        reduction not started yet starts first (with every other part added since its last start)."""
+        if self._batch.summed is None:
+            self._owner.start()
+        summed = self._batch.wait()
+        return summed[self._offset : self._offset + self._size]
+
+
+class _Batch:
+    """The parts of one all-reduce: queued until it starts, then the summed vector."""
+
+    def __init__(self) -> None:
+        self._parts: list[torch.Tensor] = []
+        self._size = 0
+        self.summed: torch.Tensor | None = None  # the concatenated parts, reduced in place once started
+        self._work: Any = None
+
+    def append(self, vector: torch.Tensor) -> int:
+        """Queues ``vector``; returns where it starts in the summed vector."""
+        offset = self._size
+        self._parts.append(vector)
+        self._size += vector.numel()
+        return offset
+
+    def start(self, distributed: bool) -> None:
+        self.summed = torch.cat(self._parts)  # (a copy even of one part: the caller's tensor stays as it was)
+        self._parts = []
+        if distributed:
+            self._work = dist.all_reduce(self.summed, async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        assert self.summed is not None  # started: ReducedPart.wait sees to it
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        return self.summed
