@@ -23,8 +23,9 @@ times the job. Compared are pairs, phalanx over plain:
   working set more. It did not show: on digits, phalanx's CPU time per step came out at
   1.066 x plain's [1.042, 1.099] with 7-step turns (12 launches) and 1.076 x [1.041, 1.133] with
   56-step turns (6 launches), while the shorter turns gave the narrower interval in wall time.
-  The preemption guard votes by wall time, which the pauses stretch, so it votes more often
-  per step than alone (a vote is one tiny all-reduce per two seconds of wall time).
+  The preemption guard's votes ride on the logging points' all-reduces here (one per
+  --log-every steps, far less than the two seconds between votes), so the pauses, which
+  stretch its wall clock, add no collective.
 - --method runs: one loop at a time, a run of each per round (which goes first alternates); a
   pair is the two runs of a round, a run's figure the median of its intervals. Runs are seconds
   apart: on the 2-core machine this was written on, their spread is wider than the 3% margin.

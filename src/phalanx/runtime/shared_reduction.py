@@ -38,7 +38,9 @@ class SharedReduction:
         """Adds ``values`` (flattened, as float64 on the context's device: a copy is reduced, not
         ``values`` itself) to the next all-reduce; the part returned reads its global sum."""
         batch = self._batch = self._batch or _Batch()
-        vector = values.reshape(-1).to(dtype=torch.float64, device=self.context.device)
+        # non_blocking: from pageable host memory CUDA stages the copy at once, without waiting
+        # for the work queued on the device, as a blocking copy would (a sync at every vote)
+        vector = values.reshape(-1).to(dtype=torch.float64, device=self.context.device, non_blocking=True)
         return ReducedPart(batch, self, batch.append(vector), vector.numel())
 
     def start(self) -> None:
