@@ -20,8 +20,8 @@ checkpoint's save.
 Handed the loop's :class:`~phalanx.runtime.shared_reduction.SharedReduction`, the guard also
 votes whenever something else (a logging point's global loss) reduces at that boundary: two
 numbers more in an all-reduce that runs anyway. When logging points come more often than the
-period, as they do on short steps, the ranks then vote at each of them and never in a
-collective of their own.
+period, as they do on short steps, the ranks then vote at each of them and, after the first
+vote (at the first boundary), never in a collective of their own.
 """
 
 from __future__ import annotations
