@@ -138,7 +138,7 @@ def init(
         local_world_size=env.local_world_size, device=device, backend=backend,
     )  # fmt: skip
     if env.world_size > 1 and not dist.is_initialized():
-        os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # read when the group is made
+        os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
         context._owns_group = True
         # A first collective, on every rank: the flight recorder must show it, or the watchdog

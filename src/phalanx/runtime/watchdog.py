@@ -30,12 +30,13 @@ from phalanx.worker_env import WorkerEnv
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
-#: The flight recorder records only when this is set before the process group is created.
+#: The size of torch's flight recorder, read when the process group is created; 0 switches it off.
+#: Unset, torch 2.13 keeps 2000 entries (some older releases recorded nothing unless it was set).
 FLIGHT_RECORDER_VARIABLE = "TORCH_FR_BUFFER_SIZE"
-#: The newest collectives it keeps. A poll that reads the entries reads them all (about 9 ms for
-#: 500, 29 ms for 2000, measured) while training waits for the GIL; a stall needs only the oldest
-#: pending one, which stays in the buffer unless 500 more were issued after it (DDP issues one per
-#: bucket).
+#: The newest collectives it keeps, unless the user set the size. A poll that reads the entries
+#: reads them all (about 9 ms for 500, 29 ms for 2000, measured) while training waits for the GIL;
+#: a stall needs only the oldest pending one, which stays in the buffer unless 500 more were issued
+#: after it (DDP issues one per bucket). The size does not change what recording an entry costs.
 FLIGHT_RECORDER_ENTRIES = "500"
 #: At most this long, a watchdog that found a stall waits for every rank's progress report.
 ABORT_GRACE_S = 20.0
