@@ -42,12 +42,21 @@ gloo's and the stall watchdog's too), the work each loop does.
 CPU time misses a cost that is only waiting, which the wall time catches, and is not free of the
 machine's noise either (cache misses under a neighbour's load, time stolen by the host).
 
+--pin binds each rank to a CPU of its own, the same one in both loops (local rank 0 to the first
+CPU the benchmark may use, 1 to the second). Free, the scheduler places the 4 training processes
+on the 2-core machine anew in every launch, and the launches differ by more than the loops do:
+on digits, launch medians spread 0.81-1.16 over 60 free launches and 0.94-1.07 over 30 pinned
+ones. The two placements did not agree there either: phalanx / plain was 0.981 [0.961, 0.997]
+free (60 launches) and 1.006 [0.987, 1.022] pinned (30), CPU time per step 1.036 [1.018, 1.052]
+x plain's free and 0.987 [0.975, 1.006] pinned. Free is the default: it is how a job runs when
+nothing binds it.
+
 Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; an interval is
 two 28-step epochs) and synthetic (the tutorial's 3x224x224 images: a ~270 ms step dominated by
 the gradient all-reduce of train.py's 19M-parameter model).
 
 Usage: python benchmarks/loop_overhead.py [--repeats 6] [--workload digits synthetic] [--method turns]
-       [--turn-steps N] [--json PATH]
+       [--turn-steps N] [--pin] [--json PATH]
 """
 
 from __future__ import annotations
@@ -90,6 +99,8 @@ TARGET = 0.97
 RUN_TIMEOUT_S = 600.0
 #: The turns' Unix socket, handed to the workers by the benchmark in --method turns.
 TURNS_ENV = "LOOP_OVERHEAD_TURNS"
+#: Set (by --pin): each worker binds itself to one CPU (pin_to_own_cpu).
+PIN_ENV = "LOOP_OVERHEAD_PIN"
 LOOPS = ("plain", "phalanx")
 
 
@@ -174,7 +185,7 @@ def read_intervals(loop: str, workload: Workload, folder: Path) -> Intervals:
     return [Interval(*map(sum, zip(*group))) for group in groups]
 
 
-def start(loop: str, workload: Workload, folder: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start(loop: str, workload: Workload, folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     output = (folder / f"{loop}.out").open("wb")  # the launcher's console: what a failure said
     with output:
         return subprocess.Popen(worker_argv(loop, workload, folder), env=env, stdout=output, stderr=subprocess.STDOUT,
@@ -214,8 +225,8 @@ def stop(jobs: dict[str, subprocess.Popen[bytes]]) -> None:
                 job.wait()
 
 
-def run_alone(loop: str, workload: Workload, folder: Path) -> Intervals:
-    jobs = {loop: start(loop, workload, folder)}
+def run_alone(loop: str, workload: Workload, folder: Path, env: dict[str, str]) -> Intervals:
+    jobs = {loop: start(loop, workload, folder, env)}
     try:
         finish(jobs, folder, workload.name, timeout=RUN_TIMEOUT_S)
     finally:
@@ -223,7 +234,7 @@ def run_alone(loop: str, workload: Workload, folder: Path) -> Intervals:
     return read_intervals(loop, workload, folder)
 
 
-def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path) -> dict[str, Intervals]:
+def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path, env: dict[str, str]) -> dict[str, Intervals]:
     """Both loops launched together, training their blocks in turns (benchmarks/turns.py)."""
     path = folder / "turns.sock"
     path.unlink(missing_ok=True)
@@ -231,7 +242,7 @@ def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path) -> di
     referee = Referee(path, order, WORLD_SIZE)
     try:
         for loop in order:
-            jobs[loop] = start(loop, workload, folder, env={**os.environ, TURNS_ENV: str(path)})
+            jobs[loop] = start(loop, workload, folder, env={**env, TURNS_ENV: str(path)})
         try:
             referee.run(steps_of(workload) // workload.turn_steps, running=lambda: all(j.poll() is None for j in jobs.values()))
         except (OSError, RuntimeError) as error:  # a timeout, a closed connection: a job died or hangs
@@ -358,20 +369,28 @@ def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
     dist.destroy_process_group()
 
 
-def measure(workload: Workload, repeats: int, method: str) -> dict[str, object]:
+def pin_to_own_cpu() -> None:
+    """Binds this worker, and every thread it starts later (gloo's too), to the CPU of its local
+    rank among those this process may use: the same CPU for the same rank of both loops."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[int(os.environ["LOCAL_RANK"]) % len(cpus)]})
+
+
+def measure(workload: Workload, repeats: int, method: str, pin: bool) -> dict[str, object]:
     name = workload.name
+    env = {**os.environ, PIN_ENV: "1"} if pin else {k: v for k, v in os.environ.items() if k != PIN_ENV}
     per_step = setting(name, "--batch-size") * WORLD_SIZE  # samples per optimizer step
     runs: dict[str, list[Intervals]] = {loop: [] for loop in LOOPS}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        run_alone("plain", workload, folder)  # warms the file cache and the dataset load, not counted
+        run_alone("plain", workload, folder, env)  # warms the file cache and the dataset load, not counted
         for round_ in range(repeats):
             # Which loop goes first alternates: the second can meet the first's teardown, or its cache footprint.
             order = LOOPS if round_ % 2 == 0 else LOOPS[::-1]
             if method == "turns":
-                intervals = run_in_turns(order, workload, folder)
+                intervals = run_in_turns(order, workload, folder, env)
             else:
-                intervals = {loop: run_alone(loop, workload, folder) for loop in order}
+                intervals = {loop: run_alone(loop, workload, folder, env) for loop in order}
             for loop in LOOPS:
                 runs[loop].append(intervals[loop])
     if method == "turns":  # a pair: the two loops' intervals of the same steps, trained in alternate turns
@@ -386,7 +405,7 @@ def measure(workload: Workload, repeats: int, method: str) -> dict[str, object]:
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in wall["medians"].items()}
     return {
         "workload": name, "method": method, "train_args": WORKLOADS[name], "turn_steps": workload.turn_steps,
-        "world_size": WORLD_SIZE, "repeats": repeats,
+        "world_size": WORLD_SIZE, "repeats": repeats, "pinned": pin,
         "intervals": {loop: [[list(i) for i in run] for run in runs[loop]] for loop in LOOPS},
         "ratio_of_mean_rates": statistics.median(map(mean_rate, runs["phalanx"])) / statistics.median(map(mean_rate, runs["plain"])),
         "samples_per_second": rates, "wall": wall, "step_ms": step_ms, "launch_medians": launch_medians,
@@ -414,7 +433,7 @@ def ratio_cell(figures: dict[str, object]) -> str:
     return interval_cell(figures["median_pair"], figures["median_pair_95"])
 
 
-def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
+def report(results: list[dict[str, object]], repeats: int, method: str, pin: bool) -> None:
     pairs = "interval pairs" if method == "turns" else "run pairs"
     rows = [
         (r["workload"], f"{r['wall']['medians']['plain']:.0f}", f"{r['wall']['medians']['phalanx']:.0f}",
@@ -434,6 +453,8 @@ def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
     else:
         print(f"{repeats} round{'s' if repeats != 1 else ''} of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its")
         print("intervals of --log-every steps (the first left out); a pair: the two runs of a round.")
+    print("Each rank bound to a CPU of its own, the same one in both loops (--pin)." if pin else
+          "Placed by the scheduler, as a job runs when nothing binds it (--pin binds each rank to a CPU of its own).")
     print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval.")
     print("launch ratio: the same over each launch's median pair: the pairs of one launch share its memory layout and")
     print("placement, which this interval covers and the pairs' does not. The target (overhead at most 3%) is met when")
@@ -458,6 +479,8 @@ def report(results: list[dict[str, object]], repeats: int, method: str) -> None:
 def main() -> None:
     for flag, worker in (("--plain-worker", plain_worker), ("--phalanx-worker", phalanx_worker)):
         if len(sys.argv) > 2 and sys.argv[1] == flag:
+            if os.environ.get(PIN_ENV):
+                pin_to_own_cpu()  # before torch starts a thread
             worker(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
             return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -468,18 +491,23 @@ def main() -> None:
                              "a neighbour's load hits both alike); runs: one loop at a time, rounds interleaved")  # fmt: skip
     parser.add_argument("--turn-steps", type=int, metavar="N",
                         help=f"steps per turn, a divisor of the workload's --log-every (default: {TURN_STEPS})")
+    parser.add_argument("--pin", action="store_true",
+                        help="bind each rank to a CPU of its own, the same one in both loops (default: the scheduler places them)")
     parser.add_argument("--json", type=Path, help="default: benchmarks/results/loop_overhead_<method>.json")
     args = parser.parse_args()
     workloads = [Workload(name, args.turn_steps or TURN_STEPS[name]) for name in args.workload]
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least one launch")
+    if args.pin and len(os.sched_getaffinity(0)) < WORLD_SIZE:
+        parser.error(f"--pin: {WORLD_SIZE} ranks need {WORLD_SIZE} CPUs of their own; this process may use "
+                     f"{len(os.sched_getaffinity(0))}")  # fmt: skip
     for workload in workloads:
         every = setting(workload.name, "--log-every")
         if workload.turn_steps < 2 or every % workload.turn_steps:
             parser.error(f"--turn-steps {workload.turn_steps}: a turn must be at least 2 steps and divide "
                          f"the {workload.name} workload's --log-every {every}")  # fmt: skip
-    results = [measure(workload, args.repeats, args.method) for workload in workloads]
-    report(results, args.repeats, args.method)
+    results = [measure(workload, args.repeats, args.method, args.pin) for workload in workloads]
+    report(results, args.repeats, args.method, args.pin)
     out = args.json or REPO / "benchmarks" / "results" / f"loop_overhead_{args.method}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

@@ -1,6 +1,6 @@
 """benchmarks/loop_overhead.py's method: two jobs' turns never overlap, the waits are not timed,
 turns add up to intervals, the median's confidence interval takes the right order statistics,
-and the target is decided by the pairs and the launches together."""
+and the target is decided by the pairs and the launches together; --pin binds each rank to its CPU."""
 
 from __future__ import annotations
 
@@ -103,3 +103,27 @@ def test_a_rank_that_leaves_mid_run_is_reported_not_waited_for(tmp_path):
     referee.close()
     thread.join(timeout=10)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_pin_binds_a_rank_and_the_threads_it_starts_to_the_cpu_of_its_local_rank(monkeypatch, local_rank):
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs 2 CPUs this process may use")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    seen: dict[str, set[int]] = {}
+
+    def worker() -> None:  # a thread: sched_setaffinity(0) binds the calling thread, so the test's stays free
+        loop_overhead.pin_to_own_cpu()
+        seen["rank"] = os.sched_getaffinity(0)
+        child = threading.Thread(target=lambda: seen.__setitem__("started later", os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(timeout=10)
+    assert seen == {"rank": {allowed[local_rank]}, "started later": {allowed[local_rank]}}
+    assert sorted(os.sched_getaffinity(0)) == allowed
