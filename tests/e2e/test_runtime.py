@@ -277,12 +277,17 @@ def test_compression_modes_train(workdir, compression):
     assert metrics["accuracy"] > 0.7 and metrics["world_size"] == 2
 
 
-def test_bf16_on_gloo_is_refused_with_a_hint(phalanx, workdir):
-    result = phalanx("run", "--nproc-per-node", "2", TRAIN, "--epochs", "1", "--compression", "bf16")
+@pytest.mark.parametrize("restarts", ["0", "2"])
+def test_bf16_on_gloo_is_refused_with_a_hint_and_never_restarted(phalanx, workdir, restarts):
+    """With --max-restarts, torchrun alone would start the same refusal twice more."""
+    result = phalanx("run", "--nproc-per-node", "2", "--max-restarts", restarts, TRAIN, "--epochs", "1", "--compression", "bf16")
     assert result.returncode == 2, result.output  # ExitCode.REFUSED, as a refusal before the start
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]  # the message, not the traceback
     assert "phalanx: error: compression bf16 on the gloo backend (cpu)" in cause and "Traceback" not in cause
     assert cause.rstrip().endswith("HINT: use --compression fp16 (same bytes on the wire) or powersgd on gloo")
+    assert [path.name for path in workdir.glob("phalanx-logs/*/attempt_*")] == ["attempt_0"]
+    not_restarted = f"phalanx: node0: not restarting the workers (--max-restarts {restarts}): rank"
+    assert (not_restarted in result.stderr) == (restarts != "0"), result.stderr
 
 
 def test_uneven_shards_neither_hang_nor_count_padding(workdir):
@@ -345,6 +350,18 @@ def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir
     assert re.search(r"preempted by SIGUSR1 after step \d+; checkpoint saved", output), output
     assert "stopped for preemption after saving a checkpoint; run the same command again" in output
     assert "root cause" not in output and not out.exists()
+
+
+def test_workers_stopped_for_preemption_are_not_restarted(phalanx, workdir):
+    """Under --max-restarts torchrun alone restarts them: they resume and train to the end (exit
+    0) on a machine that is being taken away, instead of exit 75 for a relaunch."""
+    worker = Path(__file__).parent / "workers" / "signal_at_step.py"  # both ranks: SIGTERM after step 5
+    result = phalanx("run", "--nproc-per-node", "2", "--max-restarts", "2", str(worker), "5", "--samples", "448",
+                     "--batch-size", "16", "--epochs", "1", "--checkpoint-dir", "ck", "--metrics-json", "metrics.json")  # fmt: skip
+    assert result.returncode == 75, result.output
+    assert "phalanx: node0: not restarting the workers (--max-restarts 2): they stopped for preemption" in result.stderr
+    assert [path.name for path in workdir.glob("phalanx-logs/*/attempt_*")] == ["attempt_0"]
+    assert not (workdir / "metrics.json").exists()  # the training did not finish
 
 
 @pytest.mark.parametrize("signal_step", [27, 28])

@@ -88,6 +88,23 @@ def test_a_phalanx_error_in_a_worker_is_shown_as_its_message_with_its_exit_code(
     assert "Traceback" not in text and "destroy_process_group" not in text
 
 
+def test_only_refusals_and_preemption_are_not_restarted():
+    from phalanx.launch.failure import restart_cannot_help
+
+    refused = [failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, tail=REFUSED_TAIL)]
+    assert restart_cannot_help(refused) == "ranks 0, 1 refused the settings, which a restart would run again"
+    # the other rank was still running when the agent looked, then stopped by it: still a refusal
+    assert restart_cannot_help([failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, exitcode=-signal.SIGTERM)]) == (
+        "rank 1 refused the settings, which a restart would run again"
+    )
+    assert "preemption" in restart_cannot_help([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)])
+    assert restart_cannot_help([failure(0, 1.0)]) is None  # a crash: a restart may mend it
+    assert restart_cannot_help([failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2)]) is None  # a crash beside it
+    assert restart_cannot_help([failure(0, 1.0, exitcode=-9, tail=REFUSED_TAIL)]) is None  # killed, not refused
+    assert restart_cannot_help([failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s",))]) is None
+    assert restart_cannot_help([]) is None
+
+
 def test_each_phalanx_error_keeps_its_own_exit_code():
     def ending(last_line):
         return [failure(0, 1.0, tail=("Traceback (most recent call last):", last_line))]

@@ -26,6 +26,7 @@ from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
+from phalanx.launch.restarts import restarts_only_when_they_can_help
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
@@ -74,10 +75,20 @@ class NodeAgent:
             on_ranks_assigned=self._on_ranks_assigned,
         )
         config.logs_specs = logs
+
+        def restart_cannot_help(failures: dict[int, Any]) -> str | None:
+            found = failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            reason = failure.restart_cannot_help(found)
+            if reason is not None:
+                say(f"phalanx: {self.plan.node_label}: not restarting the workers (--max-restarts "
+                    f"{self.plan.max_restarts}): {reason}")  # fmt: skip
+            return reason
+
         try:
-            elastic_launch(config, entrypoint)(*entrypoint_args)
+            with restarts_only_when_they_can_help(restart_cannot_help):
+                elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
-            found = failure.failures_from(error, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            found = failure.failures_from(error.failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip

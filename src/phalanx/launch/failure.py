@@ -12,6 +12,7 @@ import importlib
 import json
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,11 @@ def tail_of(text: list[str], lines: int = TAIL_LINES) -> tuple[str, ...]:
     return tuple(chosen[-lines:])
 
 
-def failures_from(error: Any, stderr_of_rank: dict[int, Path], node: str, address: str) -> list[RankFailure]:
-    """RankFailures from torchrun's ChildFailedError and the per-rank logs of this node."""
+def failures_from(failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str) -> list[RankFailure]:
+    """RankFailures from torchrun's failures by global rank (a ChildFailedError's, or a RunResult's)
+    and the per-rank logs of this node."""
     found = []
-    for rank, failure in error.failures.items():
+    for rank, failure in failures.items():
         log = stderr_of_rank.get(rank)
         # The log's mtime is exact; torchrun's own timestamp is whole seconds, too coarse to order.
         written = log.stat().st_mtime if log is not None and log.exists() else float(failure.timestamp)
@@ -193,6 +195,23 @@ def exit_code_for(failures: list[RankFailure]) -> int:
     if ending is not None:
         return ending.exit_code
     return ExitCode.STALLED if is_stall_report(cause) else ExitCode.FAILED
+
+
+def restart_cannot_help(failures: list[RankFailure]) -> str | None:
+    """Why restarting the workers after these failures would only end the same way, as words that
+    follow "not restarting the workers:"; None when a restart may help (a crash, a kill, a stall).
+
+    A refusal of the settings comes back with the same settings, and a stop for preemption
+    would resume training on a machine that is being taken away (exit 75 asks the scheduler to
+    run the job again later instead)."""
+    if is_preemption(failures):
+        return "they stopped for preemption, and would train on a machine that is being taken away"
+    causes = [f for f in failures if not stopped_by_agent(f, failures)]
+    endings = [phalanx_error_of(f) for f in causes]
+    if causes and all(ending is not None and ending.is_refusal for ending in endings):
+        ranks = ", ".join(str(f.rank) for f in sorted(causes, key=lambda f: f.rank))
+        return f"rank{'s' if len(causes) > 1 else ''} {ranks} refused the settings, which a restart would run again"
+    return None
 
 
 def hint_for(failure: RankFailure) -> str | None:

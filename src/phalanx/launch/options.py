@@ -68,7 +68,13 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "HOST[:PORT]",
     ),
     Option("rdzv-id", values.parse_rdzv_id, "job name, the same on every node (default phalanx)", "ID"),
-    Option("max-restarts", _int_option("max-restarts", 0), "restart all workers this many times after a failure (default 0)", "N"),
+    Option(
+        "max-restarts",
+        _int_option("max-restarts", 0),
+        "restart all workers this many times after a failure (default 0); not after a refusal of the settings "
+        "or a stop for preemption",
+        "N",
+    ),
     Option("log-dir", lambda value: Path(str(value)), "folder for per-rank logs (default ./phalanx-logs)", "DIR"),
     Option("backend", values.parse_backend, "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)", "NAME"),
     Option(

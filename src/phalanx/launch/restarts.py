@@ -1,0 +1,46 @@
+"""torchrun's elastic agent, told not to restart workers whose failure a restart cannot mend.
+
+With ``--max-restarts N`` torchrun restarts the workers after any failure, up to N times. After a
+refusal of the settings (exit 2 in phalanx's terms) that means the same refusal N more times, and
+the same wait for every start; after a stop for preemption (exit 75) it means training again on
+a machine that is being taken away, until the scheduler kills it without a checkpoint.
+
+torch's launcher has no setting for this, so the agent it starts is a subclass of its own
+(:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
+before each restart. Everything else (rendezvous, worker processes, logs, signals) is torch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: Takes the failures torchrun collected (global rank -> ProcessFailure); returns why a restart
+#: cannot help, or None to restart as torchrun would.
+Judge = Callable[[dict[int, Any]], "str | None"]
+
+
+@contextlib.contextmanager
+def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
+    """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
+    failures of every round that failed while restarts are left, and ends the job instead of
+    restarting when it names a reason. It swaps the agent class that the launcher looks up in its
+    module for the duration: phalanx runs one agent per process, so nothing else sees it."""
+    from torch.distributed.launcher import api
+
+    torch_agent = api.LocalElasticAgent
+
+    class JudgedAgent(torch_agent):  # type: ignore[misc, valid-type]
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
+            if result.is_failed() and getattr(self, "_remaining_restarts", 0) > 0 and judge(result.failures):
+                self._remaining_restarts = 0
+            return result
+
+    api.LocalElasticAgent = JudgedAgent
+    try:
+        yield
+    finally:
+        api.LocalElasticAgent = torch_agent
