@@ -88,6 +88,8 @@ def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
     )
     assert result.returncode == 0, result.output
     assert "restart 1" in result.stderr  # the rank plan of the second attempt
+    assert re.search(r"phalanx: node1: rank 1 exited with code 1: ValueError: rank 1 fails on purpose \(\S+"
+                     r"/attempt_0/rank1/stderr.log\); restarting the workers \(restart 1 of 1\)\n", result.stderr), result.stderr
     run_dir = next((workdir / "phalanx-logs").iterdir())
     assert "fails on purpose" in (run_dir / "attempt_0" / "rank1" / "stderr.log").read_text()
     assert "rank 1 finished" in (run_dir / "attempt_1" / "rank1" / "stdout.log").read_text()

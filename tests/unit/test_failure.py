@@ -105,6 +105,18 @@ def test_only_refusals_and_preemption_are_not_restarted():
     assert restart_cannot_help([]) is None
 
 
+def test_a_failure_before_a_restart_is_told_in_one_line():
+    from phalanx.launch.failure import in_one_line
+
+    crash = failure(1, 1.0, tail=("[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: x"))
+    assert in_one_line([crash, failure(0, 2.0, exitcode=-signal.SIGTERM)]) == "rank 1 exited with code 1: ValueError: x (r1.log)"
+    stall = failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s", "  stalled: rank 1"))
+    assert in_one_line([stall]) == "rank 0 exited with code 4: phalanx: stall: rank 0 has waited 9 s (r0.log)"
+    killed = failure(2, 1.0, exitcode=-9, tail=())
+    assert in_one_line([killed]) == "rank 2 was killed by SIGKILL (r2.log)"
+    assert in_one_line([]) == "a worker failed"
+
+
 def test_each_phalanx_error_keeps_its_own_exit_code():
     def ending(last_line):
         return [failure(0, 1.0, tail=("Traceback (most recent call last):", last_line))]

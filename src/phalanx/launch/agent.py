@@ -76,16 +76,20 @@ class NodeAgent:
         )
         config.logs_specs = logs
 
-        def restart_cannot_help(failures: dict[int, Any]) -> str | None:
+        def restart_helps(failures: dict[int, Any], remaining: int) -> bool:
+            """Says what failed and whether the workers restart (torch's agent says it at INFO only)."""
             found = failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            node, most = self.plan.node_label, self.plan.max_restarts
             reason = failure.restart_cannot_help(found)
             if reason is not None:
-                say(f"phalanx: {self.plan.node_label}: not restarting the workers (--max-restarts "
-                    f"{self.plan.max_restarts}): {reason}")  # fmt: skip
-            return reason
+                say(f"phalanx: {node}: not restarting the workers (--max-restarts {most}): {reason}")
+            else:
+                say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers "
+                    f"(restart {most - remaining + 1} of {most})")  # fmt: skip
+            return reason is None
 
         try:
-            with restarts_only_when_they_can_help(restart_cannot_help):
+            with restarts_only_when_they_can_help(restart_helps):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = failure.failures_from(error.failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)

@@ -197,6 +197,22 @@ def exit_code_for(failures: list[RankFailure]) -> int:
     return ExitCode.STALLED if is_stall_report(cause) else ExitCode.FAILED
 
 
+def in_one_line(failures: list[RankFailure]) -> str:
+    """The root cause as one line, for a failure the workers are restarted after: the rank, how it
+    ended, its last words (a traceback's last line, a phalanx error's first) and its log."""
+    cause = root_cause(failures)
+    if cause is None:
+        return "a worker failed"
+    ending = phalanx_error_of(cause)
+    if ending is not None:
+        words = ending.message[0]
+    elif cause.tail:
+        words = _RANK_PREFIX.sub("", cause.tail[0] if is_stall_report(cause) else cause.tail[-1]).strip()
+    else:
+        words = ""
+    return f"rank {cause.rank} {cause.how}" + (f": {words}" if words else "") + (f" ({cause.log})" if cause.log else "")
+
+
 def restart_cannot_help(failures: list[RankFailure]) -> str | None:
     """Why restarting the workers after these failures would only end the same way, as words that
     follow "not restarting the workers:"; None when a restart may help (a crash, a kill, a stall).

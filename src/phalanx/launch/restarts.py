@@ -3,7 +3,8 @@
 With ``--max-restarts N`` torchrun restarts the workers after any failure, up to N times. After a
 refusal of the settings (exit 2 in phalanx's terms) that means the same refusal N more times, and
 the same wait for every start; after a stop for preemption (exit 75) it means training again on
-a machine that is being taken away, until the scheduler kills it without a checkpoint.
+a machine that is being taken away, until the scheduler kills it without a checkpoint. And it
+restarts in silence: the console shows the new round, not which rank failed before it.
 
 torch's launcher has no setting for this, so the agent it starts is a subclass of its own
 (:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
@@ -16,16 +17,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-#: Takes the failures torchrun collected (global rank -> ProcessFailure); returns why a restart
-#: cannot help, or None to restart as torchrun would.
-Judge = Callable[[dict[int, Any]], "str | None"]
+#: Takes the failures torchrun collected (global rank -> ProcessFailure) and the restarts left;
+#: returns whether to restart the workers, as torchrun would, or to end the job with the failure.
+Judge = Callable[[dict[int, Any], int], bool]
 
 
 @contextlib.contextmanager
 def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
     """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
     failures of every round that failed while restarts are left, and ends the job instead of
-    restarting when it names a reason. It swaps the agent class that the launcher looks up in its
+    restarting when it says no. It swaps the agent class that the launcher looks up in its
     module for the duration: phalanx runs one agent per process, so nothing else sees it."""
     from torch.distributed.launcher import api
 
@@ -35,7 +36,8 @@ def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
-            if result.is_failed() and getattr(self, "_remaining_restarts", 0) > 0 and judge(result.failures):
+            remaining = getattr(self, "_remaining_restarts", 0)
+            if result.is_failed() and remaining > 0 and not judge(result.failures, remaining):
                 self._remaining_restarts = 0
             return result
 
