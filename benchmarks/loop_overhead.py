@@ -44,11 +44,12 @@ machine's noise either (cache misses under a neighbour's load, time stolen by th
 
 --pin binds each rank to a CPU of its own, the same one in both loops (local rank 0 to the first
 CPU the benchmark may use, 1 to the second). Free, the scheduler places the 4 training processes
-on the 2-core machine anew in every launch, and the launches differ by more than the loops do:
-on digits, launch medians spread 0.81-1.16 over 60 free launches and 0.94-1.07 over 30 pinned
-ones. The two placements did not agree there either: phalanx / plain was 0.981 [0.961, 0.997]
-free (60 launches) and 1.006 [0.987, 1.022] pinned (30), CPU time per step 1.036 [1.018, 1.052]
-x plain's free and 0.987 [0.975, 1.006] pinned. Free is the default: it is how a job runs when
+on the 2-core machine anew in every launch, one source of the launches' spread. On digits, on
+one day: launch medians spread 0.85-1.13 and 0.92-1.10 over two runs of 12 free launches,
+0.93-1.08 over 12 pinned ones, 0.81-1.16 over 60 free and 0.94-1.07 over 30 pinned. The pair
+ratio was 0.981 [0.961, 0.997] over the 60 free launches and 1.006 [0.987, 1.022] over the 30
+pinned ones; the free 12-launch runs gave 0.990 and 1.002, so that day did not show whether
+the placement changes the overhead itself. Free is the default: it is how a job runs when
 nothing binds it.
 
 Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; an interval is
