@@ -95,6 +95,20 @@ def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
     assert "rank 1 finished" in (run_dir / "attempt_1" / "rank1" / "stdout.log").read_text()
 
 
+def test_a_refusal_on_one_node_ends_the_job_on_every_node_without_a_restart(phalanx, workdir):
+    """node1's rank refuses its settings; node0's rank then fails because it is gone, a crash
+    that alone would be restarted. node1 tells node0 that the job ends, so neither restarts, and
+    both name the refusal as the root cause."""
+    script = copy_worker(workdir, "refuse_on_rank.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1")
+    assert result.returncode == 2, result.output  # ExitCode.REFUSED
+    assert "phalanx: node1: not restarting the workers (--max-restarts 1): rank 1 refused its settings" in result.stderr
+    assert ("phalanx: node0: not restarting the workers (--max-restarts 1): node1 ends the job: rank 1 refused its "
+            "settings") in result.stderr, result.stderr  # fmt: skip
+    assert "phalanx: root cause: rank 1 (local rank 0) on node1" in result.stderr
+    assert [path.name for path in workdir.glob("phalanx-logs/*/attempt_*")] == ["attempt_0"]
+
+
 def test_a_node_stopped_for_another_nodes_restart_counts_the_same_attempt(phalanx, workdir):
     """Rank 0 is healthy (asleep, in no collective) when rank 1 fails, so node0's agent stops it
     for node1's restart instead of seeing it fail; torchrun's restart count stays 0 there. The

@@ -92,12 +92,19 @@ def test_only_refusals_and_preemption_are_not_restarted():
     from phalanx.launch.failure import restart_cannot_help
 
     refused = [failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, tail=REFUSED_TAIL)]
-    assert restart_cannot_help(refused) == "ranks 0, 1 refused the settings, which a restart would run again"
+    assert restart_cannot_help(refused) == "ranks 0, 1 refused their settings; a restart would refuse them again"
     # the other rank was still running when the agent looked, then stopped by it: still a refusal
     assert restart_cannot_help([failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2, exitcode=-signal.SIGTERM)]) == (
-        "rank 1 refused the settings, which a restart would run again"
+        "rank 1 refused its settings; a restart would refuse them again"
     )
+    # a crash while handling the refusal: the crash ended the worker, and a restart may mend it
+    crashed_handling = (*REFUSED_TAIL, "", "During handling of the above exception, another exception occurred:", "",
+                        "[rank1]: Traceback (most recent call last):", "[rank1]: RuntimeError: CUDA error")  # fmt: skip
+    assert restart_cannot_help([failure(1, 1.0, tail=crashed_handling)]) is None
     assert "preemption" in restart_cannot_help([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)])
+    # one still saving when the agent's grace period ended, SIGKILLed 30 s after the first stop was seen
+    late = [failure(1, 1.0, exitcode=75, reported=100.0), failure(0, 1.1, exitcode=-signal.SIGKILL, reported=131.0)]
+    assert "preemption" in restart_cannot_help(late)
     assert restart_cannot_help([failure(0, 1.0)]) is None  # a crash: a restart may mend it
     assert restart_cannot_help([failure(1, 1.0, tail=REFUSED_TAIL), failure(0, 1.2)]) is None  # a crash beside it
     assert restart_cannot_help([failure(0, 1.0, exitcode=-9, tail=REFUSED_TAIL)]) is None  # killed, not refused
@@ -108,8 +115,13 @@ def test_only_refusals_and_preemption_are_not_restarted():
 def test_a_failure_before_a_restart_is_told_in_one_line():
     from phalanx.launch.failure import in_one_line
 
-    crash = failure(1, 1.0, tail=("[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: x"))
+    crash = failure(1, 1.0, tail=("[rank1]: Traceback (most recent call last):", '[rank1]:   File "t.py", line 1',
+                                  "[rank1]: ValueError: x", "[W1202 ProcessGroup.cpp] destroy_process_group() was not called"))
     assert in_one_line([crash, failure(0, 2.0, exitcode=-signal.SIGTERM)]) == "rank 1 exited with code 1: ValueError: x (r1.log)"
+    assert in_one_line([failure(1, 1.0, tail=REFUSED_TAIL)]) == (
+        "rank 1 exited with code 1: phalanx: error: compression bf16 on the gloo backend (cpu) (r1.log)"
+    )
+    assert in_one_line([failure(1, 1.0, tail=("no traceback", "  last line"))]) == "rank 1 exited with code 1: last line (r1.log)"
     stall = failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s", "  stalled: rank 1"))
     assert in_one_line([stall]) == "rank 0 exited with code 4: phalanx: stall: rank 0 has waited 9 s (r0.log)"
     killed = failure(2, 1.0, exitcode=-9, tail=())

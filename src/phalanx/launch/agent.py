@@ -10,6 +10,7 @@ PLAN.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -31,6 +32,10 @@ from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
 FAILURE_GATHER_S = 3.0
+#: How long a node whose workers failed looks for another node's word that the job ends instead
+#: of restarting (a refusal there: its workers' exit is what failed these). Agents look at their
+#: workers every 0.1 s, so the word is posted within a fraction of this.
+ENDS_WORD_WAIT_S = 1.0
 
 
 def failure_file(plan: NodePlan) -> Path:
@@ -61,7 +66,7 @@ class NodeAgent:
     def _launch(self) -> int:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousTimeoutError
+        from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
         from torch.distributed.launcher.api import elastic_launch
         from torch.distributed.run import config_from_args, get_args_parser
 
@@ -76,23 +81,14 @@ class NodeAgent:
         )
         config.logs_specs = logs
 
-        def restart_helps(failures: dict[int, Any], remaining: int) -> bool:
-            """Says what failed and whether the workers restart (torch's agent says it at INFO only)."""
-            found = failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
-            node, most = self.plan.node_label, self.plan.max_restarts
-            reason = failure.restart_cannot_help(found)
-            if reason is not None:
-                say(f"phalanx: {node}: not restarting the workers (--max-restarts {most}): {reason}")
-            else:
-                say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers "
-                    f"(restart {most - remaining + 1} of {most})")  # fmt: skip
-            return reason is None
+        def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
+            return failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
 
         try:
-            with restarts_only_when_they_can_help(restart_helps):
+            with restarts_only_when_they_can_help(lambda failures, left: self._restart_helps(found_in(failures), left)):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
-            found = failure.failures_from(error.failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            found = found_in(error.failures)
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
@@ -105,16 +101,53 @@ class NodeAgent:
                 "(a node may have died or been restarted).",
                 "look at the other nodes' consoles; raise --join-timeout if restarts are slow",
             ) from None
-        except RendezvousClosedError:
+        except RendezvousError as error:  # closed, or its store gone with the node that hosted it
             say(
-                "phalanx: the job's rendezvous was closed by another node (it finished or failed first); "
-                "look at the node that holds rank 0 for the root cause"
+                f"phalanx: {self.plan.node_label}: the job's rendezvous ended ({type(error).__name__}): another node "
+                "finished or failed first; look at the node that holds rank 0 for the root cause"
             )
             return ExitCode.FAILED
         except SignalException as error:
             say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
             return 128 + int(error.sigval)
         return ExitCode.OK
+
+    def _restart_helps(self, found: list[failure.RankFailure], remaining: int) -> bool:
+        """Whether to restart the workers after these failures, said on the console either way
+        (torch's agent says it at INFO only). A node that ends the job tells the others, whose
+        workers failed because its own stopped."""
+        node, most = self.plan.node_label, self.plan.max_restarts
+        reason = failure.restart_cannot_help(found)
+        if reason is not None:
+            self._post_end_of_job(f"{node} ends the job: {reason}")
+        else:
+            reason = self._end_of_job_posted()
+        if reason is not None:
+            say(f"phalanx: {node}: not restarting the workers (--max-restarts {most}): {reason}")
+            return False
+        restart = most - remaining + 1
+        say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers (restart {restart} of {most})")
+        return True
+
+    def _post_end_of_job(self, why: str) -> None:
+        if self.store is not None:
+            # best effort: without it the other nodes restart, and find the rendezvous closed
+            with contextlib.suppress(Exception):
+                self.store.set(f"{self.prefix}ends", why)
+
+    def _end_of_job_posted(self) -> str | None:
+        """Another node's word that the job ends (waiting briefly for it), or None."""
+        if self.store is None:
+            return None
+        key, deadline = f"{self.prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
+        try:
+            while not self.store.check([key]):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+            return self.store.get(key).decode()
+        except Exception:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
+            return None
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:

@@ -65,7 +65,9 @@ def tail_of(text: list[str], lines: int = TAIL_LINES) -> tuple[str, ...]:
     return tuple(chosen[-lines:])
 
 
-def failures_from(failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str) -> list[RankFailure]:
+def failures_from(
+    failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str
+) -> list[RankFailure]:
     """RankFailures from torchrun's failures by global rank (a ChildFailedError's, or a RunResult's)
     and the per-rank logs of this node."""
     found = []
@@ -94,9 +96,9 @@ def failures_from(failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], 
 
 
 def is_preemption(failures: list[RankFailure]) -> bool:
-    """Workers that stopped for preemption; the agent may have SIGTERMed the slower ones."""
-    codes = {f.exitcode for f in failures}
-    return ExitCode.PREEMPTED in codes and codes <= {ExitCode.PREEMPTED, -signal.SIGTERM}
+    """Workers that stopped for preemption; the agent may have SIGTERMed the slower ones, or
+    SIGKILLed one still saving its checkpoint after the grace period."""
+    return {f.exitcode for f in failures if not stopped_by_agent(f, failures)} == {ExitCode.PREEMPTED}
 
 
 #: After the first failure torchrun's agent SIGTERMs the other workers, and SIGKILLs those still
@@ -133,6 +135,7 @@ KNOWN_ENDINGS = (
 #: error: ..." (what torch.distributed prefixes a rank's lines with, "[rank1]: ", left out).
 _PHALANX_ERROR = re.compile(r"^(?:\[rank\d+\]: )?(phalanx(?:\.\w+)+)\.(\w+): (phalanx: error: .*)$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+_TRACEBACK = "Traceback (most recent call last)"
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,9 @@ class PhalanxErrorEnding:
 
 
 def phalanx_error_in(text: list[str]) -> PhalanxErrorEnding | None:
-    """The last phalanx error a log's tracebacks end with; None when there is none."""
-    lines = [_RANK_PREFIX.sub("", line) for line in text]
+    """The phalanx error the log's last traceback ends with; None when it ends with another (one
+    raised while handling a phalanx error, say) or there is none."""
+    lines = _after_last_traceback([_RANK_PREFIX.sub("", line) for line in text])
     starts = [(i, match) for i, line in enumerate(lines) if (match := _PHALANX_ERROR.match(line))]
     if not starts:
         return None
@@ -161,6 +165,23 @@ def phalanx_error_in(text: list[str]) -> PhalanxErrorEnding | None:
             break
         message.append(line)
     return PhalanxErrorEnding(tuple(message), _exit_code_of(match.group(1), match.group(2)))
+
+
+def _after_last_traceback(lines: list[str]) -> list[str]:
+    """The lines from the last "Traceback" header on (all of them when there is none)."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    return lines[starts[-1] :] if starts else lines
+
+
+def last_words(tail: tuple[str, ...]) -> str:
+    """A log tail's last words: the exception that ended its last traceback (not a warning printed
+    after it), else its last line; without torch's "[rankN]: " prefix."""
+    lines = _after_last_traceback([_RANK_PREFIX.sub("", line) for line in tail])
+    if lines and lines[0].startswith(_TRACEBACK):
+        ended = [line for line in lines[1:] if line and not line.startswith(" ")]
+        if ended:
+            return ended[0]
+    return lines[-1].strip() if lines else ""
 
 
 def _exit_code_of(module: str, name: str) -> int:
@@ -206,10 +227,8 @@ def in_one_line(failures: list[RankFailure]) -> str:
     ending = phalanx_error_of(cause)
     if ending is not None:
         words = ending.message[0]
-    elif cause.tail:
-        words = _RANK_PREFIX.sub("", cause.tail[0] if is_stall_report(cause) else cause.tail[-1]).strip()
     else:
-        words = ""
+        words = cause.tail[0] if is_stall_report(cause) else last_words(cause.tail)
     return f"rank {cause.rank} {cause.how}" + (f": {words}" if words else "") + (f" ({cause.log})" if cause.log else "")
 
 
@@ -221,12 +240,13 @@ def restart_cannot_help(failures: list[RankFailure]) -> str | None:
     would resume training on a machine that is being taken away (exit 75 asks the scheduler to
     run the job again later instead)."""
     if is_preemption(failures):
-        return "they stopped for preemption, and would train on a machine that is being taken away"
+        return "they stopped for preemption (exit 75), which asks for the job to be started again later"
     causes = [f for f in failures if not stopped_by_agent(f, failures)]
     endings = [phalanx_error_of(f) for f in causes]
     if causes and all(ending is not None and ending.is_refusal for ending in endings):
         ranks = ", ".join(str(f.rank) for f in sorted(causes, key=lambda f: f.rank))
-        return f"rank{'s' if len(causes) > 1 else ''} {ranks} refused the settings, which a restart would run again"
+        whose = "ranks {} refused their" if len(causes) > 1 else "rank {} refused its"
+        return f"{whose.format(ranks)} settings; a restart would refuse them again"
     return None
 
 

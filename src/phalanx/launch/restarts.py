@@ -36,8 +36,8 @@ def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
-            remaining = getattr(self, "_remaining_restarts", 0)
-            if result.is_failed() and remaining > 0 and not judge(result.failures, remaining):
+            remaining = self._remaining_restarts
+            if result.is_failed() and remaining > 0 and not _asks_restart(judge, result.failures, remaining):
                 self._remaining_restarts = 0
             return result
 
@@ -46,3 +46,10 @@ def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
         yield
     finally:
         api.LocalElasticAgent = torch_agent
+
+
+def _asks_restart(judge: Judge, failures: dict[int, Any], remaining: int) -> bool:
+    try:
+        return judge(failures, remaining)
+    except Exception:  # noqa: BLE001 - a judge that fails (a log it cannot read) restarts, as torchrun would
+        return True
