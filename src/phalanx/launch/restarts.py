@@ -36,9 +36,10 @@ def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
-            remaining = self._remaining_restarts
-            if result.is_failed() and remaining > 0 and not _asks_restart(judge, result.failures, remaining):
-                self._remaining_restarts = 0
+            if result.is_failed():
+                remaining = self._remaining_restarts
+                if remaining > 0 and not _asks_restart(judge, result.failures, remaining):
+                    self._remaining_restarts = 0
             return result
 
     api.LocalElasticAgent = JudgedAgent
