@@ -286,6 +286,8 @@ def test_bf16_on_gloo_is_refused_with_a_hint_and_never_restarted(phalanx, workdi
     assert "phalanx: error: compression bf16 on the gloo backend (cpu)" in cause and "Traceback" not in cause
     assert cause.rstrip().endswith("HINT: use --compression fp16 (same bytes on the wire) or powersgd on gloo")
     assert [path.name for path in workdir.glob("phalanx-logs/*/attempt_*")] == ["attempt_0"]
+    # the console names the rank once: phalanx.init took torch's "[rank0]: " prefix off again
+    assert "\n[node0 rank0]: Traceback (most recent call last):" in result.stderr and "[rank0]: " not in result.stderr
     not_restarted = f"phalanx: node0: not restarting the workers (--max-restarts {restarts}): rank"
     assert (not_restarted in result.stderr) == (restarts != "0"), result.stderr
 

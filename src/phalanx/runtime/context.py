@@ -117,6 +117,8 @@ def init(
     ``stall_timeout`` (default PHALANX_STALL_TIMEOUT, else 300 s): a collective pending longer
     ends the job with a report that names the stalled ranks (:mod:`phalanx.runtime.watchdog`).
     With more than one process it is a collective: every rank calls it (it ends with a barrier).
+    Under ``phalanx run`` it takes off the "[rankN]: " that torch's process group adds to every
+    line of a traceback: the console already names the node and rank, and each rank has its own log.
     """
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
@@ -125,7 +127,8 @@ def init(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    backend = backend or WorkerEnv.from_env(os.environ).backend or default_backend(device)
+    launched = WorkerEnv.from_env(os.environ)
+    backend = backend or launched.backend or default_backend(device)
     if backend == "nccl" and device.type != "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise SettingsRefused(
@@ -139,7 +142,12 @@ def init(
     )  # fmt: skip
     if env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
+        excepthook = sys.excepthook
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+        if launched.node is not None:
+            # torch's hook prefixes every line of a traceback with "[rankN]: "; phalanx run's
+            # console names the node and rank already, and a rank's log file is its own
+            sys.excepthook = excepthook
         context._owns_group = True
         # A first collective, on every rank: the flight recorder must show it, or the watchdog
         # would never see a stall. (It also sets up NCCL's connections here, not at the first step.)
