@@ -44,13 +44,18 @@ machine's noise either (cache misses under a neighbour's load, time stolen by th
 
 --pin binds each rank to a CPU of its own, the same one in both loops (local rank 0 to the first
 CPU the benchmark may use, 1 to the second). Free, the scheduler places the 4 training processes
-on the 2-core machine anew in every launch, one source of the launches' spread. On digits, on
-one day: launch medians spread 0.85-1.13 and 0.92-1.10 over two runs of 12 free launches,
-0.93-1.08 over 12 pinned ones, 0.81-1.16 over 60 free and 0.94-1.07 over 30 pinned. The pair
-ratio was 0.981 [0.961, 0.997] over the 60 free launches and 1.006 [0.987, 1.022] over the 30
-pinned ones; the free 12-launch runs gave 0.990 and 1.002, so that day did not show whether
-the placement changes the overhead itself. Free is the default: it is how a job runs when
-nothing binds it.
+on the 2-core machine anew in every launch. Free is the default: it is how a job runs when
+nothing binds it. On digits, runs of 60 launches gave:
+
+- free, four runs (one per working session): pair medians 0.970-0.982, the last one
+  0.981 [0.961, 0.997]; each left the target undecided, an overhead of 1.8-3.0% whose
+  intervals reach past 3%;
+- pinned, the run chosen beforehand to decide: pairs 0.998 [0.989, 1.013], launches
+  0.998 [0.988, 1.019]: met; CPU time per step 1.013 [0.998, 1.025] x plain's; launch medians
+  0.91-1.19 (free: 0.81-1.16), so pinning did not narrow the spread.
+
+Free placement seems to cost phalanx about 2% more than plain, and pinned placement not; why
+is not known (phalanx's explicit work, measured in place, is about 35-40 us of a 2.1 ms step).
 
 Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; an interval is
 two 28-step epochs) and synthetic (the tutorial's 3x224x224 images: a ~270 ms step dominated by
