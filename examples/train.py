@@ -86,7 +86,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
                         help="also write the logged metrics as TensorBoard events (needs the tensorboard package)")
     parser.add_argument("--metrics-json", type=Path, default=None,
-                        help="rank 0 writes the final metrics here (samples_per_second: null when the run trained no step)")
+                        help="rank 0 writes the final metrics here (samples_per_second: null when the run trained no step; "
+                             "compression: what ran and, for auto, what its trial measured)")
     parser.add_argument("--save-model", type=Path, default=None, help="rank 0 saves the final state_dict here")
     return parser.parse_args()
 
@@ -409,6 +410,7 @@ def main() -> None:
             "world_size": context.world_size, "steps": step, "final_loss": final["loss"],
             "accuracy": final["accuracy"], "samples_per_second": rate,
             "resumed_from_step": resumed_from, "params_sha256": parameters_sha256(model),
+            "compression": compression_of(model).summary(),  # what ran; for auto, what its trial measured
         }  # fmt: skip
         speed = "no step trained in this run" if rate is None else f"{rate:.0f} samples/s"
         print(f"final: loss {final['loss']:.4f}  accuracy {final['accuracy']:.3f}  {speed}")

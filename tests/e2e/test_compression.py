@@ -6,7 +6,6 @@ checks each step's delivered gradient against the true average, and hashes the p
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -14,21 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.runtime.compression import choose
+from phalanx.runtime.compression import AutoTrial, choose
 from tests.conftest import EXAMPLES, phalanx_argv, run_command
 
 pytestmark = pytest.mark.slow
 TRAIN = str(EXAMPLES / "train.py")
 WORKER = str(Path(__file__).parent / "workers" / "compression_worker.py")
 DECISION = re.compile(
-    r"phalanx: compression auto chose (\w+)(?: \(([^)]*)\))?: (.+) ms/step \(median of (\d+) trial steps each, slowest rank\)"
+    r"phalanx: compression auto chose (\w+)(?: \(([^)]*)\))?: (.+) ms/step \(medians? of (.+) trial steps(?: each)?, slowest rank\)"
 )
-#: The default trial: warm-up (none 1, fp16 1, powersgd 2 plain + 1 compressed), 3 rounds x 2
-#: steps x 3 candidates, then one step while the decision's all-reduce travels.
-TRIAL = ["none", "fp16", "powersgd", "powersgd", "powersgd"] + [
+#: One phase of 3 rounds x 2 steps x 3 candidates, then one step while the decision's all-reduce travels.
+PHASE = [
     name for turn in (["none", "fp16", "powersgd"], ["fp16", "powersgd", "none"], ["powersgd", "none", "fp16"])
     for name in turn for _ in range(2)
 ] + ["none"]  # fmt: skip
+#: The worker's trial: warm-up (none 1, fp16 1, powersgd 2 plain + 1 compressed) and one phase.
+TRIAL = ["none", "fp16", "powersgd", "powersgd", "powersgd"] + PHASE
 
 
 def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
@@ -39,11 +39,13 @@ def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
     return found
 
 
-def choices_near(printed: dict[str, float]) -> set[str]:
-    """What choose() gives for the timings the line rounds to 0.1 ms: a near tie may go either way."""
-    names = list(printed)
-    nudged = itertools.product(*[(printed[n] - 0.05, printed[n], printed[n] + 0.05) for n in names])
-    return {choose(dict(zip(names, values)), 0.03) for values in nudged}
+def rule_choice(summary: dict) -> str:
+    """What auto's rule takes from a summary: the fastest of the last phase's candidates still within
+    ``close``, lossier ones only for ``min_gain``."""
+    trial = AutoTrial()
+    timings = summary["ms_per_step"]
+    still_in = trial.still_in({name: timings[name] for name in summary["phases"][-1]})
+    return choose({name: timings[name] for name in still_in}, trial.min_gain)
 
 
 def launch(workdir: Path, *args: str, launcher: tuple[str, ...] = ("--nproc-per-node", "2"), timeout: float = 240):
@@ -60,26 +62,36 @@ def worker(workdir: Path, name: str, *args: str) -> tuple[list[dict], str]:
 @pytest.mark.parametrize("launcher", [("--nproc-per-node", "2"), ("--simulate-nodes", "2")], ids=["2procs", "2nodes"])
 def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
     out = workdir / "metrics.json"
-    result = launch(workdir, TRAIN, "--epochs", "3", "--compression", "auto", "--metrics-json", str(out), launcher=launcher)
+    # 5 epochs of 28 steps: room for the longest trial (4 phases, 81 steps) and then some.
+    result = launch(workdir, TRAIN, "--epochs", "5", "--compression", "auto", "--metrics-json", str(out), launcher=launcher)
     metrics = json.loads(out.read_text())
+    summary = metrics["compression"]
     assert metrics["world_size"] == 2 and metrics["accuracy"] > 0.7, metrics
-    losses = [float(x) for x in re.findall(r"epoch \d/3  step \d+  loss (\d+\.\d+)", result.stdout)]
-    assert len(losses) == 3 and losses[-1] < losses[0], result.stdout
+    losses = [float(x) for x in re.findall(r"epoch \d/5  step \d+  loss (\d+\.\d+)", result.stdout)]
+    assert len(losses) == 5 and losses[-1] < losses[0], result.stdout
 
     shown = decisions(result.stdout)
     assert len(shown) == 1, result.stdout  # the console shows rank 0's line, once
     chosen, timings = shown[0]
     assert set(timings) == {"none", "fp16", "powersgd"} and all(0 < ms < 10_000 for ms in timings.values()), timings
-    assert chosen in choices_near(timings)  # the fastest, lossier ones only for a real gain
+    assert chosen == summary["chosen"] == rule_choice(summary), summary  # lossier ones only for a real gain
+    assert timings == {name: round(ms, 1) for name, ms in summary["ms_per_step"].items()}
+    assert 1 <= len(summary["phases"]) <= AutoTrial().phases and summary["phases"][0] == ["none", "fp16", "powersgd"]
     logged = [decisions(log.read_text()) for log in sorted(workdir.glob("phalanx-logs/*/attempt_0/rank*/stdout.log"))]
     assert logged == [shown, shown], logged  # every rank wrote the same choice from the same numbers
 
 
-def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir):
-    ranks, output = worker(workdir, "auto", "--compression", "auto", "--steps", "40")
+@pytest.mark.parametrize("phases", [("--phases", "1"), ("--phases", "3", "--close", "1e-9")], ids=["1phase", "1left"])
+def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir, phases):
+    # With close 1e-9 only the fastest is left after the first phase: the choice comes without another.
+    ranks, output = worker(workdir, "auto", "--compression", "auto", "--steps", "40", *phases)
     used = [[rank["used"][str(step)] for step in range(40)] for rank in ranks]
     assert used[0] == used[1]
     chosen = ranks[0]["summary"]["chosen"]
+    timings = ranks[0]["summary"]["ms_per_step"]
+    assert ranks[0]["summary"]["phases"] == [["none", "fp16", "powersgd"]]
+    if "1e-9" in phases:
+        assert timings[chosen] == min(timings.values()), timings
     assert used[0] == TRIAL + [chosen] * (40 - len(TRIAL)), used[0]
     assert ranks[0]["summary"] == ranks[1]["summary"]
     assert ranks[0]["summary"]["trial_steps"] == len(TRIAL)
@@ -152,3 +164,21 @@ def test_auto_resumed_mid_trial_continues_the_trial_where_it_stopped(workdir):
     assert full["summary"]["timed_steps"] == {"none": 6, "fp16": 6, "powersgd": 6}
     assert resumed["summary"]["trial_steps"] == len(TRIAL) and not resumed["summary"]["from_checkpoint"]
     assert all(math.isfinite(ms) for ms in resumed["summary"]["ms_per_step"].values())
+
+
+def test_auto_measures_close_candidates_again_and_a_resume_goes_on_with_that_phase(workdir):
+    # close 10: every candidate is close, so the second phase measures all three again.
+    two_phases = TRIAL + PHASE
+    full, resumed, output = interrupted(workdir, "auto", 30, "--phases", "2", "--close", "10", steps=len(two_phases) + 4)
+    assert [full["used"][str(s)] for s in range(len(two_phases))] == two_phases
+    assert full["summary"]["phases"] == [["none", "fp16", "powersgd"]] * 2 == resumed["summary"]["phases"]
+    assert full["summary"]["timed_steps"] == {"none": 12, "fp16": 12, "powersgd": 12}
+    assert full["summary"]["trial_steps"] == len(two_phases) == resumed["summary"]["trial_steps"]
+    # Saved in the second phase (step 30), resumed there: the same steps, the same parameters.
+    steps = range(30, len(two_phases) + 4)
+    assert [resumed["used"][str(s)] for s in steps] == [full["used"][str(s)] for s in steps]
+    assert [resumed["sha_after"][str(s)] for s in steps] == [full["sha_after"][str(s)] for s in steps]
+    # Lost to the restart: step 29 (powersgd; its end fell in the next process) and step 30 (fp16, a fresh
+    # process's first step).
+    assert resumed["summary"]["timed_steps"] == {"none": 12, "fp16": 11, "powersgd": 11}
+    assert decisions(output)[0][0] == resumed["summary"]["chosen"]

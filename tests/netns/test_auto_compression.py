@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 def test_auto_over_a_shaped_link_makes_one_decision_on_both_hosts(workdir):
     out = workdir / "metrics.json"
-    train = [str(EXAMPLES / "train.py"), "--epochs", "2", "--compression", "auto", "--metrics-json", str(out)]
+    train = [str(EXAMPLES / "train.py"), "--epochs", "4", "--compression", "auto", "--metrics-json", str(out)]
     with two_hosts("z", rate="1gbit") as (a, b):
         line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:29400", *train]
         outcomes = run_on_both([a.command(line), b.command(line)], timeout=180, cwd=str(workdir))

@@ -33,6 +33,26 @@ def test_the_schedule_warms_up_then_rotates_the_turns():
     )  # fmt: skip
 
 
+def test_a_later_phase_rotates_the_turns_of_the_candidates_still_in():
+    assert AutoTrial(rounds=2, steps_per_round=2).phase(["b", "c"]) == (
+        ("b", True), ("b", True), ("c", True), ("c", True),
+        ("c", True), ("c", True), ("b", True), ("b", True),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "timings, still_in",
+    [
+        ({"none": 14.3, "fp16": 15.2, "powersgd": 17.8}, ["none", "fp16", "powersgd"]),  # loopback: all close
+        ({"none": 60.0, "fp16": 38.0, "powersgd": 24.0}, ["powersgd"]),  # 1 Gbit: one phase decides
+        ({"none": 10.0, "fp16": 12.5, "powersgd": 12.6}, ["none", "fp16"]),  # 25% is still close, 26% is out
+        ({"none": math.inf, "fp16": 30.0, "powersgd": math.inf}, ["fp16"]),  # unmeasured is never close
+    ],
+)
+def test_candidates_more_than_close_slower_than_the_fastest_are_out(timings, still_in):
+    assert AutoTrial(close=0.25).still_in(timings) == still_in
+
+
 @pytest.mark.parametrize(
     "timings, chosen",
     [
@@ -55,7 +75,10 @@ def test_the_choice_is_within_the_margin_of_the_fastest():
         assert timings[choose(timings, 0.03)] <= min(values) / (1 - 0.03)
 
 
-@pytest.mark.parametrize("settings", [{"rounds": 0}, {"steps_per_round": 0}, {"min_gain": 1.0}, {"min_gain": -0.1}])
+@pytest.mark.parametrize(
+    "settings",
+    [{"rounds": 0}, {"steps_per_round": 0}, {"phases": 0}, {"close": 0.0}, {"min_gain": 1.0}, {"min_gain": -0.1}],
+)
 def test_a_trial_that_cannot_compare_is_refused(settings):
     with pytest.raises(SettingsRefused):
         AutoTrial(**settings)

@@ -7,19 +7,27 @@ all-reduce, fp16, bf16 or PowerSGD hook). With a fixed choice there is one candi
 
 1. warm-up: each candidate runs a few steps that are not timed (PowerSGD the longest: its first
    two steps are plain all-reduce by design, its third allocates its memories);
-2. rounds: the candidates take turns, ``steps_per_round`` steps each, in a rotating order, and
-   each step's time is taken (from the first bucket of one step to the first bucket of the next:
-   forward, backward, communication and optimizer, as the run really spends them);
-3. decision: at the step after the trial every rank starts one all-reduce (MAX) of its
+2. a phase of rounds: the candidates take turns, ``steps_per_round`` steps each, in a rotating
+   order, and each step's time is taken (from the first bucket of one step to the first bucket
+   of the next: forward, backward, communication and optimizer, as the run really spends them);
+3. decision: at the step after the phase every rank starts one all-reduce (MAX) of its
    per-candidate medians, asynchronously, inside the hook, before that step's own bucket
    collectives: the same place in the collective order on every rank, so nothing can cross.
-   That step runs plain all-reduce; at the next step the (long finished) result is read and
-   every rank switches to the same winner, computed from the same numbers.
+   That step runs plain all-reduce; at the next step the (long finished) result is read, and
+   every rank takes the same decision from the same numbers: the candidates more than
+   ``close`` slower than the fastest are out; when one is left or ``phases`` phases have run,
+   the choice is made and every rank switches to it; otherwise another phase runs, among
+   the candidates still in, and their medians take its steps too.
+
+A step's time swings by a third from one step to the next on a busy machine, so a few steps
+cannot tell candidates 10-25% apart (on loopback, the short trial took PowerSGD, 25% slower
+there, in 2 runs of 5). More phases cost little exactly where they are needed: candidates
+that close lose little time to each other, while a candidate 2x slower is out after one phase.
 
 Every trial step is a real training step: each candidate delivers the averaged gradient it
 always delivers (PowerSGD keeps its error feedback across its turns). The choice is the fastest
-candidate, except that a lossier one must beat the previous choice by ``min_gain``: a 1% gain
-is noise, not a reason to send approximate gradients.
+candidate, except that a lossier one must beat the previous choice by ``min_gain``: a gain of a
+few percent is within the trial's noise, not a reason to send approximate gradients.
 
 Timing is honest about the GPU: during the trial the hook synchronizes the device at each step
 start, so the host's lead over the GPU is not taken for speed.
@@ -65,32 +73,50 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class AutoTrial:
-    """How ``auto`` measures: ``rounds`` turns of ``steps_per_round`` timed steps per candidate."""
+    """How ``auto`` measures: phases of ``rounds`` turns of ``steps_per_round`` timed steps per
+    candidate; after each phase the candidates more than ``close`` slower than the fastest are out."""
 
     rounds: int = 3
     steps_per_round: int = 2
-    #: A lossier candidate is taken only when it is at least this much faster (0.03 = 3%).
-    min_gain: float = 0.03
+    #: At most this many phases; fewer when a single candidate is left within ``close``.
+    phases: int = 4
+    #: A candidate this much slower than the fastest (0.25 = 25%) is not measured again.
+    close: float = 0.25
+    #: A lossier candidate is taken only when it is at least this much faster (0.05 = 5%).
+    min_gain: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.steps_per_round < 1:
+        if self.rounds < 1 or self.steps_per_round < 1 or self.phases < 1:
             raise SettingsRefused(
-                f"auto compression trial of {self.rounds} round(s) x {self.steps_per_round} step(s)",
+                f"auto compression trial of {self.phases} phase(s) x {self.rounds} round(s) x "
+                f"{self.steps_per_round} step(s)",
                 "each candidate needs at least one timed step to be compared",
-                "use rounds >= 1 and steps_per_round >= 1 (default 3 x 2)",
+                "use phases >= 1, rounds >= 1 and steps_per_round >= 1 (default 4 x 3 x 2)",
             )
+        if self.close <= 0:
+            raise SettingsRefused(f"auto compression close {self.close}", "it is a fraction of a step time",
+                                  "use a value above 0, e.g. 0.25")  # fmt: skip
         if not 0 <= self.min_gain < 1:
             raise SettingsRefused(f"auto compression min_gain {self.min_gain}", "it is a fraction of a step time",
                                   "use a value in [0, 1), e.g. 0.03")  # fmt: skip
 
     def schedule(self, candidates: Sequence[Any]) -> tuple[tuple[str, bool], ...]:
-        """(candidate name, timed?) for every trial step, in order."""
-        steps = [(c.name, False) for c in candidates for _ in range(c.warmup_steps)]
-        names = [c.name for c in candidates]
+        """(candidate name, timed?) for every step of the first phase, warm-up included, in order."""
+        warmup = tuple((c.name, False) for c in candidates for _ in range(c.warmup_steps))
+        return warmup + self.phase([c.name for c in candidates])
+
+    def phase(self, names: Sequence[str]) -> tuple[tuple[str, bool], ...]:
+        """(candidate name, timed?) for the steps of one phase among ``names``."""
+        steps: list[tuple[str, bool]] = []
         for turn in range(self.rounds):
-            for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            for name in [*names[turn % len(names) :], *names[: turn % len(names)]]:
                 steps += [(name, True)] * self.steps_per_round
         return tuple(steps)
+
+    def still_in(self, timings_ms: dict[str, float]) -> list[str]:
+        """The candidates within ``close`` of the fastest, in their order."""
+        fastest = min(timings_ms.values())
+        return [name for name, ms in timings_ms.items() if ms <= fastest * (1 + self.close)]
 
 
 class HookCandidate:
@@ -151,7 +177,8 @@ class GradientCompression:
         self.from_checkpoint = False
         self.steps = 0  # steps whose gradients went through the hook (optimizer steps, accumulation aside)
         self.last_used: str | None = None  # the candidate of the latest step
-        self._schedule = self.trial.schedule(candidates) if self.trial else ()
+        self._schedule = self.trial.schedule(candidates) if self.trial else ()  # grows by a phase at a time
+        self._phases = [list(self.candidates)]  # the candidates each phase so far measures
         self._samples: dict[str, list[float]] = {name: [] for name in self.candidates}
         self._first_bucket = True
         self._fresh = True  # the first step of a process is never timed: it pays for being first
@@ -186,17 +213,19 @@ class GradientCompression:
         if self.chosen is not None:
             return self.chosen
         self._take_time(device)
+        self._finish_decision()  # started a step ago: the choice, or one more phase in the schedule
+        if self.chosen is not None:
+            return self.chosen
         if self.steps < len(self._schedule):
             name, timed = self._schedule[self.steps]
             self._timed_step = name if timed and not self._fresh else None
             self._fresh = False
             return name
         self._timed_step = None
-        if self._pending is None:
-            self._start_decision(device)
-            return next(iter(self.candidates))  # plain all-reduce while the decision travels
-        self._finish_decision()
-        return self.chosen  # type: ignore[return-value]
+        self._start_decision(device)
+        plain = next(iter(self.candidates))
+        self._schedule += ((plain, False),)  # plain all-reduce while the decision travels
+        return plain
 
     def _take_time(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -219,7 +248,13 @@ class GradientCompression:
         work.wait()  # every rank started it a step ago: this returns at once
         self._pending = None
         self.timings_ms = dict(zip(self.candidates, slowest.cpu().tolist()))
-        self.chosen = choose(self.timings_ms, self.trial.min_gain if self.trial else 0.0)
+        assert self.trial is not None  # only auto's trial decides
+        still_in = self.trial.still_in({name: self.timings_ms[name] for name in self._phases[-1]})
+        if len(still_in) > 1 and len(self._phases) < self.trial.phases:
+            self._phases.append(still_in)
+            self._schedule += self.trial.phase(still_in)
+            return
+        self.chosen = choose({name: self.timings_ms[name] for name in still_in}, self.trial.min_gain)
         for name, candidate in self.candidates.items():
             if name != self.chosen:
                 candidate.release()  # never runs again: its memories would only fill RAM and checkpoints
@@ -231,9 +266,13 @@ class GradientCompression:
         """One line: the choice, why when it is not the fastest, and the ms/step of every candidate."""
         if self.timings_ms is None:
             return f"phalanx: compression {self.mode}: {self.chosen or 'still measuring'}"
-        timed = self.trial.rounds * self.trial.steps_per_round if self.trial else 0
         measured = ", ".join(f"{name} {ms:.1f}" if math.isfinite(ms) else f"{name} (not measured)"
                              for name, ms in self.timings_ms.items())  # fmt: skip
+        counts = [str(len(samples)) for samples in self._samples.values()]
+        if len(set(counts)) > 1:  # a candidate out after an earlier phase has fewer
+            timed = f"medians of {', '.join(counts[:-1])} and {counts[-1]} trial steps"
+        else:
+            timed = f"median of {counts[0]} trial steps each"
         fastest = min(self.timings_ms, key=self.timings_ms.__getitem__)
         notes = []
         if fastest != self.chosen:
@@ -243,7 +282,7 @@ class GradientCompression:
             notes.append("kept from the checkpoint")
         note = f" ({'; '.join(notes)})" if notes else ""
         return (f"phalanx: compression auto chose {self.chosen}{note}: {measured} ms/step "
-                f"(median of {timed} trial steps each, slowest rank)")
+                f"({timed}, slowest rank)")
 
     def _announce(self, line: str) -> None:
         """Rank 0 prints the decision. Under phalanx run every other rank writes it too: its output
@@ -253,13 +292,21 @@ class GradientCompression:
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready: mode, chosen (None while measuring), ms_per_step (None until decided),
-        timed_steps per candidate, trial_steps (the steps before the choice runs), from_checkpoint."""
+        timed_steps per candidate, trial_steps (the steps before the choice runs), phases (the
+        candidates each phase of the trial measured), from_checkpoint."""
         self._finish_decision()  # a decision in flight finishes without a new collective
         return {
             "mode": self.mode, "chosen": self.chosen, "ms_per_step": self.timings_ms,
             "timed_steps": {name: len(samples) for name, samples in self._samples.items()} if self.trial else {},
-            "trial_steps": len(self._schedule) + 1 if self.trial else 0, "from_checkpoint": self.from_checkpoint,
+            "trial_steps": self._trial_steps(), "phases": self._phases if self.trial else [],
+            "from_checkpoint": self.from_checkpoint,
         }  # fmt: skip
+
+    def _trial_steps(self) -> int:
+        """The steps before the choice runs (so far, while the trial runs)."""
+        if not self.trial:
+            return 0
+        return len(self._schedule) + (0 if self.chosen is not None or self._pending is not None else 1)
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -278,6 +325,7 @@ class GradientCompression:
         return {
             "format": STATE_FORMAT, "mode": self.mode, "candidates": list(self.candidates), "steps": self.steps,
             "chosen": self.chosen, "timings_ms": self.timings_ms, "samples_s": self._samples,
+            "schedule": [list(step) for step in self._schedule], "phases": self._phases,
             "world_size": self.context.world_size,
             "shared": {name: c.shared_state() for name, c in self.candidates.items()}, "ranks": ranks,
         }  # fmt: skip
@@ -303,6 +351,9 @@ class GradientCompression:
         self.steps = state["steps"]
         self._samples = {name: list(values) for name, values in state["samples_s"].items()}
         self.chosen, self.timings_ms = state["chosen"], state["timings_ms"]
+        if "schedule" in state:  # a state from before phases had only the first phase
+            self._schedule = tuple((name, timed) for name, timed in state["schedule"])
+            self._phases = [list(names) for names in state["phases"]]
         self._step_started, self._timed_step, self._pending, self._fresh = None, None, None, True
         if self.trial and self.chosen is not None:
             self.from_checkpoint = True
