@@ -93,6 +93,8 @@ def measure(link: str, args: argparse.Namespace) -> dict:
         "ratio_to_best_fixed": {mode: median[mode] / median[best] for mode in MODES},
         "auto_chose": [s["chosen"] for s in runs["auto"]["summaries"]],
         "auto_ms_per_step": [s["ms_per_step"] for s in runs["auto"]["summaries"]],
+        "auto_phases": [s["phases"] for s in runs["auto"]["summaries"]],
+        "auto_trial_steps": [s["trial_steps"] for s in runs["auto"]["summaries"]],
         "samples_per_second": {mode: run["samples_per_second"] for mode, run in runs.items()},
     }  # fmt: skip
 
@@ -100,7 +102,7 @@ def measure(link: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=400, help="steps per run, auto's trial (24 steps) included")
+    parser.add_argument("--steps", type=int, default=400, help="steps per run, auto's trial (24 to 81 steps) included")
     parser.add_argument("--link", nargs="+", default=["loopback", "1gbit", "veth"], choices=list(RATES))
     parser.add_argument("--method", choices=["in-process", "launches"], default="in-process")
     parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
@@ -112,10 +114,11 @@ def main() -> None:
     for link in args.link:
         results.append(measure(link, args))
         args.json.write_text(json.dumps(results, indent=1))  # after each link: an interrupted run keeps what it has
-    print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13}  auto chose")
+    print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13}  auto chose (phases of its trial)")
     for result in results:
         for mode in MODES:
-            chose = ", ".join(result["auto_chose"]) if mode == "auto" else ""
+            runs = zip(result["auto_chose"], result["auto_phases"])
+            chose = ", ".join(f"{name} ({len(phases)})" for name, phases in runs) if mode == "auto" else ""
             print(f"{result['link']:<9} {mode:<9} {result['median_samples_per_second'][mode]:>10.0f} "
                   f"{result['ratio_to_best_fixed'][mode]:>12.3f}x  {chose}")  # fmt: skip
     print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
