@@ -1,7 +1,7 @@
 """Trains a small MLP with wrap_model(compression=...) and writes what every rank saw.
 
     compression_worker.py OUT --compression auto --steps 60 [--checkpoint-dir D --save-at 40 [--stop]]
-                          [--no-compression-state] [--rounds 3 --steps-per-round 2 --phases 1 --close 0.5]
+                          [--no-compression-state] [--rounds 3 --steps-per-round 2 --phases 1 --close 0.25]
 
 Each step's batch comes from the step number and rank alone, so a resumed run sees the same
 data. After every backward this rank checks the gradient DDP delivered against the true average
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--phases", type=int, default=1, help="1: the trial's steps do not depend on its timings")
-    parser.add_argument("--close", type=float, default=0.5)
+    parser.add_argument("--close", type=float, default=0.25)
     parser.add_argument("--widths", default="128", help="hidden layer widths; 4096,2048 makes DDP use 2 buckets")
     args = parser.parse_args()
 
