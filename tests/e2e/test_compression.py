@@ -34,7 +34,8 @@ TRIAL = ["none", "fp16", "powersgd", "powersgd", "powersgd"] + PHASE
 def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
     found = []
     for chosen, _note, measured, _count in DECISION.findall(text):
-        timings = {name: float(ms) for name, ms in (part.split() for part in measured.split(", "))}
+        # "none 14.6, fp16 13.0 (out after phase 1), ...": a candidate out early carries a note
+        timings = {name: float(ms) for name, ms in re.findall(r"(\w+) (\d+\.\d)", measured)}
         found.append((chosen, timings))
     return found
 
@@ -83,15 +84,15 @@ def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
 
 @pytest.mark.parametrize("phases", [("--phases", "1"), ("--phases", "3", "--close", "1e-9")], ids=["1phase", "1left"])
 def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir, phases):
-    # With close 1e-9 only the fastest is left after the first phase: the choice comes without another.
+    # With close 1e-9 only the fastest is left after the first phase: the choice comes without another,
+    # by the rule over that phase's candidates (a lossier one only for min_gain).
     ranks, output = worker(workdir, "auto", "--compression", "auto", "--steps", "40", *phases)
     used = [[rank["used"][str(step)] for step in range(40)] for rank in ranks]
     assert used[0] == used[1]
     chosen = ranks[0]["summary"]["chosen"]
     timings = ranks[0]["summary"]["ms_per_step"]
     assert ranks[0]["summary"]["phases"] == [["none", "fp16", "powersgd"]]
-    if "1e-9" in phases:
-        assert timings[chosen] == min(timings.values()), timings
+    assert chosen == choose(timings, AutoTrial().min_gain), timings
     assert used[0] == TRIAL + [chosen] * (40 - len(TRIAL)), used[0]
     assert ranks[0]["summary"] == ranks[1]["summary"]
     assert ranks[0]["summary"]["trial_steps"] == len(TRIAL)
@@ -174,8 +175,9 @@ def test_auto_measures_close_candidates_again_and_a_resume_goes_on_with_that_pha
     assert full["summary"]["phases"] == [["none", "fp16", "powersgd"]] * 2 == resumed["summary"]["phases"]
     assert full["summary"]["timed_steps"] == {"none": 12, "fp16": 12, "powersgd": 12}
     assert full["summary"]["trial_steps"] == len(two_phases) == resumed["summary"]["trial_steps"]
-    # Saved in the second phase (step 30), resumed there: the same steps, the same parameters.
-    steps = range(30, len(two_phases) + 4)
+    # Saved in the second phase (step 30), resumed there: the same trial steps, the same parameters.
+    # (The choice after it may differ: each process timed its own steps.)
+    steps = range(30, len(two_phases))
     assert [resumed["used"][str(s)] for s in steps] == [full["used"][str(s)] for s in steps]
     assert [resumed["sha_after"][str(s)] for s in steps] == [full["sha_after"][str(s)] for s in steps]
     # Lost to the restart: step 29 (powersgd; its end fell in the next process) and step 30 (fp16, a fresh

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from phalanx.errors import SettingsRefused
-from phalanx.runtime.compression import AutoTrial, choose
+from phalanx.runtime.compression import AutoTrial, GradientCompression, choose
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.model import COMPRESSIONS, compression_of, wrap_model
 from tests.conftest import run_command
@@ -20,7 +20,7 @@ from tests.unit.powersgd_layout_checks import CHECKS
 
 
 def candidates(*spec: tuple[str, int]) -> list[SimpleNamespace]:
-    return [SimpleNamespace(name=name, warmup_steps=warmup) for name, warmup in spec]
+    return [SimpleNamespace(name=name, warmup_steps=warmup, release=lambda: None) for name, warmup in spec]
 
 
 def test_the_schedule_warms_up_then_rotates_the_turns():
@@ -123,3 +123,31 @@ def test_powersgd_memories_split_and_move_as_torchs_hook_lays_them_out(check, tm
     result = run_command([sys.executable, str(LAYOUT_CHECKS), check, str(tmp_path / "store")], timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.output
     assert result.stdout.strip() == f"{check}: passed"
+
+
+class FinishedWork:
+    """The decision's all-reduce, already done (in a run: started a step earlier on every rank)."""
+
+    def wait(self) -> None:
+        pass
+
+
+def decide(compression, timings: list[float]) -> None:
+    compression._pending = (FinishedWork(), torch.tensor(timings, dtype=torch.float64))
+    compression._finish_decision()
+
+
+def test_a_phase_among_the_candidates_still_in_then_the_choice_over_them(capsys):
+    names = ("none", "fp16", "powersgd")
+    trial = AutoTrial(rounds=1, steps_per_round=1, phases=3)
+    compression = GradientCompression("auto", one_process(), candidates(*[(n, 0) for n in names]), trial)
+    first = len(compression._schedule)
+    decide(compression, [10.0, 11.0, 20.0])  # powersgd 2x slower: out
+    assert compression.chosen is None and compression.summary()["phases"] == [list(names), ["none", "fp16"]]
+    assert compression._schedule[first:] == (("none", True), ("fp16", True))
+    decide(compression, [10.0, 11.0, 19.0])  # both still close: a third phase
+    assert compression.chosen is None and len(compression.summary()["phases"]) == 3
+    decide(compression, [10.0, 11.0, 19.0])  # the last phase: the choice, over its candidates
+    assert compression.chosen == "none" and compression.summary()["trial_steps"] == len(compression._schedule)
+    line = capsys.readouterr().out
+    assert "chose none: none 10.0, fp16 11.0, powersgd 19.0 (out after phase 1) ms/step" in line, line

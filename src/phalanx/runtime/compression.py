@@ -259,7 +259,8 @@ class GradientCompression:
             self._schedule += self.trial.phase(still_in)
             return
         self.timings_ms = timings
-        self.chosen = choose({name: timings[name] for name in still_in}, self.trial.min_gain)
+        # Over the whole last phase: with close below min_gain, still_in alone would skip the rule.
+        self.chosen = choose({name: timings[name] for name in self._phases[-1]}, self.trial.min_gain)
         for name, candidate in self.candidates.items():
             if name != self.chosen:
                 candidate.release()  # never runs again: its memories would only fill RAM and checkpoints
@@ -271,15 +272,13 @@ class GradientCompression:
         """One line: the choice, why when it is not the fastest, and the ms/step of every candidate."""
         if self.timings_ms is None:
             return f"phalanx: compression {self.mode}: {self.chosen or 'still measuring'}"
-        measured = ", ".join(f"{name} {ms:.1f}" if math.isfinite(ms) else f"{name} (not measured)"
-                             for name, ms in self.timings_ms.items())  # fmt: skip
+        measured = ", ".join(self._measured(name, ms) for name, ms in self.timings_ms.items())
         counts = [str(len(samples)) for samples in self._samples.values()]
         if len(set(counts)) > 1:  # fewer: out after an earlier phase, or steps lost to a restart
             timed = f"medians of {', '.join(counts[:-1])} and {counts[-1]} trial steps"
         else:
             timed = f"median of {counts[0]} trial steps each"
-        last_phase = self._phases[-1]  # a candidate out earlier may show an older, lower median
-        fastest = min(last_phase, key=self.timings_ms.__getitem__)
+        fastest = min(self._phases[-1], key=self.timings_ms.__getitem__)  # those out earlier: older medians
         notes = []
         if fastest != self.chosen:
             gain = 1 - self.timings_ms[fastest] / self.timings_ms[self.chosen]  # type: ignore[index]
@@ -290,6 +289,14 @@ class GradientCompression:
         return (f"phalanx: compression auto chose {self.chosen}{note}: {measured} ms/step "
                 f"({timed}, slowest rank)")
 
+    def _measured(self, name: str, ms: float) -> str:
+        if not math.isfinite(ms):
+            return f"{name} (not measured)"
+        phases = [number for number, names in enumerate(self._phases, 1) if name in names]
+        if phases[-1] < len(self._phases):  # its median is from the phases it was in
+            return f"{name} {ms:.1f} (out after phase {phases[-1]})"
+        return f"{name} {ms:.1f}"
+
     def _announce(self, line: str) -> None:
         """Rank 0 prints the decision. Under phalanx run every other rank writes it too: its output
         goes to its own log file (the console shows rank 0), so each rank's log records its choice."""
@@ -299,8 +306,10 @@ class GradientCompression:
     def summary(self) -> dict[str, Any]:
         """JSON-ready: mode, chosen (None while measuring), ms_per_step (None until decided),
         timed_steps per candidate, trial_steps (the steps before the choice runs), phases (the
-        candidates each phase of the trial measured), from_checkpoint."""
-        self._finish_decision()  # a decision in flight finishes without a new collective
+        candidates each phase of the trial measured), from_checkpoint.
+
+        A decision still in flight is left to the next step: called on one rank only (rank 0's
+        final metrics), finishing it there could report a choice or a phase that never ran."""
         return {
             "mode": self.mode, "chosen": self.chosen, "ms_per_step": self.timings_ms,
             "timed_steps": {name: len(samples) for name, samples in self._samples.items()} if self.trial else {},
@@ -357,9 +366,11 @@ class GradientCompression:
         self.steps = state["steps"]
         self._samples = {name: list(values) for name, values in state["samples_s"].items()}
         self.chosen, self.timings_ms = state["chosen"], state["timings_ms"]
-        if "schedule" in state:  # a state from before phases had only the first phase
+        if "schedule" in state:
             self._schedule = tuple((name, timed) for name, timed in state["schedule"])
             self._phases = [list(names) for names in state["phases"]]
+        elif self.chosen is not None or self.steps > len(self._schedule):  # from before phases: one phase
+            self._schedule += ((next(iter(self.candidates)), False),)  # and its decision's plain step
         self._step_started, self._timed_step, self._pending, self._fresh = None, None, None, True
         if self.trial and self.chosen is not None:
             self.from_checkpoint = True
