@@ -22,13 +22,18 @@ WORKER = str(Path(__file__).parent / "workers" / "compression_worker.py")
 DECISION = re.compile(
     r"phalanx: compression auto chose (\w+)(?: \(([^)]*)\))?: (.+) ms/step \(medians? of (.+) trial steps(?: each)?, slowest rank\)"
 )
-#: One phase of 3 rounds x 2 steps x 3 candidates, then one step while the decision's all-reduce travels.
+#: One phase of 3 rounds x 2 steps x 3 candidates, then one step while the decision's all-reduce travels
+#: (the phase's last candidate again).
 PHASE = [
     name for turn in (["none", "fp16", "powersgd"], ["fp16", "powersgd", "none"], ["powersgd", "none", "fp16"])
     for name in turn for _ in range(2)
-] + ["none"]  # fmt: skip
-#: The worker's trial: warm-up (none 1, fp16 1, powersgd 2 plain + 1 compressed) and one phase.
-TRIAL = ["none", "fp16", "powersgd", "powersgd", "powersgd"] + PHASE
+] + ["fp16"]  # fmt: skip
+#: The worker's trial (no screen unless asked): warm-up (none 1, fp16 1, powersgd 2 plain + 1 compressed)
+#: and one phase.
+WARMUP = ["none", "fp16", "powersgd", "powersgd", "powersgd"]
+TRIAL = WARMUP + PHASE
+#: A trial whose screen leaves one candidate: one round, and the decision's step.
+SCREENED = WARMUP + ["none", "none", "fp16", "fp16", "powersgd", "powersgd"] + ["powersgd"]
 
 
 def decisions(text: str) -> list[tuple[str, dict[str, float]]]:
@@ -45,7 +50,7 @@ def rule_choice(summary: dict) -> str:
     ``close``, lossier ones only for ``min_gain``."""
     trial = AutoTrial()
     timings = summary["ms_per_step"]
-    still_in = trial.still_in({name: timings[name] for name in summary["phases"][-1]})
+    still_in = trial.still_in({name: timings[name] for name in summary["phases"][-1]}, len(summary["phases"]) - 1)
     return choose({name: timings[name] for name in still_in}, trial.min_gain)
 
 
@@ -63,7 +68,7 @@ def worker(workdir: Path, name: str, *args: str) -> tuple[list[dict], str]:
 @pytest.mark.parametrize("launcher", [("--nproc-per-node", "2"), ("--simulate-nodes", "2")], ids=["2procs", "2nodes"])
 def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
     out = workdir / "metrics.json"
-    # 5 epochs of 28 steps: room for the longest trial (4 phases, 81 steps) and then some.
+    # 5 epochs of 28 steps: room for the longest trial (the screen and 4 phases, 88 steps) and then some.
     result = launch(workdir, TRAIN, "--epochs", "5", "--compression", "auto", "--metrics-json", str(out), launcher=launcher)
     metrics = json.loads(out.read_text())
     summary = metrics["compression"]
@@ -77,15 +82,20 @@ def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
     assert set(timings) == {"none", "fp16", "powersgd"} and all(0 < ms < 10_000 for ms in timings.values()), timings
     assert chosen == summary["chosen"] == rule_choice(summary), summary  # lossier ones only for a real gain
     assert timings == {name: round(ms, 1) for name, ms in summary["ms_per_step"].items()}
-    assert 1 <= len(summary["phases"]) <= AutoTrial().phases and summary["phases"][0] == ["none", "fp16", "powersgd"]
+    assert 1 <= len(summary["phases"]) <= AutoTrial().most_phases, summary
+    assert summary["phases"][0] == ["none", "fp16", "powersgd"], summary
     logged = [decisions(log.read_text()) for log in sorted(workdir.glob("phalanx-logs/*/attempt_0/rank*/stdout.log"))]
     assert logged == [shown, shown], logged  # every rank wrote the same choice from the same numbers
 
 
-@pytest.mark.parametrize("phases", [("--phases", "1"), ("--phases", "3", "--close", "1e-9")], ids=["1phase", "1left"])
-def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir, phases):
-    # With close 1e-9 only the fastest is left after the first phase: the choice comes without another,
-    # by the rule over that phase's candidates (a lossier one only for min_gain).
+@pytest.mark.parametrize(
+    "phases, trial",
+    [(("--phases", "1"), TRIAL), (("--phases", "3", "--close", "1e-9"), TRIAL), (("--screen", "1e-9"), SCREENED)],
+    ids=["1phase", "1left", "screen"],
+)
+def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_averaged(workdir, phases, trial):
+    # With close (or screen) 1e-9 only the fastest is left after the first phase: the choice comes without
+    # another, by the rule over that phase's candidates (a lossier one only for min_gain).
     ranks, output = worker(workdir, "auto", "--compression", "auto", "--steps", "40", *phases)
     used = [[rank["used"][str(step)] for step in range(40)] for rank in ranks]
     assert used[0] == used[1]
@@ -93,9 +103,9 @@ def test_every_rank_runs_the_same_candidate_each_step_and_gradients_stay_average
     timings = ranks[0]["summary"]["ms_per_step"]
     assert ranks[0]["summary"]["phases"] == [["none", "fp16", "powersgd"]]
     assert chosen == choose(timings, AutoTrial().min_gain), timings
-    assert used[0] == TRIAL + [chosen] * (40 - len(TRIAL)), used[0]
+    assert used[0] == trial + [chosen] * (40 - len(trial)), used[0]
     assert ranks[0]["summary"] == ranks[1]["summary"]
-    assert ranks[0]["summary"]["trial_steps"] == len(TRIAL)
+    assert ranks[0]["summary"]["trial_steps"] == len(trial)
     assert decisions(output)[0] == (chosen, {k: round(v, 1) for k, v in ranks[0]["summary"]["ms_per_step"].items()})
     # The worker asserted at every step: identical gradients on both ranks, none exact, fp16
     # within its rounding; powersgd's uncompressed biases exact.

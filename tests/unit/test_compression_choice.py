@@ -24,7 +24,7 @@ def candidates(*spec: tuple[str, int]) -> list[SimpleNamespace]:
 
 
 def test_the_schedule_warms_up_then_rotates_the_turns():
-    schedule = AutoTrial(rounds=3, steps_per_round=1).schedule(candidates(("a", 1), ("b", 0), ("c", 2)))
+    schedule = AutoTrial(rounds=3, steps_per_round=1, screen=None).schedule(candidates(("a", 1), ("b", 0), ("c", 2)))
     assert schedule == (
         ("a", False), ("c", False), ("c", False),  # warm-up, not timed
         ("a", True), ("b", True), ("c", True),
@@ -34,10 +34,16 @@ def test_the_schedule_warms_up_then_rotates_the_turns():
 
 
 def test_a_later_phase_rotates_the_turns_of_the_candidates_still_in():
-    assert AutoTrial(rounds=2, steps_per_round=2).phase(["b", "c"]) == (
+    assert AutoTrial(rounds=2, steps_per_round=2).phase(["b", "c"], 1) == (
         ("b", True), ("b", True), ("c", True), ("c", True),
         ("c", True), ("c", True), ("b", True), ("b", True),
     )  # fmt: skip
+
+
+def test_the_screen_is_one_round_after_the_warm_up():
+    schedule = AutoTrial(rounds=3, steps_per_round=2).schedule(candidates(("a", 1), ("b", 0)))
+    assert schedule == (("a", False), ("a", True), ("a", True), ("b", True), ("b", True))
+    assert AutoTrial().most_phases == 5 and AutoTrial(screen=None).most_phases == 4
 
 
 @pytest.mark.parametrize(
@@ -50,13 +56,18 @@ def test_a_later_phase_rotates_the_turns_of_the_candidates_still_in():
     ],
 )
 def test_candidates_more_than_close_slower_than_the_fastest_are_out(timings, still_in):
-    assert AutoTrial(close=0.25).still_in(timings) == still_in
+    assert AutoTrial(close=0.25).still_in(timings, 1) == still_in
+    assert AutoTrial(close=0.25, screen=None).still_in(timings, 0) == still_in  # no screen: phase 0 is full
 
 
-def test_by_default_one_phase_decides_a_1gbit_link_and_loopback_is_measured_again():
+def test_by_default_the_screen_and_one_phase_decide_a_1gbit_link_and_loopback_is_measured_again():
     # DESIGN.md's figures (ms/step): PowerSGD wins by 1.6x on a 1 Gbit link; on loopback all are close.
-    assert AutoTrial().still_in({"none": 65.0, "fp16": 40.0, "powersgd": 25.0}) == ["powersgd"]
-    assert AutoTrial().still_in({"none": 14.3, "fp16": 15.2, "powersgd": 17.8}) == ["none", "fp16", "powersgd"]
+    gbit, loopback = {"none": 65.0, "fp16": 40.0, "powersgd": 25.0}, {"none": 14.3, "fp16": 15.2, "powersgd": 17.8}
+    assert AutoTrial().still_in(gbit, 0) == ["fp16", "powersgd"]  # plain all-reduce, 2.6x: out after 2 steps
+    assert AutoTrial().still_in({"fp16": 40.0, "powersgd": 25.0}, 1) == ["powersgd"]
+    assert AutoTrial().still_in(loopback, 0) == AutoTrial().still_in(loopback, 1) == ["none", "fp16", "powersgd"]
+    # Two steps each can be a third apart by chance: not enough to leave the screen.
+    assert AutoTrial().still_in({"none": 20.0, "fp16": 12.0, "powersgd": 13.0}, 0) == ["none", "fp16", "powersgd"]
 
 
 @pytest.mark.parametrize(
@@ -83,7 +94,8 @@ def test_the_choice_is_within_the_margin_of_the_fastest():
 
 @pytest.mark.parametrize(
     "settings",
-    [{"rounds": 0}, {"steps_per_round": 0}, {"phases": 0}, {"close": 0.0}, {"min_gain": 1.0}, {"min_gain": -0.1}],
+    [{"rounds": 0}, {"steps_per_round": 0}, {"phases": 0}, {"close": 0.0}, {"screen": -1.0}, {"min_gain": 1.0},
+     {"min_gain": -0.1}],  # fmt: skip
 )
 def test_a_trial_that_cannot_compare_is_refused(settings):
     with pytest.raises(SettingsRefused):
@@ -139,7 +151,7 @@ def decide(compression, timings: list[float]) -> None:
 
 def test_a_phase_among_the_candidates_still_in_then_the_choice_over_them(capsys):
     names = ("none", "fp16", "powersgd")
-    trial = AutoTrial(rounds=1, steps_per_round=1, phases=3)
+    trial = AutoTrial(rounds=1, steps_per_round=1, phases=3, screen=None)
     compression = GradientCompression("auto", one_process(), candidates(*[(n, 0) for n in names]), trial)
     first = len(compression._schedule)
     decide(compression, [10.0, 11.0, 20.0])  # powersgd 2x slower: out
@@ -151,3 +163,17 @@ def test_a_phase_among_the_candidates_still_in_then_the_choice_over_them(capsys)
     assert compression.chosen == "none" and compression.summary()["trial_steps"] == len(compression._schedule)
     line = capsys.readouterr().out
     assert "chose none: none 10.0, fp16 11.0, powersgd 19.0 (out after phase 1) ms/step" in line, line
+
+
+def test_the_screen_drops_only_a_candidate_twice_as_slow_and_a_full_phase_follows(capsys):
+    names = ("none", "fp16", "powersgd")
+    trial = AutoTrial(rounds=2, steps_per_round=1, phases=1)
+    compression = GradientCompression("auto", one_process(), candidates(*[(n, 0) for n in names]), trial)
+    assert len(compression._schedule) == 3  # the screen: one round
+    decide(compression, [65.0, 40.0, 25.0])  # a 1 Gbit link: plain all-reduce 2.6x slower
+    assert compression.summary()["phases"] == [list(names), ["fp16", "powersgd"]]
+    assert compression._schedule[3:] == (("fp16", True), ("powersgd", True), ("powersgd", True), ("fp16", True))
+    decide(compression, [65.0, 30.0, 25.0])  # fp16 20% slower, but the last phase has run: the choice
+    assert compression.chosen == "powersgd"
+    assert "none 65.0 (out after phase 1), fp16 30.0, powersgd 25.0 ms/step" in capsys.readouterr().out
+

@@ -10,20 +10,23 @@ all-reduce, fp16, bf16 or PowerSGD hook). With a fixed choice there is one candi
 2. a phase of rounds: the candidates take turns, ``steps_per_round`` steps each, in a rotating
    order, and each step's time is taken (from the first bucket of one step to the first bucket
    of the next: forward, backward, communication and optimizer, as the run really spends them);
+   the first phase is a screen of one round;
 3. decision: at the step after the phase every rank starts one all-reduce (MAX) of its
    per-candidate medians, asynchronously, inside the hook, before that step's own bucket
    collectives: the same place in the collective order on every rank, so nothing can cross.
-   That step runs plain all-reduce; at the next step the (long finished) result is read, and
-   every rank takes the same decision from the same numbers: the candidates more than
-   ``close`` slower than the fastest are out; when one is left or ``phases`` phases have run,
-   the choice is made and every rank switches to it; otherwise another phase runs, among
-   the candidates still in, and their medians take its steps too.
+   That step runs the phase's last candidate again, untimed; at the next step the (long
+   finished) result is read, and every rank takes the same decision from the same numbers: after
+   the screen the candidates more than ``screen`` slower than the fastest are out, after a full
+   phase those more than ``close`` slower; when one is left or the last phase has run, the
+   choice is made and every rank switches to it; otherwise another phase of ``rounds`` rounds
+   runs, among the candidates still in, and their medians take its steps too.
 
 A step's time swings by a third from one step to the next on a busy machine, so a few steps
 cannot tell candidates 10-25% apart (on loopback, a single phase took PowerSGD, 25% slower
 there, in 2 runs of 5). More phases cost little exactly where they are needed: candidates
-that close lose little time to each other, while a candidate 2x slower is out after one phase
-(on a 1 Gbit link, plain all-reduce and fp16 against PowerSGD).
+that close lose little time to each other. Where candidates are far apart, as on a 1 Gbit link
+(plain all-reduce 2.7x and fp16 1.6x slower than PowerSGD), every step given to a slow one is
+lost, so they go early: plain all-reduce after the screen's two steps, fp16 after one phase.
 
 Every trial step is a real training step: each candidate delivers the averaged gradient it
 always delivers (PowerSGD keeps its error feedback across its turns). The choice is the fastest
@@ -74,18 +77,23 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class AutoTrial:
-    """How ``auto`` measures: phases of ``rounds`` turns of ``steps_per_round`` timed steps per
-    candidate; after each phase the candidates more than ``close`` slower than the fastest are out."""
+    """How ``auto`` measures: a screen of one round, then up to ``phases`` phases of ``rounds``
+    turns; a turn is ``steps_per_round`` timed steps of a candidate. After each phase the
+    candidates too much slower than the fastest are out (``screen``, then ``close``)."""
 
     rounds: int = 3
     steps_per_round: int = 2
-    #: At most this many phases; fewer when a single candidate is left within ``close``.
+    #: At most this many phases after the screen; fewer when a single candidate is left.
     phases: int = 4
     #: A candidate this much slower than the fastest (0.25 = 25%) is not measured again. On a busy
     #: machine one phase's medians can be 25% apart by chance, but a candidate dropped that way is
     #: one that is truly close to the fastest, so the loss is small; keeping a slow one costs its
     #: gap at every phase (with 0.5, fp16 stayed in on a 1 Gbit link: auto 0.91x of the best).
     close: float = 0.25
+    #: After the screen's single round, a candidate this much slower (1.0 = twice the time) is out:
+    #: a bar that two steps of noise do not reach, and that a candidate as slow as plain all-reduce
+    #: on a 1 Gbit link does. None: no screen, the first phase is a full one.
+    screen: float | None = 1.0
     #: A lossier candidate is taken only when it is at least this much faster (0.05 = 5%).
     min_gain: float = 0.05
 
@@ -97,30 +105,41 @@ class AutoTrial:
                 "each candidate needs at least one timed step to be compared",
                 "use phases >= 1, rounds >= 1 and steps_per_round >= 1 (default 4 x 3 x 2)",
             )
-        if self.close <= 0:
-            raise SettingsRefused(f"auto compression close {self.close}", "it is a fraction of a step time",
-                                  "use a value above 0, e.g. 0.25")  # fmt: skip
+        for name, bar in (("close", self.close), ("screen", self.screen)):
+            if bar is not None and bar <= 0:
+                raise SettingsRefused(f"auto compression {name} {bar}", "it is a fraction of a step time",
+                                      "use a value above 0, e.g. 0.25 for close, 1.0 for screen")  # fmt: skip
         if not 0 <= self.min_gain < 1:
             raise SettingsRefused(f"auto compression min_gain {self.min_gain}", "it is a fraction of a step time",
                                   "use a value in [0, 1), e.g. 0.05")  # fmt: skip
 
+    @property
+    def most_phases(self) -> int:
+        """The phases of the longest trial, the screen included."""
+        return self.phases + (self.screen is not None)
+
     def schedule(self, candidates: Sequence[Any]) -> tuple[tuple[str, bool], ...]:
         """(candidate name, timed?) for every step of the first phase, warm-up included, in order."""
         warmup = tuple((c.name, False) for c in candidates for _ in range(c.warmup_steps))
-        return warmup + self.phase([c.name for c in candidates])
+        return warmup + self.phase([c.name for c in candidates], 0)
 
-    def phase(self, names: Sequence[str]) -> tuple[tuple[str, bool], ...]:
-        """(candidate name, timed?) for the steps of one phase among ``names``."""
+    def phase(self, names: Sequence[str], number: int) -> tuple[tuple[str, bool], ...]:
+        """(candidate name, timed?) for the steps of phase ``number`` (0: the first) among ``names``."""
+        rounds = 1 if self._is_screen(number) else self.rounds
         steps: list[tuple[str, bool]] = []
-        for turn in range(self.rounds):
+        for turn in range(rounds):
             for name in [*names[turn % len(names) :], *names[: turn % len(names)]]:
                 steps += [(name, True)] * self.steps_per_round
         return tuple(steps)
 
-    def still_in(self, timings_ms: dict[str, float]) -> list[str]:
-        """The candidates within ``close`` of the fastest, in their order."""
+    def still_in(self, timings_ms: dict[str, float], number: int) -> list[str]:
+        """The candidates close enough to the fastest after phase ``number``, in their order."""
+        bar = self.screen if self._is_screen(number) else self.close
         fastest = min(timings_ms.values())
-        return [name for name, ms in timings_ms.items() if ms <= fastest * (1 + self.close)]
+        return [name for name, ms in timings_ms.items() if ms <= fastest * (1 + bar)]  # type: ignore[operator]
+
+    def _is_screen(self, number: int) -> bool:
+        return number == 0 and self.screen is not None
 
 
 class HookCandidate:
@@ -227,9 +246,9 @@ class GradientCompression:
             return name
         self._timed_step = None
         self._start_decision(device)
-        plain = next(iter(self.candidates))
-        self._schedule += ((plain, False),)  # plain all-reduce while the decision travels
-        return plain
+        again = self._schedule[-1][0]  # while the decision travels (plain all-reduce: the slowest on a slow link)
+        self._schedule += ((again, False),)
+        return again
 
     def _take_time(self, device: torch.device) -> None:
         if device.type == "cuda":
@@ -253,10 +272,11 @@ class GradientCompression:
         self._pending = None
         timings = dict(zip(self.candidates, slowest.cpu().tolist()))
         assert self.trial is not None  # only auto's trial decides
-        still_in = self.trial.still_in({name: timings[name] for name in self._phases[-1]})
-        if len(still_in) > 1 and len(self._phases) < self.trial.phases:
+        number = len(self._phases) - 1
+        still_in = self.trial.still_in({name: timings[name] for name in self._phases[-1]}, number)
+        if len(still_in) > 1 and len(self._phases) < self.trial.most_phases:
             self._phases.append(still_in)
-            self._schedule += self.trial.phase(still_in)
+            self._schedule += self.trial.phase(still_in, number + 1)
             return
         self.timings_ms = timings
         # Over the whole last phase: with close below min_gain, still_in alone would skip the rule.

@@ -1,7 +1,7 @@
 """Trains a small MLP with wrap_model(compression=...) and writes what every rank saw.
 
     compression_worker.py OUT --compression auto --steps 60 [--checkpoint-dir D --save-at 40 [--stop]]
-                          [--no-compression-state] [--rounds 3 --steps-per-round 2 --phases 1 --close 0.25]
+                          [--no-compression-state] [--rounds 3 --steps-per-round 2 --phases 1 --close 0.25 --screen 1.0]
 
 Each step's batch comes from the step number and rank alone, so a resumed run sees the same
 data. After every backward this rank checks the gradient DDP delivered against the true average
@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--phases", type=int, default=1, help="1: the trial's steps do not depend on its timings")
     parser.add_argument("--close", type=float, default=0.25)
+    parser.add_argument("--screen", type=float, default=None, help="none by default: a trial of fixed length")
     parser.add_argument("--widths", default="128", help="hidden layer widths; 4096,2048 makes DDP use 2 buckets")
     args = parser.parse_args()
 
@@ -80,7 +81,7 @@ def main() -> None:
     reference = copy.deepcopy(network)
     model = wrap_model(network, context, compression=args.compression,
                        trial=AutoTrial(rounds=args.rounds, steps_per_round=args.steps_per_round,
-                                       phases=args.phases, close=args.close))  # fmt: skip
+                                       phases=args.phases, close=args.close, screen=args.screen))  # fmt: skip
     compression = compression_of(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     checkpoints = phalanx.CheckpointManager(args.checkpoint_dir, context) if args.checkpoint_dir else None
