@@ -70,6 +70,14 @@ def test_by_default_the_screen_and_one_phase_decide_a_1gbit_link_and_loopback_is
     assert AutoTrial().still_in({"none": 20.0, "fp16": 12.0, "powersgd": 13.0}, 0) == ["none", "fp16", "powersgd"]
 
 
+def test_the_bar_narrows_as_the_phases_add_steps_to_the_medians():
+    loopback = {"none": 14.0, "fp16": 14.5, "powersgd": 17.0}  # PowerSGD 21% slower
+    assert AutoTrial().still_in(loopback, 1) == ["none", "fp16", "powersgd"]  # after the first full phase: 25%
+    assert AutoTrial().still_in(loopback, 2) == ["none", "fp16"]  # after the second: 25% / sqrt(2), 17.7%
+    assert AutoTrial(screen=None).still_in(loopback, 1) == ["none", "fp16"]  # without a screen, phase 1 is the second
+    assert AutoTrial().still_in({"none": 14.0, "fp16": 15.7}, 4) == ["none", "fp16"]  # 12% < 12.5% after the fourth
+
+
 @pytest.mark.parametrize(
     "timings, chosen",
     [

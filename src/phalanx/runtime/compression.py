@@ -16,15 +16,17 @@ all-reduce, fp16, bf16 or PowerSGD hook). With a fixed choice there is one candi
    collectives: the same place in the collective order on every rank, so nothing can cross.
    That step runs the phase's last candidate again, untimed; at the next step the (long
    finished) result is read, and every rank takes the same decision from the same numbers: after
-   the screen the candidates more than ``screen`` slower than the fastest are out, after a full
-   phase those more than ``close`` slower; when one is left or the last phase has run, the
-   choice is made and every rank switches to it; otherwise another phase of ``rounds`` rounds
-   runs, among the candidates still in, and their medians take its steps too.
+   the screen the candidates more than ``screen`` slower than the fastest are out, after the
+   k-th full phase those more than ``close / sqrt(k)`` slower (a median's noise shrinks with the
+   square root of its steps: a gap that stays is real); when one is left or the last phase has
+   run, the choice is made and every rank switches to it; otherwise another phase of ``rounds``
+   rounds runs, among the candidates still in, and their medians take its steps too.
 
 A step's time swings by a third from one step to the next on a busy machine, so a few steps
 cannot tell candidates 10-25% apart (on loopback, a single phase took PowerSGD, 25% slower
 there, in 2 runs of 5). More phases cost little exactly where they are needed: candidates
-that close lose little time to each other. Where candidates are far apart, as on a 1 Gbit link
+that close lose little time to each other, and the bar narrows, so that one 20-30% slower
+(PowerSGD on loopback) leaves after the second or third. Where candidates are far apart, as on a 1 Gbit link
 (plain all-reduce 2.7x and fp16 1.6x slower than PowerSGD), every step given to a slow one is
 lost, so they go early: plain all-reduce after the screen's two steps, fp16 after one phase.
 
@@ -85,7 +87,8 @@ class AutoTrial:
     steps_per_round: int = 2
     #: At most this many phases after the screen; fewer when a single candidate is left.
     phases: int = 4
-    #: A candidate this much slower than the fastest (0.25 = 25%) is not measured again. On a busy
+    #: A candidate this much slower than the fastest (0.25 = 25%) after the first full phase is not
+    #: measured again; after the k-th, close / sqrt(k) (0.18, 0.14, 0.125). On a busy
     #: machine one phase's medians can be 25% apart by chance, but a candidate dropped that way is
     #: one that is truly close to the fastest, so the loss is small; keeping a slow one costs its
     #: gap at every phase (with 0.5, fp16 stayed in on a 1 Gbit link: auto 0.91x of the best).
@@ -134,7 +137,8 @@ class AutoTrial:
 
     def still_in(self, timings_ms: dict[str, float], number: int) -> list[str]:
         """The candidates close enough to the fastest after phase ``number``, in their order."""
-        bar = self.screen if self._is_screen(number) else self.close
+        full_phases = number + (self.screen is None)  # those done, this one included
+        bar = self.screen if self._is_screen(number) else self.close / math.sqrt(full_phases)
         fastest = min(timings_ms.values())
         return [name for name, ms in timings_ms.items() if ms <= fastest * (1 + bar)]  # type: ignore[operator]
 
