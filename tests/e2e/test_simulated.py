@@ -123,6 +123,34 @@ def test_a_node_stopped_for_another_nodes_restart_counts_the_same_attempt(phalan
     assert "rank 0 finished" in second.read_text()
 
 
+@pytest.mark.parametrize("max_restarts", ["0", "1"])
+def test_a_node_whose_workers_finished_does_not_wait_for_a_failed_one(phalanx, workdir, max_restarts):
+    """node0's workers finish; node1's rank fails seconds later. torchrun's agent on node0 would
+    wait 5 minutes in its exit barrier for node1, which never comes; with a restart left, node1
+    would wait in the rendezvous for node0, which never comes back. Both end within seconds
+    (the 60 s timeout is the bound), and node1 names why it does not restart."""
+    script = copy_worker(workdir, "rank1_late.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", max_restarts, script, timeout=60)
+    assert result.returncode == 1, result.output
+    assert ("phalanx: node0: its workers finished; not waiting for the other nodes: node1's workers failed: "
+            "rank 1 exited with code 1: ValueError: rank 1 fails after rank 0 finished") in result.stderr, result.stderr
+    assert "phalanx: root cause: rank 1 (local rank 0) on node1" in result.stderr
+    if max_restarts == "1":
+        assert ("phalanx: node1: not restarting the workers (--max-restarts 1): the workers of node0 already "
+                "finished and cannot join a restart") in result.stderr, result.stderr  # fmt: skip
+    assert [path.name for path in workdir.glob("phalanx-logs/*/attempt_*")] == ["attempt_0"]
+
+
+def test_a_node_whose_workers_finished_first_waits_for_the_others(phalanx, workdir):
+    """The other half of torchrun's exit barrier, kept: node0 finishes seconds before node1 and
+    waits for it (its store serves node1's agent until then); the job succeeds."""
+    script = copy_worker(workdir, "rank1_late.py")
+    result = phalanx("run", "--simulate-nodes", "2", "--all-ranks", script, "finish", timeout=60)
+    assert result.returncode == 0, result.output
+    assert "[node1 rank1]: rank 1 finished" in result.stdout
+    assert "not waiting" not in result.stderr and "did not within" not in result.stderr
+
+
 def test_single_node_picks_a_free_port(phalanx, workdir):
     script = copy_worker(workdir, "env_dump.py")
     result = phalanx("run", "--nproc-per-node", "2", script, str(workdir))

@@ -84,11 +84,13 @@ class NodeAgent:
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
             return failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
 
+        judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         try:
-            with restarts_only_when_they_can_help(lambda failures, left: self._restart_helps(found_in(failures), left)):
+            with restarts_only_when_they_can_help(judge, finished=self._workers_finished):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
+            self._post_end_of_job(f"{self.plan.node_label}'s workers failed: {failure.in_one_line(found)}")
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
@@ -130,24 +132,53 @@ class NodeAgent:
         return True
 
     def _post_end_of_job(self, why: str) -> None:
+        """Tells the other nodes that the job ends; the first word posted stays (the root cause)."""
         if self.store is not None:
             # best effort: without it the other nodes restart, and find the rendezvous closed
             with contextlib.suppress(Exception):
-                self.store.set(f"{self.prefix}ends", why)
+                self.store.compare_set(f"{self.prefix}ends", "", why)
 
     def _end_of_job_posted(self) -> str | None:
-        """Another node's word that the job ends (waiting briefly for it), or None."""
+        """Another node's word that the job ends, or that its workers finished (they cannot join a
+        restart: it would wait for them in vain), waiting briefly for it; or None."""
         if self.store is None:
             return None
-        key, deadline = f"{self.prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
+        ends, finished = f"{self.prefix}ends", f"{self.prefix}finished"
+        deadline = time.monotonic() + ENDS_WORD_WAIT_S
         try:
-            while not self.store.check([key]):
+            while not self.store.check([ends]) and not self.store.check([finished]):
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.05)
-            return self.store.get(key).decode()
+            if self.store.check([ends]):
+                return self.store.get(ends).decode()
+            nodes = self.store.get(finished).decode().split()
+            return f"the workers of {', '.join(nodes)} already finished and cannot join a restart"
         except Exception:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
             return None
+
+    def _workers_finished(self, timeout: float) -> bool:
+        """Tells the other nodes that this node's workers finished, and waits up to ``timeout`` s
+        until every node's have (True: torch's exit barrier passes at once) or a node ended the
+        job (False: none of the others comes to the barrier, so it is not waited for)."""
+        if self.store is None:
+            return True  # a single node: torch's barrier waits for nobody else
+        node, ends, finished = self.plan.node_label, f"{self.prefix}ends", f"{self.prefix}finished"
+        try:
+            self.store.append(finished, f"{node}\n")
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.store.check([ends]):
+                    say(f"phalanx: {node}: its workers finished; not waiting for the other nodes: "
+                        f"{self.store.get(ends).decode()}")  # fmt: skip
+                    return False
+                if len(self.store.get(finished).decode().split()) >= self.nodes_in_job:
+                    return True
+                time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the store may be gone with its host: torch's barrier says so
+            return True
+        say(f"phalanx: {node}: its workers finished; the other nodes' did not within {timeout:g} s")
+        return False
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:

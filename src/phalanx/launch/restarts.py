@@ -6,9 +6,16 @@ the same wait for every start; after a stop for preemption (exit 75) it means tr
 a machine that is being taken away, until the scheduler kills it without a checkpoint. And it
 restarts in silence: the console shows the new round, not which rank failed before it.
 
-torch's launcher has no setting for this, so the agent it starts is a subclass of its own
+When a node's workers finish, torchrun's agent waits up to 5 minutes (its exit barrier) for
+every other node's workers to finish too; a node whose workers failed never comes, so the
+finished node waits the whole 5 minutes, and a failed node with restarts left waits in the
+rendezvous for a node that will not come back. The subclass asks ``finished`` instead, which
+tells the other nodes and returns as soon as they all finished or one of them ended the job.
+
+torch's launcher has no setting for either, so the agent it starts is a subclass of its own
 (:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
-before each restart. Everything else (rendezvous, worker processes, logs, signals) is torch's.
+before each restart and at the exit barrier. Everything else (rendezvous, worker processes,
+logs, signals) is torch's.
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ from typing import Any
 #: Takes the failures torchrun collected (global rank -> ProcessFailure) and the restarts left;
 #: returns whether to restart the workers, as torchrun would, or to end the job with the failure.
 Judge = Callable[[dict[int, Any], int], bool]
+#: Called when this node's workers finished, with torch's exit-barrier timeout in seconds; returns
+#: whether every node's workers finished (then torch's exit barrier runs, and passes at once).
+Finished = Callable[[float], bool]
 
 
 @contextlib.contextmanager
-def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
+def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterator[None]:
     """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
     failures of every round that failed while restarts are left, and ends the job instead of
-    restarting when it says no. It swaps the agent class that the launcher looks up in its
+    restarting when it says no; when its workers finished, it asks ``finished``. It swaps the agent class that the launcher looks up in its
     module for the duration: phalanx runs one agent per process, so nothing else sees it."""
     from torch.distributed.launcher import api
 
@@ -41,6 +51,10 @@ def restarts_only_when_they_can_help(judge: Judge) -> Iterator[None]:
                 if remaining > 0 and not _asks_restart(judge, result.failures, remaining):
                     self._remaining_restarts = 0
             return result
+
+        def _exit_barrier(self) -> None:
+            if finished(self._exit_barrier_timeout):
+                super()._exit_barrier()
 
     api.LocalElasticAgent = JudgedAgent
     try:
