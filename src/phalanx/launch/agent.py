@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
-from phalanx.launch.restarts import restarts_only_when_they_can_help
+from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
@@ -90,7 +91,7 @@ class NodeAgent:
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
-            self._post_end_of_job(f"{self.plan.node_label}'s workers failed: {failure.in_one_line(found)}")
+            self._post_failures(found)
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
@@ -132,11 +133,10 @@ class NodeAgent:
         return True
 
     def _post_end_of_job(self, why: str) -> None:
-        """Tells the other nodes that the job ends; the first word posted stays (the root cause)."""
         if self.store is not None:
             # best effort: without it the other nodes restart, and find the rendezvous closed
             with contextlib.suppress(Exception):
-                self.store.compare_set(f"{self.prefix}ends", "", why)
+                self.store.set(f"{self.prefix}ends", why)
 
     def _end_of_job_posted(self) -> str | None:
         """Another node's word that the job ends, or that its workers finished (they cannot join a
@@ -154,31 +154,68 @@ class NodeAgent:
                 return self.store.get(ends).decode()
             nodes = self.store.get(finished).decode().split()
             return f"the workers of {', '.join(nodes)} already finished and cannot join a restart"
-        except Exception:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
+            raise_if_signal(error)
             return None
 
-    def _workers_finished(self, timeout: float) -> bool:
+    def _workers_finished(self, timeout: float, nodes_waiting: Callable[[], int]) -> bool:
         """Tells the other nodes that this node's workers finished, and waits up to ``timeout`` s
-        until every node's have (True: torch's exit barrier passes at once) or a node ended the
-        job (False: none of the others comes to the barrier, so it is not waited for)."""
+        until every node's have (True: torch's exit barrier then passes at once). False when a
+        node's workers failed, or a node waits in the rendezvous to restart them: that node never
+        comes to the barrier (the failed one, torch's way, as long as the barrier's timeout)."""
         if self.store is None:
             return True  # a single node: torch's barrier waits for nobody else
-        node, ends, finished = self.plan.node_label, f"{self.prefix}ends", f"{self.prefix}finished"
+        node, deadline = self.plan.node_label, time.monotonic() + timeout
         try:
-            self.store.append(finished, f"{node}\n")
-            deadline = time.monotonic() + timeout
+            self.store.append(f"{self.prefix}finished", f"{node}\n")
             while time.monotonic() < deadline:
-                if self.store.check([ends]):
-                    say(f"phalanx: {node}: its workers finished; not waiting for the other nodes: "
-                        f"{self.store.get(ends).decode()}")  # fmt: skip
+                failed = self._posted("failures")
+                if failed or nodes_waiting() > 0:
+                    why = (self._whose_failure() if failed else
+                           "another node waits to restart the workers, and these cannot join it")  # fmt: skip
+                    say(f"phalanx: {node}: its workers finished; exiting without waiting for the other nodes, "
+                        f"since {why}")  # fmt: skip
+                    self._keep_store_up(deadline, nodes_waiting)
                     return False
-                if len(self.store.get(finished).decode().split()) >= self.nodes_in_job:
+                if len(self._posted("finished")) >= self.nodes_in_job:
                     return True
                 time.sleep(0.1)
-        except Exception:  # noqa: BLE001 - the store may be gone with its host: torch's barrier says so
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host: torch's barrier says so
+            raise_if_signal(error)
             return True
-        say(f"phalanx: {node}: its workers finished; the other nodes' did not within {timeout:g} s")
+        say(f"phalanx: {node}: its workers finished; the other nodes' workers did not finish within {timeout:g} s, "
+            "exiting without them")  # fmt: skip
         return False
+
+    def _keep_store_up(self, deadline: float, nodes_waiting: Callable[[], int]) -> None:
+        """On the node that hosts the store: until every node finished or posted its failures (and
+        had the time to read the others'), since the store goes down with this process."""
+        if not self.plan.is_host:
+            return
+        while time.monotonic() < deadline and nodes_waiting() == 0:  # one that waits to restart never posts
+            if len(self._posted("finished")) + len(self._posted("failures")) >= self.nodes_in_job:
+                time.sleep(FAILURE_GATHER_S)
+                return
+            time.sleep(0.1)
+
+    def _posted(self, name: str) -> list[str]:
+        """The lines the nodes appended to the store's key ``name``."""
+        key = f"{self.prefix}{name}"
+        return self.store.get(key).decode().splitlines() if self.store.check([key]) else []
+
+    def _post_failures(self, found: list[failure.RankFailure]) -> None:
+        """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
+        if self.store is not None:
+            with contextlib.suppress(Exception):  # best effort: the store may be gone with its host
+                self.store.append(f"{self.prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
+
+    def _failures_posted(self) -> list[failure.RankFailure]:
+        return [failure.RankFailure.from_dict(item) for line in self._posted("failures") for item in json.loads(line)]
+
+    def _whose_failure(self) -> str:
+        failed = self._failures_posted()
+        cause = failure.root_cause(failed)
+        return f"{cause.node if cause else 'another node'}'s workers failed: {failure.in_one_line(failed)}"
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
@@ -204,21 +241,17 @@ class NodeAgent:
         return failure.exit_code_for(everyone)
 
     def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
-        """Best effort: trade failure reports with the other nodes on the store, briefly."""
+        """Best effort: the other nodes' failure reports (this node's is posted), waiting briefly."""
         if self.store is None:
             return []
-        key = f"{self.prefix}failures"
         try:
-            self.store.append(key, json.dumps([asdict(f) for f in found]) + "\n")
             deadline = time.monotonic() + FAILURE_GATHER_S
-            while True:
-                reports = self.store.get(key).decode().splitlines()
-                if len(reports) >= self.nodes_in_job or time.monotonic() > deadline:
+            while time.monotonic() < deadline:
+                if len(self._posted("failures")) + len(self._posted("finished")) >= self.nodes_in_job:
                     break
                 time.sleep(0.1)
             mine = {(f.node, f.rank) for f in found}
-            everyone = [failure.RankFailure.from_dict(item) for report in reports for item in json.loads(report)]
-            return [f for f in everyone if (f.node, f.rank) not in mine]
+            return [f for f in self._failures_posted() if (f.node, f.rank) not in mine]
         except Exception:  # noqa: BLE001 - the store may be gone with its host; local view only
             return []
 

@@ -7,10 +7,10 @@ a machine that is being taken away, until the scheduler kills it without a check
 restarts in silence: the console shows the new round, not which rank failed before it.
 
 When a node's workers finish, torchrun's agent waits up to 5 minutes (its exit barrier) for
-every other node's workers to finish too; a node whose workers failed never comes, so the
-finished node waits the whole 5 minutes, and a failed node with restarts left waits in the
-rendezvous for a node that will not come back. The subclass asks ``finished`` instead, which
-tells the other nodes and returns as soon as they all finished or one of them ended the job.
+every other node's workers to finish too. A node whose workers failed never comes, nor does one
+that waits in the rendezvous to restart them (the finished node will not join it). The subclass
+asks ``finished`` instead, which tells the other nodes (so that none restarts for nothing:
+``judge``) and returns as soon as they all finished, or one of them failed or waits to restart.
 
 torch's launcher has no setting for either, so the agent it starts is a subclass of its own
 (:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
@@ -27,17 +27,19 @@ from typing import Any
 #: Takes the failures torchrun collected (global rank -> ProcessFailure) and the restarts left;
 #: returns whether to restart the workers, as torchrun would, or to end the job with the failure.
 Judge = Callable[[dict[int, Any], int], bool]
-#: Called when this node's workers finished, with torch's exit-barrier timeout in seconds; returns
-#: whether every node's workers finished (then torch's exit barrier runs, and passes at once).
-Finished = Callable[[float], bool]
+#: Called when this node's workers finished, with torch's exit-barrier timeout in seconds and the
+#: rendezvous's count of nodes waiting for a new round; returns whether every node's workers
+#: finished (then torch's exit barrier runs, and passes at once).
+Finished = Callable[[float, Callable[[], int]], bool]
 
 
 @contextlib.contextmanager
 def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterator[None]:
     """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
     failures of every round that failed while restarts are left, and ends the job instead of
-    restarting when it says no; when its workers finished, it asks ``finished``. It swaps the agent class that the launcher looks up in its
-    module for the duration: phalanx runs one agent per process, so nothing else sees it."""
+    restarting when it says no; when its workers finished, it asks ``finished``. It swaps the
+    agent class that the launcher looks up in its module for the duration: phalanx runs one
+    agent per process, so nothing else sees it."""
     from torch.distributed.launcher import api
 
     torch_agent = api.LocalElasticAgent
@@ -53,7 +55,7 @@ def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterat
             return result
 
         def _exit_barrier(self) -> None:
-            if finished(self._exit_barrier_timeout):
+            if finished(self._exit_barrier_timeout, self._worker_group.spec.rdzv_handler.num_nodes_waiting):
                 super()._exit_barrier()
 
     api.LocalElasticAgent = JudgedAgent
@@ -66,5 +68,16 @@ def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterat
 def _asks_restart(judge: Judge, failures: dict[int, Any], remaining: int) -> bool:
     try:
         return judge(failures, remaining)
-    except Exception:  # noqa: BLE001 - a judge that fails (a log it cannot read) restarts, as torchrun would
+    except Exception as error:  # noqa: BLE001 - a judge that fails (a log it cannot read) restarts, as torchrun would
+        raise_if_signal(error)
         return True
+
+
+def raise_if_signal(error: Exception) -> None:
+    """torch's agent turns SIGTERM and SIGINT into an exception (``SignalException``, an
+    ``Exception``) raised wherever it is waiting: a best-effort ``except Exception`` must let it
+    through, or the agent goes on instead of stopping its workers."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if isinstance(error, SignalException):
+        raise error
