@@ -15,8 +15,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
