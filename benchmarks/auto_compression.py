@@ -55,7 +55,6 @@ WORKER = str(REPO / "benchmarks" / "auto_compression_worker.py")
 FIXED = ("none", "fp16", "powersgd")
 MODES = ("auto", *FIXED)
 RATES = {"loopback": None, "1gbit": "1gbit", "veth": None}
-RUN_KEYS = ("samples_per_second", "seconds_head_rest", "summaries")  # per run, from the worker
 
 
 def hosts_for(link: str) -> AbstractContextManager[tuple[Host, Host] | None]:
@@ -82,7 +81,7 @@ def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argpar
 
 
 def measure(link: str, args: argparse.Namespace) -> dict:
-    runs: dict[str, dict[str, list]] = {mode: {key: [] for key in RUN_KEYS} for mode in MODES}
+    runs: dict[str, dict[str, list]] = {mode: {} for mode in MODES}  # mode -> what the worker reports, per run
     ports = count(29501)
     with hosts_for(link) as hosts, tempfile.TemporaryDirectory() as folder:
         if args.method == "in-process":
@@ -94,8 +93,8 @@ def measure(link: str, args: argparse.Namespace) -> dict:
             for repeat in range(args.repeats):
                 for mode in MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]:
                     found = launch(hosts, ["--modes", mode], args, folder, next(ports))[mode]
-                    for key in runs[mode]:
-                        runs[mode][key] += found[key]
+                    for key, values in found.items():
+                        runs[mode].setdefault(key, []).extend(values)
                     print(f"  {link:<8} {mode:<8} {found['samples_per_second'][0]:8.0f} samples/s", file=sys.stderr,
                           flush=True)  # fmt: skip
     median = {mode: statistics.median(run["samples_per_second"]) for mode, run in runs.items()}

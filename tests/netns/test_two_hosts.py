@@ -104,3 +104,24 @@ def test_both_hosts_name_the_rank_that_failed_first(workdir):
             cause = outcome.output[outcome.output.index("phalanx: root cause:") :]
             assert cause.startswith(f"phalanx: root cause: rank 1 (local rank 0) on {b.address} ({b.address}) exited with code 1")
             assert "ValueError: rank 1 fails on purpose" in cause
+
+
+def test_the_host_whose_workers_finished_does_not_wait_for_the_failed_one(workdir):
+    """Two real hosts: a's workers finish, b's rank fails seconds later, with a restart left. a
+    (which hosts the store) exits with 0 once b posted its failure, not 5 minutes later; b does
+    not restart for a's ranks, and still names the root cause with the store's help."""
+    worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "rank1_late.py")
+    with two_hosts("l") as (a, b):
+        outcomes = run_on_both(
+            [phalanx_line(host, a.address, "--max-restarts", "1", script=[worker]) for host in (a, b)],
+            timeout=60,
+            cwd=str(workdir),
+        )
+    finished, failed = outcomes
+    assert finished.returncode == 0, finished.output[-3000:]
+    assert (f"phalanx: {a.address}: its workers finished; exiting without waiting for the other nodes, since "
+            f"{b.address}'s workers failed: rank 1 exited with code 1") in finished.output, finished.output[-3000:]  # fmt: skip
+    assert failed.returncode == 1, failed.output[-3000:]
+    assert (f"not restarting the workers (--max-restarts 1): the workers of {a.address} already finished"
+            in failed.output), failed.output[-3000:]  # fmt: skip
+    assert f"phalanx: root cause: rank 1 (local rank 0) on {b.address}" in failed.output

@@ -143,17 +143,16 @@ class NodeAgent:
         restart: it would wait for them in vain), waiting briefly for it; or None."""
         if self.store is None:
             return None
-        ends, finished = f"{self.prefix}ends", f"{self.prefix}finished"
-        deadline = time.monotonic() + ENDS_WORD_WAIT_S
+        ends, deadline = f"{self.prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
         try:
-            while not self.store.check([ends]) and not self.store.check([finished]):
+            while not self.store.check([ends]):
+                finished = self._posted("finished")
+                if finished:
+                    return f"the workers of {', '.join(finished)} already finished and cannot join a restart"
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.05)
-            if self.store.check([ends]):
-                return self.store.get(ends).decode()
-            nodes = self.store.get(finished).decode().split()
-            return f"the workers of {', '.join(nodes)} already finished and cannot join a restart"
+            return self.store.get(ends).decode()
         except Exception as error:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
             raise_if_signal(error)
             return None
@@ -193,10 +192,14 @@ class NodeAgent:
         if not self.plan.is_host:
             return
         while time.monotonic() < deadline and nodes_waiting() == 0:  # one that waits to restart never posts
-            if len(self._posted("finished")) + len(self._posted("failures")) >= self.nodes_in_job:
+            if self._every_node_ended():
                 time.sleep(FAILURE_GATHER_S)
                 return
             time.sleep(0.1)
+
+    def _every_node_ended(self) -> bool:
+        """Whether every node posted that its workers finished, or its failure report."""
+        return len(self._posted("finished")) + len(self._posted("failures")) >= self.nodes_in_job
 
     def _posted(self, name: str) -> list[str]:
         """The lines the nodes appended to the store's key ``name``."""
@@ -246,13 +249,12 @@ class NodeAgent:
             return []
         try:
             deadline = time.monotonic() + FAILURE_GATHER_S
-            while time.monotonic() < deadline:
-                if len(self._posted("failures")) + len(self._posted("finished")) >= self.nodes_in_job:
-                    break
+            while time.monotonic() < deadline and not self._every_node_ended():
                 time.sleep(0.1)
             mine = {(f.node, f.rank) for f in found}
             return [f for f in self._failures_posted() if (f.node, f.rank) not in mine]
-        except Exception:  # noqa: BLE001 - the store may be gone with its host; local view only
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host; local view only
+            raise_if_signal(error)
             return []
 
 
