@@ -18,6 +18,9 @@ The trial is a fixed cost of at most 88 steps with gloo's candidates, paid once 
 run keeps the choice): a run of a few hundred steps mostly measures how the trial amortizes (the
 cost and the steady ratio give that for any length), and a run that short has a few seconds to
 win. 2000 steps of the tutorial's model take under a minute on loopback; real runs are longer.
+9 runs per mode by default: single runs on this machine vary by about 6% (1 Gbit link) to 9%
+(loopback), so the ratio of two medians of 5 runs moves by about 5%, as much as the margin it judges;
+with 9 it moves by about 3.5%.
 
 Methods:
   in-process  one launch per link; inside it every run builds and wraps a fresh model (so auto
@@ -30,7 +33,7 @@ Links:
             process on each (`phalanx run --nnodes 2` in each); needs root
   veth      the same two namespaces, unshaped
 
-Usage: python benchmarks/auto_compression.py [--repeats 5] [--steps 2000] [--link loopback 1gbit veth]
+Usage: python benchmarks/auto_compression.py [--repeats 9] [--steps 2000] [--link loopback 1gbit veth]
                                              [--method in-process|launches] [--model linear|mlp] [--json PATH]
 """
 
@@ -125,7 +128,7 @@ def measure(link: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2000, help="steps per run, auto's trial (12 to 88 steps) included")
     parser.add_argument("--steady-from", type=int, default=100,
                         help="the steps after this many are steady: auto's trial (at most 88 steps) is over")
