@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import socket
 import threading
 
@@ -11,22 +10,7 @@ import pytest
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def node(index: int, port: int, **changes) -> NodePlan:
-    plan = NodePlan(
-        script="train.py", script_args=(), is_module=False, nnodes_min=2, nnodes_max=2,
-        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, join_timeout=5.0,
-        nproc_per_node=1, backend="gloo", is_host=index == 0, local_addr=f"127.0.0.{101 + index}",
-        interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
-    )  # fmt: skip
-    return dataclasses.replace(plan, **changes)
+from tests.unit.node_plans import free_port, node
 
 
 def fingerprint(plan: NodePlan, **changes) -> dict[str, str]:

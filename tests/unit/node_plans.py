@@ -1,0 +1,26 @@
+"""Node plans for tests that run the launcher's node-to-node parts (the lobby, the exit wait) on a
+real TCPStore over loopback: the nodes are threads or plain calls there, the sockets are real."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+from phalanx.launch.plan import NodePlan
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node(index: int, port: int, **changes) -> NodePlan:
+    """Node ``index`` of a two-node job whose store is at 127.0.0.1:``port`` (node 0 hosts it)."""
+    plan = NodePlan(
+        script="train.py", script_args=(), is_module=False, nnodes_min=2, nnodes_max=2,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, join_timeout=5.0,
+        nproc_per_node=1, backend="gloo", is_host=index == 0, local_addr=f"127.0.0.{101 + index}",
+        interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
+    )  # fmt: skip
+    return dataclasses.replace(plan, **changes)

@@ -1,0 +1,88 @@
+"""The wait of a node whose workers finished (NodeAgent._workers_finished), on a real TCPStore over
+loopback. The other node is played by this test: it posts on the store what its agent would.
+
+The end-to-end runs (tests/e2e/test_simulated.py, tests/netns/test_two_hosts.py) show the common
+endings; these cover the ones a launch cannot stage on time: the other node's workers still
+running at the wait's timeout, and a node found waiting in the rendezvous to restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+from phalanx.launch import agent as agent_module
+from phalanx.launch.agent import NodeAgent
+from phalanx.launch.failure import RankFailure
+from tests.unit.node_plans import node
+
+NOBODY_WAITS = lambda: 0  # noqa: E731 - nodes waiting in the rendezvous to restart
+
+
+@pytest.fixture
+def store():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    return store  # its socket closes when the test lets go of it
+
+
+def agent_of(index: int, store: TCPStore) -> NodeAgent:
+    agent = NodeAgent(node(index, store.port))
+    agent.store, agent.nodes_in_job = store, 2
+    return agent
+
+
+def crash(node_label: str) -> RankFailure:
+    return RankFailure(rank=1, local_rank=0, node=node_label, address="127.0.0.102", exitcode=-6, time=0.0,
+                       log="logs/rank1.log", tail=("terminate called without an active exception",))  # fmt: skip
+
+
+def later(seconds: float, action) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_it_passes_as_soon_as_the_other_node_finishes(store):
+    other = later(0.5, lambda: store.append("phalanx/lobbytest/finished", "node0\n"))
+    started = time.monotonic()
+    assert agent_of(1, store)._workers_finished(10.0, NOBODY_WAITS) is True
+    assert 0.5 <= time.monotonic() - started < 5.0
+    other.join()
+
+
+def test_it_gives_up_on_nodes_still_running_at_its_timeout(store, capsys):
+    started = time.monotonic()
+    assert agent_of(1, store)._workers_finished(1.0, NOBODY_WAITS) is False
+    assert 1.0 <= time.monotonic() - started < 5.0
+    assert "node1: its workers finished; the other nodes' workers did not finish within 1 s" in capsys.readouterr().err
+
+
+def test_it_stops_waiting_for_a_node_that_waits_to_restart(store, capsys):
+    waiting = iter([0, 0, 1])  # the other node's agent enters the rendezvous during the wait
+    started = time.monotonic()
+    assert agent_of(1, store)._workers_finished(10.0, lambda: next(waiting, 1)) is False
+    assert time.monotonic() - started < 5.0
+    assert "since another node waits to restart the workers, and these cannot join it" in capsys.readouterr().err
+
+
+def test_it_stops_waiting_for_a_failed_node_and_names_its_root_cause(store, capsys):
+    later(0.5, lambda: agent_of(0, store)._post_failures([crash("node0")]))
+    started = time.monotonic()
+    assert agent_of(1, store)._workers_finished(10.0, NOBODY_WAITS) is False
+    assert time.monotonic() - started < 5.0
+    said = capsys.readouterr().err
+    assert "since node0's workers failed: rank 1 was killed by SIGABRT: terminate called" in said
+
+
+def test_the_store_host_stays_until_the_failed_node_could_read_the_reports(store, monkeypatch):
+    # The store goes down with the host's agent: it waits until every node posted how it ended,
+    # then as long as a failed node takes to gather the reports.
+    monkeypatch.setattr(agent_module, "FAILURE_GATHER_S", 1.0)
+    later(0.5, lambda: agent_of(1, store)._post_failures([crash("node1")]))
+    started = time.monotonic()
+    assert agent_of(0, store)._workers_finished(10.0, NOBODY_WAITS) is False
+    assert 1.5 <= time.monotonic() - started < 6.0
