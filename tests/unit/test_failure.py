@@ -2,6 +2,8 @@
 
 import signal
 
+import pytest
+
 from phalanx.launch.failure import (
     RankFailure,
     exit_code_for,
@@ -34,10 +36,13 @@ def test_a_rank_its_agent_terminated_is_never_the_cause():
     assert "stopped by their agent: rank 2" in text
 
 
-def test_signals_are_named_and_known_endings_get_a_hint():
-    text = format_root_cause([failure(0, 1.0, exitcode=-6, tail=("terminate called without an active exception",))])
+@pytest.mark.parametrize("last_words", ["terminate called without an active exception",
+                                        "terminate called after throwing an instance of 'std::system_error'\n"
+                                        "  what():  Resource deadlock avoided"])  # fmt: skip
+def test_signals_are_named_and_known_endings_get_a_hint(last_words):
+    text = format_root_cause([failure(0, 1.0, exitcode=-6, tail=tuple(last_words.splitlines()))])
     assert "was killed by SIGABRT" in text
-    assert "HINT:" in text and "gc.collect()" in text
+    assert "HINT: the worker aborted while tearing its process group down" in text and "context.close()" in text
 
 
 def test_tail_starts_at_the_last_traceback(tmp_path):

@@ -120,14 +120,18 @@ def root_cause(failures: list[RankFailure]) -> RankFailure | None:
     return min(failures, key=lambda f: (stopped_by_agent(f, failures), f.time, f.rank), default=None)
 
 
+#: Why a worker aborts as it tears its process group down (phalanx.runtime.context.destroy_process_group).
+_GROUP_TORN_DOWN_TOO_SOON = (
+    "the worker aborted while tearing its process group down, most likely because a thread of the backend "
+    "still held a Python callback (compression hooks such as fp16 and PowerSGD run theirs in gloo's threads). End the "
+    "script with phalanx's `context.close()`, or pause before the group goes: `time.sleep(0.1); "
+    "dist.destroy_process_group()`"
+)
+
 #: Last words of a worker that phalanx can explain: (text in its log tail, HINT).
 KNOWN_ENDINGS = (
-    (
-        "terminate called without an active exception",
-        "the worker aborted while Python shut down: a process group was still alive then (a DDP model "
-        "keeps it in a reference cycle). End the script with `del model; gc.collect(); "
-        "dist.destroy_process_group()`",
-    ),
+    ("terminate called without an active exception", _GROUP_TORN_DOWN_TOO_SOON),
+    ("Resource deadlock avoided", _GROUP_TORN_DOWN_TOO_SOON),
 )
 
 

@@ -108,7 +108,7 @@ def tool_context() -> Iterator[Any]:
     (a 1-rank group, so that the tool's collectives run unchanged at world size 1)."""
     import torch.distributed as dist
 
-    from phalanx.runtime.context import init
+    from phalanx.runtime.context import destroy_process_group, init
 
     context = init()
     own_single_group = not dist.is_initialized()
@@ -118,7 +118,7 @@ def tool_context() -> Iterator[Any]:
         yield context
     finally:
         if own_single_group:
-            dist.destroy_process_group()
+            destroy_process_group()
         context.close()
 
 
