@@ -10,7 +10,6 @@ PLAN.json``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -133,10 +132,8 @@ class NodeAgent:
         return True
 
     def _post_end_of_job(self, why: str) -> None:
-        if self.store is not None:
-            # best effort: without it the other nodes restart, and find the rendezvous closed
-            with contextlib.suppress(Exception):
-                self.store.set(f"{self.prefix}ends", why)
+        # without it the other nodes restart, and find the rendezvous closed
+        self._post_if_store_up(lambda: self.store.set(f"{self.prefix}ends", why))
 
     def _end_of_job_posted(self) -> str | None:
         """Another node's word that the job ends, or that its workers finished (they cannot join a
@@ -208,9 +205,18 @@ class NodeAgent:
 
     def _post_failures(self, found: list[failure.RankFailure]) -> None:
         """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
-        if self.store is not None:
-            with contextlib.suppress(Exception):  # best effort: the store may be gone with its host
-                self.store.append(f"{self.prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
+        self._post_if_store_up(
+            lambda: self.store.append(f"{self.prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
+        )
+
+    def _post_if_store_up(self, post: Callable[[], object]) -> None:
+        """Best effort: the store may be gone with its host (a signal still goes through)."""
+        if self.store is None:
+            return
+        try:
+            post()
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+            raise_if_signal(error)
 
     def _failures_posted(self) -> list[failure.RankFailure]:
         return [failure.RankFailure.from_dict(item) for line in self._posted("failures") for item in json.loads(line)]
