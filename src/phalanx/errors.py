@@ -47,3 +47,10 @@ class JoinTimeout(PhalanxError):
     """The other nodes did not join in time (exit code 3)."""
 
     exit_code = ExitCode.JOIN_TIMEOUT
+
+
+class CheckpointNotSaved(PhalanxError):
+    """A checkpoint could not be written (a full disk, a folder that is not writable); nothing of
+    it was kept, and the previous checkpoints are intact (exit code 1)."""
+
+    exit_code = ExitCode.FAILED

@@ -3,17 +3,25 @@
 One call saves the training state plus every rank's RNG states. Rank 0 writes it: to a
 temporary file, fsync, then a rename, so a crash leaves either the old checkpoint or the new
 one, never a torn file. A SHA-256 beside it (written first) lets :meth:`load_latest` reject a
-damaged file and fall back to the previous one. Loading uses ``weights_only=True``: a checkpoint
-file cannot run code.
+damaged file and fall back to the previous one; the damaged file is set aside (renamed
+``*.damaged``), so that pruning never counts it among the checkpoints it keeps. Loading uses
+``weights_only=True``: a checkpoint file cannot run code, and one that would is set aside too.
+A save that fails (a full disk) removes what it wrote and says so; the previous checkpoints
+stay.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import pickle
 import random
 import re
+import shutil
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +29,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.errors import CheckpointNotSaved
 from phalanx.runtime.context import DistributedContext
 
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
+#: A save's temporary files: ".step-N.pt.staging-PID", its ".tmp-PID", the checksum's ".tmp-PID".
+_TEMPORARY = re.compile(r"^\.+step-\d{9}\..*(staging|tmp)-(\d+)")
+DAMAGED_SUFFIX = ".damaged"
 FORMAT = 1
 
 
@@ -76,6 +88,14 @@ def _write_atomically(path: Path, write: Any) -> None:
     os.replace(temporary, path)
 
 
+def _why_it_does_not_load(path: Path, error: Exception) -> str:
+    if not zipfile.is_zipfile(path):
+        return "it does not load: it is not a torch checkpoint file"
+    if "Weights only load failed" in str(error):  # torch refused an object: loading it could run code
+        return "it holds objects that are not tensors or plain values"
+    return f"it does not load: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+
+
 class CheckpointManager:
     def __init__(self, directory: str | Path, context: DistributedContext, keep: int = 3) -> None:
         if keep < 1:
@@ -103,18 +123,47 @@ class CheckpointManager:
             dist.all_gather_object(rngs, local)
         path = self.path_for(step)
         if self.context.is_main:
-            self.directory.mkdir(parents=True, exist_ok=True)
             payload = {"format": FORMAT, "step": step, "world_size": self.context.world_size, "state": state, "rng": rngs}
-            staging = path.with_name(f".{path.name}.staging-{os.getpid()}")
+            self._write(path, payload)
+            self._prune()
+        self.context.barrier()  # nobody runs ahead of a checkpoint that is not complete yet
+        return path
+
+    def _write(self, path: Path, payload: dict[str, Any]) -> None:
+        staging = path.with_name(f".{path.name}.staging-{os.getpid()}")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             _write_atomically(staging, lambda handle: torch.save(payload, handle))
             # The checksum lands first: a data file without its checksum is never trusted.
             _write_atomically(path.with_suffix(".sha256"), lambda handle: handle.write(_sha256(staging).encode()))
             os.replace(staging, path)
             self._fsync_directory()
-            self._prune()
-        self.context.barrier()  # nobody runs ahead of a checkpoint that is not complete yet
-        return path
+        except (OSError, RuntimeError) as error:
+            self._remove_temporaries(own=True)
+            with contextlib.suppress(OSError):
+                path.with_suffix(".sha256").unlink(missing_ok=True)
+            # torch's zip writer reports a failed write as a RuntimeError on top of the OSError
+            cause = error if isinstance(error, OSError) else error.__context__
+            if not isinstance(cause, OSError):
+                raise
+            raise self._not_saved(path, cause) from None
 
+    def _not_saved(self, path: Path, error: OSError) -> CheckpointNotSaved:
+        kept = self.checkpoints()
+        previous = f"the previous checkpoint ({kept[0][1].name}) is intact" if kept else "there is no earlier checkpoint"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            free = shutil.disk_usage(self.directory).free if self.directory.exists() else 0
+            return CheckpointNotSaved(
+                f"checkpoint {path} could not be written: the disk is full ({free / 2**20:.0f} MiB free)",
+                f"nothing of it was kept; {previous}, and a relaunch resumes from it.",
+                f"free space on that disk, or give a checkpoint folder on another disk; keeping fewer checkpoints "
+                f"(now {self.keep}) needs less",
+            )
+        return CheckpointNotSaved(
+            f"checkpoint {path} could not be written: {error.strerror or error}",
+            f"nothing of it was kept; {previous}.",
+            "check that the checkpoint folder is a writable folder (not a file, not read-only)",
+        )
     def _fsync_directory(self) -> None:
         descriptor = os.open(self.directory, os.O_RDONLY)
         try:
@@ -126,8 +175,15 @@ class CheckpointManager:
         for _, old in self.checkpoints()[self.keep :]:
             old.unlink(missing_ok=True)
             old.with_suffix(".sha256").unlink(missing_ok=True)
-        for leftover in self.directory.glob(".step-*"):  # temporaries of a save that crashed
-            if f"-{os.getpid()}" not in leftover.name:
+        self._remove_temporaries(own=False)
+
+    def _remove_temporaries(self, *, own: bool) -> None:
+        """The temporary files of saves that crashed (``own``: of this process's failed save)."""
+        if not self.directory.is_dir():
+            return
+        for leftover in self.directory.iterdir():
+            match = _TEMPORARY.match(leftover.name)
+            if match and (int(match.group(2)) == os.getpid()) == own:
                 leftover.unlink(missing_ok=True)
 
     def load_latest(self) -> Checkpoint | None:
@@ -151,11 +207,25 @@ class CheckpointManager:
     def _read_newest_valid(self) -> tuple[int, str, dict[str, Any]] | None:
         for step, path in self.checkpoints():
             problem = self._problem_with(path)
-            if problem:
-                print(f"phalanx: checkpoint {path} is damaged ({problem}); trying the previous one", file=sys.stderr)
-                continue
-            return step, str(path), torch.load(path, map_location="cpu", weights_only=True)
+            if problem is None:
+                try:
+                    return step, str(path), torch.load(path, map_location="cpu", weights_only=True)
+                except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
+                    problem = _why_it_does_not_load(path, error)
+            aside = self._set_aside(path)
+            print(f"phalanx: checkpoint {path} is damaged ({problem}); kept as {aside.name}, trying the previous one",
+                  file=sys.stderr)  # fmt: skip
         return None
+
+    @staticmethod
+    def _set_aside(path: Path) -> Path:
+        """Renames a damaged checkpoint (and its checksum) out of the way: no longer one of the checkpoints."""
+        aside = path.with_name(path.name + DAMAGED_SUFFIX)
+        os.replace(path, aside)
+        checksum = path.with_suffix(".sha256")
+        if checksum.exists():
+            os.replace(checksum, checksum.with_name(checksum.name + DAMAGED_SUFFIX))
+        return aside
 
     @staticmethod
     def _problem_with(path: Path) -> str | None:

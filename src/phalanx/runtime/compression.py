@@ -57,12 +57,13 @@ the decision's); phalanx's sampler evens the shards out instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,14 +214,27 @@ class GradientCompression:
         self._step_started: float | None = None
         self._timed_step: str | None = None  # the candidate whose step is being timed
         self._pending: tuple[Any, torch.Tensor] | None = None  # the decision's all-reduce in flight
+        self._plain = False  # see plain_reduction()
 
     def register(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
         if self.candidates:
             ddp.register_comm_hook(self, _dispatch)
 
+    @contextlib.contextmanager
+    def plain_reduction(self) -> Iterator[None]:
+        """Within, buckets go through a plain all-reduce and count for nothing: no step, no
+        timing, no candidate's state (phalanx.runtime.bucket_layout's settling pass)."""
+        self._plain = True
+        try:
+            yield
+        finally:
+            self._plain = False
+
     # -- inside DDP's backward --------------------------------------------------------------
 
     def communicate(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        if self._plain:
+            return default_hooks.allreduce_hook(None, bucket)
         if self._first_bucket:
             self._first_bucket = False
             self.last_used = self._begin_step(bucket.buffer().device)

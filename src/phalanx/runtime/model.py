@@ -6,6 +6,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.errors import SettingsRefused
+from phalanx.runtime.bucket_layout import settle_before_first_step
 from phalanx.runtime.compression import AutoTrial, GradientCompression, make_candidate
 from phalanx.runtime.context import DistributedContext
 
@@ -63,6 +64,7 @@ def wrap_model(
     else:
         chosen = GradientCompression(compression, context, [make_candidate(compression, names, powersgd_rank)])
     chosen.register(ddp)
+    settle_before_first_step(ddp, chosen.plain_reduction if chosen.candidates else None)
     setattr(ddp, _ATTRIBUTE, chosen)
     return ddp
 
