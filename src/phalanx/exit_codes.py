@@ -18,6 +18,8 @@ class ExitCode(enum.IntEnum):
     #: A worker's stall watchdog ended it: a rank stopped making progress (report in its log; phalanx
     #: run exits with it too when that report is the root cause).
     STALLED = 4
+    #: The job had several ranks, but some never joined its process group: each trained alone.
+    NOT_DISTRIBUTED = 5
     #: A worker stopped for preemption after saving a checkpoint (EX_TEMPFAIL: run it again).
     PREEMPTED = 75
     #: Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143, as a shell would report.

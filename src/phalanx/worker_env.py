@@ -11,6 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
+#: Set in a worker (by phalanx.launch.bootstrap) to the name of a preemption signal that came
+#: before the script installed its handler; PreemptionGuard counts it as received.
+EARLY_SIGNAL_VARIABLE = "PHALANX_EARLY_SIGNAL"
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     #: The backend the launcher chose for this node (nccl or gloo).
@@ -22,9 +27,15 @@ class WorkerEnv:
     #: Which start of the workers this is, counted from 0 and the same on every node: set by the
     #: node's agent (:class:`phalanx.launch.logs.RankLogsSpecs`) each time it starts them.
     attempt: int | None = None
+    #: The process that starts the workers (the node's agent): a worker dies with it.
+    launcher_pid: int | None = None
+    #: Where this rank writes whether it joined the job's process group (set per rank with ``attempt``).
+    group_record: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
-             "attempt": "PHALANX_ATTEMPT"}  # fmt: skip
+             "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
+             "group_record": "PHALANX_GROUP_RECORD"}  # fmt: skip
+    _INTEGERS = ("attempt", "launcher_pid")
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}
@@ -32,6 +43,7 @@ class WorkerEnv:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
         values: dict[str, str | int | None] = {name: environ.get(key) or None for name, key in cls._KEYS.items()}
-        if values["attempt"] is not None:
-            values["attempt"] = int(values["attempt"])
+        for name in cls._INTEGERS:
+            if values[name] is not None:
+                values[name] = int(values[name])  # type: ignore[arg-type]
         return cls(**values)  # type: ignore[arg-type]

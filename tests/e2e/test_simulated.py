@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import EXAMPLES
@@ -237,3 +238,87 @@ def test_tutorial_example_runs_unchanged_without_phalanx(workdir, launcher):
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
     assert len(losses) == 3 and losses[-1] < losses[0]
     assert f"training on {2 if launcher == 'torchrun' else 1} process(es)" in result.stdout
+
+
+def test_ranks_that_each_trained_alone_are_named_and_the_job_fails(phalanx, workdir):
+    """A script that never forms the job's process group (as Accelerate on CPUs without
+    ACCELERATE_USE_CPU=1) used to end with exit 0: every rank trained alone."""
+    script = workdir / "alone.py"
+    script.write_text("import torch\nprint('trained alone', torch.ones(1).item())\n")
+    result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 5, result.output
+    assert "phalanx: PROBLEM: node0: ranks 0-1 of the job's 4 never communicated with the others" in result.stderr
+    assert "phalanx: PROBLEM: node1: ranks 2-3 of the job's 4 never communicated" in result.stderr
+    assert "HINT: call torch.distributed.init_process_group()" in result.stderr
+
+
+@pytest.mark.parametrize("layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"])
+def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
+    script = copy_worker(workdir, "sleeper.py")
+    with launched(workdir, *layout, script, str(workdir)) as process:
+        wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
+        workers = [p for p in psutil.Process(process.pid).children(recursive=True) if "sleeper.py" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 2.0  # the stated bound: the kernel ends them at once, 2 s with room
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            alive = [w for w in alive if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.05)
+        assert not alive, f"workers outlived their killed launcher: {alive}"
+
+
+def test_usr1_to_the_launcher_reaches_every_worker(workdir):
+    """SLURM's preemption notice, passed on by a batch script to phalanx run: the workers get it
+    (phalanx run neither dies of it nor keeps it)."""
+    script = workdir / "usr1.py"
+    script.write_text(
+        "import signal, sys, time\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "got = []\nsignal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
+        f"open(f'{workdir}/ready{{dist.get_rank()}}', 'w').close()\n"
+        "while not got: time.sleep(0.05)\n"
+        "dist.destroy_process_group()\nsys.exit(75)\n"
+    )
+    with launched(workdir, "--simulate-nodes", "2", str(script)) as process:
+        wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
+        process.send_signal(signal.SIGUSR1)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 75, stderr
+    assert stderr.count("the workers stopped for preemption") == 2
+
+
+ACCELERATE_SCRIPT = '''
+"""A minimal Accelerate training loop, as its documentation writes one."""
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+for _ in range(3):
+    loss = model(torch.randn(16, 8, device=accelerator.device)).pow(2).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+accelerator.print(f"trained on {accelerator.num_processes} process(es)")
+'''
+
+
+def test_accelerate_on_cpus_without_its_cpu_switch_is_named_with_the_switch(phalanx, workdir):
+    """Accelerate creates the process group, then (no ACCELERATE_USE_CPU on a CPU machine) trains
+    in every process alone: it used to end with exit 0. With the switch it joins the world."""
+    pytest.importorskip("accelerate")
+    script = workdir / "acc.py"
+    script.write_text(ACCELERATE_SCRIPT)
+    alone = phalanx("run", "--simulate-nodes", "2", str(script), env={"ACCELERATE_USE_CPU": "0"})
+    assert alone.returncode == 5, alone.output
+    assert "trained on 1 process(es)" in alone.stdout
+    assert "rank 0 of the job's 2 never communicated with the others" in alone.stderr
+    assert "HINT: Accelerate joins the world on CPUs only with ACCELERATE_USE_CPU=1" in alone.stderr
+    joined = phalanx("run", "--simulate-nodes", "2", str(script), env={"ACCELERATE_USE_CPU": "1"})
+    assert joined.returncode == 0, joined.output
+    assert "trained on 2 process(es)" in joined.stdout and "PROBLEM" not in joined.stderr

@@ -24,6 +24,9 @@ added, none renamed without raising ``schema``):
 ``variables``     {NAME: value} of the set NCCL_*, GLOO_*, TORCH_*, MASTER_*, PHALANX_* variables
                   and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES
 ``config_file``   the --config file the settings were read from, or None
+``cluster``       name (SLURM, ..., None without one), description, values {nnodes, node_rank,
+                  endpoint, rdzv_id, nproc_per_node, hosts}, sources, refused, hint: the cluster
+                  environment phalanx run would detect here
 ``settings``      [{flag, value, source, origin, refused, hint}]: what `phalanx run` would use,
                   source "environment", "config" or "default"
 ``findings``      [{topic, what, why, hint}]: known traps on this machine
@@ -41,6 +44,7 @@ from typing import Any
 
 from phalanx import __version__
 from phalanx.diagnostics import launch_settings, machine, torch_facts, traps
+from phalanx.diagnostics.cluster_facts import ClusterFacts, cluster_facts
 from phalanx.diagnostics.launch_settings import ResolvedSetting
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
@@ -52,7 +56,9 @@ SCHEMA = 1
 #: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's node label.
 PER_NODE_VARIABLES = (
     "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PHALANX_NODE",
-    "PHALANX_NODE_ADDRESS",
+    "PHALANX_NODE_ADDRESS", "PHALANX_LAUNCHER_PID", "PHALANX_GROUP_RECORD", "PHALANX_EARLY_SIGNAL",
+    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_TASK_PID", "SLURMD_NODENAME", "SLURM_GTIDS",
+    "PET_NODE_RANK", "SKYPILOT_NODE_RANK", "JOB_COMPLETION_INDEX",
 )  # fmt: skip
 
 
@@ -68,6 +74,7 @@ class EnvReport:
     limits: LimitFacts
     variables: dict[str, str]
     config_file: str | None
+    cluster: ClusterFacts
     settings: tuple[ResolvedSetting, ...]
     findings: tuple[Finding, ...]
 
@@ -117,6 +124,7 @@ def collect_env_report(
         limits=limits,
         variables=variables,
         config_file=str(config_path) if config_path else None,
+        cluster=cluster_facts(environ),
         settings=tuple(launch_settings.resolved_settings(environ, config or {}, config_path)),
         findings=tuple(findings),
     )

@@ -17,18 +17,25 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from phalanx.console import say
+from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode, exit_quickly
 from phalanx.launch import failure
 from phalanx.launch.fingerprint import node_fingerprint
+from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks
+from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
+from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
+from phalanx.worker_env import WorkerEnv
+
+if TYPE_CHECKING:
+    from phalanx.launch.logs import RankLogsSpecs
 
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
 FAILURE_GATHER_S = 3.0
@@ -51,7 +58,7 @@ class NodeAgent:
         self.nodes_in_job = plan.nnodes_min
 
     def run(self) -> int:
-        os.environ.update(torchrun_env(self.plan))
+        os.environ.update({**torchrun_env(self.plan), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
         try:
             if self.plan.nnodes_max > 1:
                 lobby = Lobby(self.plan, node_fingerprint(self.plan))
@@ -86,7 +93,7 @@ class NodeAgent:
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         try:
-            with restarts_only_when_they_can_help(judge, finished=self._workers_finished):
+            with restarts_only_when_they_can_help(judge, finished=self._workers_finished), forwarding(PASSED_ON):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
@@ -112,7 +119,22 @@ class NodeAgent:
         except SignalException as error:
             say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
             return 128 + int(error.sigval)
-        return ExitCode.OK
+        return self._check_everyone_joined(logs)
+
+    def _check_everyone_joined(self, logs: RankLogsSpecs) -> int:
+        """After a success: whether this node's ranks joined the job's process group, or each ran alone."""
+        records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
+        alone = solo_ranks(records)
+        if not alone:
+            return ExitCode.OK
+        world = next(record.world_size for record in records.values() if record is not None)
+        say(
+            f"phalanx: PROBLEM: {self.plan.node_label}: rank{'s' if len(alone) > 1 else ''} {ranges(alone)} of the "
+            f"job's {world} never communicated with the others (no collective in a process group of the whole "
+            f"job): each trained alone, so nothing was distributed (their logs: {logs.root_log_dir})\n"
+            f"HINT: {group_hint([r for r in records.values() if r is not None])}"
+        )
+        return ExitCode.NOT_DISTRIBUTED
 
     def _restart_helps(self, found: list[failure.RankFailure], remaining: int) -> bool:
         """Whether to restart the workers after these failures, said on the console either way
@@ -266,6 +288,7 @@ class NodeAgent:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    die_with_parent(WorkerEnv.from_env(os.environ).launcher_pid)  # a simulated node dies with its simulation
     plan = NodePlan.from_json(Path(argv[0]).read_text())
     return NodeAgent(plan).run()
 

@@ -3,7 +3,7 @@
 torchrun's default layout names folders by *local* rank inside a random folder per node, so
 "rank 5's traceback" is hard to find. Here each attempt gets::
 
-    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json
+    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json
 
 and the console shows global rank 0 only, unless local ranks are named with
 ``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
+from phalanx.launch.group_record import GROUP_RECORD_NAME
 from phalanx.worker_env import WorkerEnv
 
 RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
@@ -37,6 +38,8 @@ class RankLogsSpecs(LogsSpecs):
         self._starts = 0  # how often this agent started its workers: one per rendezvous round
         #: global rank -> its stderr log, for the latest attempt (read by the failure report).
         self.stderr_of_rank: dict[int, Path] = {}
+        #: global rank -> its log folder, for the latest attempt.
+        self.folder_of_rank: dict[int, Path] = {}
 
     @property
     def root_log_dir(self) -> str:
@@ -49,21 +52,23 @@ class RankLogsSpecs(LogsSpecs):
         # workers were stopped for another node's restart keeps its count (its second round
         # then overwrote the first round's logs, and looked up the rank plan of the wrong round).
         attempt_number, self._starts = self._starts, self._starts + 1
+        attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
+        self.folder_of_rank = {int(env["RANK"]): attempt / f"rank{env['RANK']}" for env in envs.values()}
         for env in envs.values():  # the workers are started with these dicts
-            env.update(WorkerEnv(attempt=attempt_number).to_env())
+            record = self.folder_of_rank[int(env["RANK"])] / GROUP_RECORD_NAME
+            env.update(WorkerEnv(attempt=attempt_number, group_record=str(record)).to_env())
         if self.on_ranks_assigned is not None:
             self.on_ranks_assigned(envs)
         dest = LogsDest()
         if not envs:
             return dest
-        attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         redirects, tee = to_map(self._redirects, len(envs)), to_map(self._tee, len(envs))
         self.stderr_of_rank = {}
         for local_rank, env in envs.items():
             rank = int(env["RANK"])
-            folder = attempt / f"rank{rank}"
+            folder = self.folder_of_rank[rank]
             folder.mkdir(parents=True, exist_ok=True)
-            for name in ("stdout.log", "stderr.log", "error.json"):
+            for name in ("stdout.log", "stderr.log", "error.json", GROUP_RECORD_NAME):
                 (folder / name).unlink(missing_ok=True)  # a restart must not show an old traceback
             to_file = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
             shown = tee[local_rank] if self._shows(rank, local_rank) else Std.NONE

@@ -8,6 +8,7 @@ bounds how long the survivors may run after one node fails, and names the root c
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from phalanx.exit_codes import ExitCode
 from phalanx.launch import failure
 from phalanx.launch.agent import failure_file
 from phalanx.launch.plan import NodePlan
+from phalanx.launch.signals import PASSED_ON, forwarding
+from phalanx.worker_env import WorkerEnv
 
 #: After a node has failed, how long the other nodes may take to notice and stop by themselves.
 SURVIVOR_GRACE_S = 30.0
@@ -36,8 +39,9 @@ class Simulation:
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self._start()
-            codes = self._supervise()
+            with forwarding(PASSED_ON):
+                self._start()
+                codes = self._supervise()
         finally:
             self._stop_all()
             for sig, handler in previous.items():
@@ -49,7 +53,8 @@ class Simulation:
             plan_path = (Path(plan.run_dir) / "plans" / f"{plan.node_label}.json").resolve()
             plan_path.parent.mkdir(parents=True, exist_ok=True)
             plan_path.write_text(plan.to_json())
-            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)]))
+            env = {**os.environ, **WorkerEnv(launcher_pid=os.getpid()).to_env()}
+            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)], env=env))
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signalled = signum
@@ -86,8 +91,9 @@ class Simulation:
             return 128 + self._signalled
         if all(code == 0 for code in codes):
             return ExitCode.OK
-        if ExitCode.PREEMPTED in codes and set(codes) <= {ExitCode.OK, ExitCode.PREEMPTED}:
-            return ExitCode.PREEMPTED  # every node said why already
+        for said in (ExitCode.PREEMPTED, ExitCode.NOT_DISTRIBUTED):
+            if said in codes and set(codes) <= {ExitCode.OK, said}:
+                return said  # every node said why already
         reports = [failure_file(plan) for plan in self.plans]
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
         if found:

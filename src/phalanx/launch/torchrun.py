@@ -12,6 +12,8 @@ import shlex
 
 from phalanx.launch.plan import NodePlan
 
+#: The module every worker runs first (phalanx.launch.bootstrap); it runs the user's script.
+BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
 #: torchrun reads the console prefix of worker lines from this variable; ${rank} is global.
 PREFIX_TEMPLATE_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
@@ -39,9 +41,10 @@ def torchrun_argv(plan: NodePlan, *, logs_specs_by_name: bool = True) -> list[st
     ]
     if plan.all_ranks:
         argv.append(f"--local-ranks-filter={','.join(str(r) for r in range(plan.nproc_per_node))}")
-    if plan.is_module:
-        argv.append("-m")
-    return [*argv, plan.script, *plan.script_args]
+    # Every worker runs the script through phalanx's entry point (it dies with its launcher, and
+    # records whether it joined the job's process group): torchrun's own -m, then the script's.
+    target = ["-m", plan.script] if plan.is_module else [plan.script]
+    return [*argv, "-m", BOOTSTRAP_MODULE, *target, *plan.script_args]
 
 
 def torchrun_env(plan: NodePlan) -> dict[str, str]:

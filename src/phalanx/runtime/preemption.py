@@ -27,6 +27,7 @@ vote (at the first boundary), never in a collective of their own.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from types import FrameType
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
+from phalanx.worker_env import EARLY_SIGNAL_VARIABLE
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -63,6 +65,9 @@ class PreemptionGuard:
         self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
         for signum in signals:
             signal.signal(signum, self._on_signal)
+        early = os.environ.pop(EARLY_SIGNAL_VARIABLE, None)  # came while the worker was starting
+        if early in {sig.name for sig in signals}:
+            self.received = signal.Signals[early]
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.received = signal.Signals(signum)

@@ -100,6 +100,18 @@ def collective_counts(backend: str) -> Counts | None:
     return counts or None
 
 
+def collectives_issued(backend: str) -> int | None:
+    """How many collectives this process issued in all its process groups, destroyed ones too
+    (the flight recorder keeps its counts); None where the recorder is off or of another format."""
+    if os.environ.get(FLIGHT_RECORDER_VARIABLE, "").strip() == "0":
+        return None
+    status = pickle.loads(_dump_flight_recorder(backend, collectives=False)).get("pg_status")
+    try:
+        return sum(max(0, int(group["last_enqueued_collective"])) for group in status.values())
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
 def stood_still(previous: Counts | None, now: Counts | None) -> bool:
     """Whether a poll must read every entry: no counts to go by, nothing moved since the previous
     poll (a stall, or no collective in a poll period), or a group with a collective pending

@@ -6,6 +6,11 @@ import os
 import sys
 import time
 
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # a job of one world, whose ranks end at different times
+dist.barrier()
+dist.destroy_process_group()
 if int(os.environ["RANK"]) == 1:
     time.sleep(float(os.environ.get("LATE", "3")))
     if sys.argv[1:] != ["finish"]:

@@ -1,0 +1,94 @@
+"""The entry point of every worker ``phalanx run`` starts: the user's script, run as python runs it.
+
+``python -m phalanx.launch.bootstrap SCRIPT ARGS`` (or ``-m MODULE ARGS``) runs the script as
+``__main__`` with the same ``sys.argv``, ``sys.path[0]``, traceback and exit code as ``python
+SCRIPT ARGS``, in a process that also:
+
+- dies with its node's launcher: the kernel SIGKILLs it when the process that started it ends
+  (``PR_SET_PDEATHSIG``), so a launcher killed with ``kill -9`` leaves no worker training on
+  unsupervised;
+- keeps a SIGUSR1 that arrives before the script handles it (SLURM's preemption notice, passed on
+  by the launcher): by default it would kill the process; it is noted in ``PHALANX_EARLY_SIGNAL``
+  instead, which PreemptionGuard reads when the script creates it;
+- records whether it joined the job's process group (:mod:`.group_record`), so that the launcher
+  can say when every rank trained alone;
+- tears down a process group the script left for interpreter shutdown, after the pause that lets
+  the backend's threads drop their Python callbacks (:func:`phalanx.runtime.context.destroy_process_group`):
+  gloo's threads otherwise abort some processes at exit after a successful run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+from types import TracebackType
+
+from phalanx.launch.group_record import GroupWatch
+from phalanx.launch.signals import die_with_parent
+from phalanx.worker_env import EARLY_SIGNAL_VARIABLE, WorkerEnv
+
+def _note_early_signal(signum: int, _frame: object) -> None:
+    os.environ[EARLY_SIGNAL_VARIABLE] = signal.Signals(signum).name
+
+
+def _tear_down_group() -> None:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or not c10d.is_initialized():
+        return
+    from phalanx.runtime.context import destroy_process_group
+
+    destroy_process_group()
+
+
+def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's own first frame on, as ``python SCRIPT`` would print it."""
+    ours = (__file__, runpy.__file__, "<frozen runpy>")
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def run(argv: list[str]) -> int | str | None:
+    """Runs ``SCRIPT ARGS`` or ``-m MODULE ARGS``; returns what it exited with."""
+    is_module = bool(argv) and argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
+    worker = WorkerEnv.from_env(os.environ)
+    die_with_parent(worker.launcher_pid)
+    signal.signal(signal.SIGUSR1, _note_early_signal)  # until the script installs its own handler
+    # Registered first, so they run last: after the script's own exit handlers.
+    atexit.register(_tear_down_group)
+    if worker.group_record:
+        watch = GroupWatch(Path(worker.group_record), int(os.environ.get("WORLD_SIZE", "1")), worker.backend)
+        watch.install()
+        atexit.register(watch.write)
+    try:
+        if is_module:
+            sys.argv = [target, *args]  # runpy puts the module's path in argv[0], as python -m does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as stop:
+        return stop.code
+    except BaseException as error:  # noqa: BLE001 - reported as the interpreter reports it
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        trimmed = _user_traceback(error.__traceback__)
+        sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
+        return 1
+    return 0
+
+
+def main() -> None:
+    code = run(sys.argv[1:])
+    sys.stdout.flush()
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

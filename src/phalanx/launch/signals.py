@@ -1,0 +1,60 @@
+"""Signals between a launcher and the processes it starts.
+
+A started process dies with its launcher (:func:`die_with_parent`): a launcher killed with
+``kill -9`` leaves nothing running. And some signals the launcher passes on instead of dying of
+them (:func:`forwarding`): SLURM announces preemption and the time limit with a signal (``--signal=USR1@120``), which a
+batch script hands to ``phalanx run`` on every node; the workers' PreemptionGuard acts on it (one
+agreed checkpoint, exit 75). Left to its default action, SIGUSR1 would end the launcher itself.
+SIGTERM and SIGINT stay torchrun's: it stops the workers, then itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from types import FrameType
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+#: Signals a launcher passes on to its child processes and otherwise ignores.
+PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def pass_on(signum: int, _frame: FrameType | None = None) -> None:
+    """Sends ``signum`` to every child process of this one (a node agent's workers, a
+    simulation's node agents); one that is gone already is skipped."""
+    for child in psutil.Process().children(recursive=False):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.send_signal(signum)
+
+
+@contextlib.contextmanager
+def forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Within, these signals are passed on to the children instead of acting on this process."""
+    previous = {sig: signal.signal(sig, pass_on) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def die_with_parent(parent: int | None) -> None:
+    """Asks the kernel for SIGKILL when the parent process ends; ends now if it already has.
+
+    ``parent`` is the pid of the process that started this one: if it died between the fork and
+    this call, this process was handed to another parent and the kernel would never signal it.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not allowed here (a seccomp filter): the launcher's own teardown still applies
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)

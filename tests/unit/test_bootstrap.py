@@ -1,0 +1,177 @@
+"""The worker's entry point: the script runs as python runs it, dies with its launcher, and
+says whether it joined the job's process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from phalanx.launch.group_record import GroupRecord, hint_for, solo_ranks
+
+BOOT = [sys.executable, "-m", "phalanx.launch.bootstrap"]
+
+
+def run_boot(tmp_path, *argv, env=None, timeout=60):
+    return subprocess.run([*BOOT, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_argv_main_path_and_exit_code_as_python_gives_them(tmp_path):
+    script = write(tmp_path, "s.py", """
+        import sys
+        print(sys.argv, __name__, sys.path[0])
+        sys.exit(3)
+    """)
+    done = run_boot(tmp_path, script, "a", "--b")
+    assert done.returncode == 3
+    assert done.stdout.strip() == f"[{script!r}, 'a', '--b'] __main__ {tmp_path}"
+
+
+def test_a_traceback_reads_as_pythons_own(tmp_path):
+    script = write(tmp_path, "s.py", """
+        def f():
+            raise ValueError("boom")
+        f()
+    """)
+    done = run_boot(tmp_path, script)
+    direct = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == direct.returncode == 1
+    assert done.stderr == direct.stderr
+    assert "runpy" not in done.stderr and "bootstrap" not in done.stderr
+
+
+def test_a_module_with_arguments(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    write(tmp_path, "pkg/tool.py", "import sys; print(sys.argv[1:], __name__)\n")
+    done = run_boot(tmp_path, "-m", "pkg.tool", "x", "-m", "y")
+    assert done.returncode == 0 and done.stdout.strip() == "['x', '-m', 'y'] __main__"
+
+
+def ended_within(process: psutil.Process, seconds: float) -> bool:
+    """Whether the process ended: gone, or a zombie (its new parent, the machine's init, may never reap it)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_worker_dies_within_a_second_of_its_launcher(tmp_path):
+    script = write(tmp_path, "sleep.py", "import time\ntime.sleep(120)\n")
+    parent = write(tmp_path, "parent.py", f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen({BOOT!r} + [{script!r}],
+                                 env={{**os.environ, "PHALANX_LAUNCHER_PID": str(os.getpid())}})
+        print(child.pid, flush=True)
+        time.sleep(120)
+    """)
+    launcher = subprocess.Popen([sys.executable, parent], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(launcher.stdout.readline()))
+        time.sleep(0.5)  # whether or not it has reached its prctl by now, it must end
+        launcher.kill()
+        launcher.wait()
+        assert ended_within(child, 1.0), "the worker outlived its SIGKILLed launcher by more than a second"
+    finally:
+        launcher.kill()
+
+
+def test_a_worker_whose_launcher_died_before_it_started_ends_at_once(tmp_path):
+    script = write(tmp_path, "sleep.py", "import time\ntime.sleep(120)\n")
+    started = time.monotonic()
+    done = run_boot(tmp_path, script, env={"PHALANX_LAUNCHER_PID": "1"})  # not this process's parent
+    assert done.returncode == -signal.SIGKILL and time.monotonic() - started < 30
+
+
+def test_a_script_that_joins_a_group_of_its_world_records_it(tmp_path):
+    record = tmp_path / "process_group.json"
+    script = write(tmp_path, "join.py", """
+        import torch.distributed as dist
+        from torch.distributed import init_process_group  # the name taken before any call
+        init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        dist.destroy_process_group()
+    """)
+    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
+    assert done.returncode == 0, done.stderr
+    found = GroupRecord.read(record)
+    assert found.joined_world == 1 and found.collectives == 0 and not found.ran_alone  # a world of one
+
+
+def test_a_device_mesh_counts_as_joining(tmp_path):
+    record = tmp_path / "process_group.json"
+    script = write(tmp_path, "mesh.py", """
+        import os
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["FREE_PORT"], RANK="0")
+        from torch.distributed.device_mesh import init_device_mesh
+        import torch.distributed as dist
+        init_device_mesh("cpu", (1,))
+        dist.destroy_process_group()
+    """)
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1",
+                                           "FREE_PORT": str(port)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert GroupRecord.read(record).joined_world == 1
+
+
+def test_a_script_that_never_joins_records_that_it_ran_alone(tmp_path):
+    record = tmp_path / "process_group.json"
+    script = write(tmp_path, "alone.py", "import torch\nprint(torch.ones(1).item())\n")
+    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "4"})
+    assert done.returncode == 0
+    found = GroupRecord.read(record)
+    assert found == GroupRecord(0, 4, (), None) and found.ran_alone
+
+
+def test_a_group_that_never_carries_a_collective_is_running_alone(tmp_path):
+    """Accelerate on CPUs without ACCELERATE_USE_CPU=1 creates the group, then trains alone."""
+    record = tmp_path / "process_group.json"
+    script = write(tmp_path, "idle.py", """
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+    """)
+    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert GroupRecord.read(record).collectives == 0
+    assert GroupRecord(2, 2, (), 0).ran_alone and not GroupRecord(2, 2, (), 3).ran_alone
+    assert not GroupRecord(2, 2, (), None).ran_alone  # the recorder was off: no claim beyond the group
+
+
+def test_solo_ranks_and_hints():
+    records = {0: GroupRecord(0, 2, ("accelerate",)), 1: GroupRecord(2, 2, ()), 2: None}
+    assert solo_ranks(records) == [0]
+    assert "ACCELERATE_USE_CPU=1" in hint_for([r for r in records.values() if r])
+    assert "init_process_group" in hint_for([GroupRecord(0, 2, ())])
+
+
+def test_a_usr1_before_the_script_handles_it_is_kept_for_the_preemption_guard(tmp_path):
+    script = write(tmp_path, "early.py", """
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGUSR1)   # as SLURM's notice passed on while the worker starts
+        time.sleep(0.2)
+        print(os.environ.get("PHALANX_EARLY_SIGNAL"))
+    """)
+    done = run_boot(tmp_path, script)
+    assert done.returncode == 0 and done.stdout.strip() == "SIGUSR1"
