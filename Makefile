@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.phalanx-installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-cluster cluster-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,25 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/phalanx run --simulate-nodes 2 --nproc-per-node 1 examples/train.py --epochs 5
 
+# The everyday suite: everything but the real SLURM cluster (under 15 minutes on 2 cores).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not cluster"
+
+# The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
+# namespaces; root). About 10 minutes. `make cluster-deps` installs SLURM first.
+test-cluster: $(STAMP) cluster-deps
+	$(BIN)/python -m pytest -q -rP -m cluster
+
+# SLURM's daemons and client tools from Debian's packages, when missing (needs root and apt-get).
+cluster-deps:
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; then \
+		echo "SLURM is installed: $$(slurmd -V)"; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make cluster-deps: installing SLURM needs root and apt-get; the cluster tests will skip" >&2; \
+	else \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			slurmctld slurmd slurm-client >/dev/null && slurmd -V; \
+	fi
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_overhead.py

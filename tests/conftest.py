@@ -18,6 +18,16 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI timeout, `kill`) ends the session as Ctrl-C does: fixtures tear down, so
+    test beds, daemons and their processes are removed instead of left running."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 @dataclass
 class Completed:
     returncode: int

@@ -264,3 +264,17 @@ def test_refused_setting_prints_the_report_then_exits_2():
     settings = {setting["flag"]: setting for setting in json.loads(result.stdout)["settings"]}
     assert settings["nnodes"]["value"] == "two" and settings["nnodes"]["refused"]
     assert "PHALANX_NNODES" in result.stderr and "\nHINT: " in result.stderr
+
+
+def test_the_cluster_environment_run_would_detect_is_reported():
+    from tests.unit.test_clusters import SLURM_STEP
+
+    cluster = collect_env_report(environ=SLURM_STEP).to_json()["cluster"]
+    assert cluster["name"] == "SLURM" and cluster["description"] == "SLURM job 4242 (step 0) on gpu[07-08]"
+    assert cluster["values"]["nnodes"] == "2" and cluster["values"]["hosts"] == "gpu07,gpu08"
+    assert "SLURM_NODEID=1" in cluster["sources"]
+    assert "environment  SLURM job 4242 (step 0) on gpu[07-08]" in render(collect_env_report(environ=SLURM_STEP))
+    none = collect_env_report(environ={}).to_json()["cluster"]
+    assert none["name"] is None and none["description"].startswith("none detected")
+    refused = collect_env_report(environ={**SLURM_STEP, "SLURM_STEP_NODELIST": "gpu[07"}).to_json()["cluster"]
+    assert refused["name"] == "refused" and "does not parse" in refused["refused"] and refused["hint"]

@@ -2,6 +2,7 @@
 
 Commands:
   run     launch a training script on one or many nodes (torchrun's vocabulary)
+  slurm   write or submit a SLURM batch script: one phalanx run per node, requeue on preemption
   env     this machine's report: versions, GPUs, network, limits, launch settings, known traps
   doctor  check nodes and network before training: a comparison, measurements, a verdict
   bench   measure collectives as nccl-tests does, and DDP training throughput
@@ -10,7 +11,8 @@ Commands:
 Exit codes, for every command:
   0 success; 1 a worker failed (its root cause is printed last); 2 settings refused (by phalanx
   or a worker), or the nodes disagree on them; 3 the other nodes did not join in time; 4 the
-  stall watchdog ended the job; 75 the workers stopped for preemption after saving a checkpoint;
+  stall watchdog ended the job; 5 ranks never joined the job's process group (each trained
+  alone); 75 the workers stopped for preemption after saving a checkpoint;
   128+N stopped by signal N.
 """
 
@@ -26,6 +28,7 @@ from phalanx.cli import doctor as doctor_cli
 from phalanx.cli import env as env_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
+from phalanx.cli import slurm as slurm_cli
 from phalanx.errors import PhalanxError
 from phalanx.exit_codes import exit_quickly
 
@@ -36,13 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-node synchronous data-parallel training with PyTorch, on torchrun, that starts "
         "the first time. Start with: phalanx run --help",
         epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not\n"
-        "join in time, 4 a stalled rank (the watchdog's report), 75 the workers stopped for preemption,\n"
-        "128+N stopped by signal N.",
+        "join in time, 4 a stalled rank (the watchdog's report), 5 ranks that each trained alone,\n"
+        "75 the workers stopped for preemption, 128+N stopped by signal N.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run_cli.add_parser(commands)
+    slurm_cli.add_parser(commands)
     env_cli.add_parser(commands)
     doctor_cli.add_parser(commands)
     bench_cli.add_parser(commands)

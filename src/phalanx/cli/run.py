@@ -9,6 +9,8 @@ Examples:
     phalanx run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint 10.0.0.1:29400 train.py
   see what would run, start nothing:
     phalanx run --dry-run --simulate-nodes 2 train.py
+  inside a SLURM allocation, one per node (the nodes come from SLURM):
+    srun --ntasks-per-node=1 phalanx run --nproc-per-node 4 train.py
 
 What phalanx does on top of torchrun: the node that owns the endpoint's address hosts the
 rendezvous store; each node advertises the address that routes to the endpoint (not its
@@ -17,9 +19,15 @@ cannot work are refused before anything starts; the nodes compare their settings
 first step; rank 0's node prints the rank plan; each rank logs to LOG_DIR/<run>/attempt_N/rankR/;
 a failure ends with its root cause.
 
+Under a scheduler (SLURM, Kubeflow, an Indexed Job, SkyPilot, torchrun's PET_ variables) the
+nodes, this node's rank, the endpoint and the job ID come from its variables, and a node count
+that contradicts them is refused (docs/clusters.md). SIGUSR1 and SIGUSR2 are passed on to the
+workers (SLURM's preemption notice), not acted on.
+
 Exit codes: 0 ok, 1 a worker failed, 2 settings refused (by phalanx run or by a worker) or nodes
-disagree, 3 nodes did not join in time, 4 a stalled rank (the watchdog's report), 75 the workers
-stopped for preemption (run again to continue), 128+N stopped by signal N.
+disagree, 3 nodes did not join in time, 4 a stalled rank (the watchdog's report), 5 ranks that
+never joined the job's process group (each trained alone), 75 the workers stopped for
+preemption (run again to continue), 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from phalanx.launch.options import add_launch_options, spec_from_args
+from phalanx.launch.options import add_launch_options, add_script_arguments, spec_from_args
 
 
 def add_parser(commands: Any) -> None:
@@ -40,9 +48,7 @@ def add_parser(commands: Any) -> None:
         usage="phalanx run [options] SCRIPT [ARGS...]\n       phalanx run [options] -m MODULE [ARGS...]",
     )
     add_launch_options(parser)
-    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
-    parser.add_argument("training_script", nargs="?", metavar="SCRIPT", help="the training script (or module with -m)")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
+    add_script_arguments(parser)
     parser.set_defaults(handler=run)
 
 

@@ -11,7 +11,10 @@ from phalanx.diagnostics.machine import VARIABLE_NAMES, VARIABLE_PREFIXES
 from phalanx.diagnostics.traps import Finding
 
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
-SETTINGS_TITLE = "launch settings (what phalanx run would use here before its flags: PHALANX_<FLAG>, --config, default)"
+SETTINGS_TITLE = (
+    "launch settings (what phalanx run would use here before its flags: PET_<FLAG>, PHALANX_<FLAG>, --config, "
+    "default; the cluster environment fills what they leave unset)"
+)
 
 
 def render(report: EnvReport) -> str:
@@ -23,6 +26,7 @@ def render(report: EnvReport) -> str:
         ("infiniband", _infiniband(report)),
         ("resources", _resources(report)),
         (VARIABLES_TITLE, _variables(report)),
+        ("cluster environment (what phalanx run reads from the scheduler's variables)", _cluster(report)),
         (SETTINGS_TITLE, _settings(report)),
     ]
     parts = [f"phalanx env: {report.host.hostname} (phalanx {report.phalanx})"]
@@ -30,6 +34,16 @@ def render(report: EnvReport) -> str:
     findings = [render_finding(finding) for finding in report.findings]
     parts.append("\n\n".join(findings) or "no known trap found on this machine")
     return "\n\n".join(parts)
+
+
+def _cluster(report: EnvReport) -> str:
+    cluster = report.cluster
+    if cluster.refused:
+        return f"  {cluster.description}: {cluster.refused}\n  HINT: {cluster.hint}"
+    if cluster.name is None:
+        return f"  {cluster.description}"
+    rows = [("environment", cluster.description), *cluster.values.items(), ("read", ", ".join(cluster.sources))]
+    return _pairs(rows)
 
 
 def render_finding(finding: Finding) -> str:

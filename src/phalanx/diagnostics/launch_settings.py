@@ -1,7 +1,8 @@
 """The launch settings `phalanx run` would use on this machine, and where each one comes from.
 
-Without flags (the env report has none of run's), a setting comes from its ``PHALANX_<FLAG>``
-variable, else from the ``--config`` file, else from :class:`LaunchSpec`'s default: the same
+Without flags (the env report has none of run's), a setting comes from torchrun's ``PET_<FLAG>``
+variable (for the flags torchrun has too), else its ``PHALANX_<FLAG>`` variable, else from the
+``--config`` file, else from :class:`LaunchSpec`'s default: the same
 parsers and the same precedence as `phalanx run`, because each setting goes through
 :func:`phalanx.launch.options.resolve_settings` itself. A value `phalanx run` would refuse is
 reported with the refusal instead of raising, so that the rest of the report still appears.
@@ -55,10 +56,11 @@ def resolved_settings(
     settings = []
     for option in LAUNCH_OPTIONS:
         # One option at a time, so a value run would refuse is reported next to the others.
-        from_env = {option.env_var: environ[option.env_var]} if option.env_var in environ else {}
+        variable = next((v for v in (option.torchrun_var, option.env_var) if v is not None and v in environ), None)
+        from_env = {variable: environ[variable]} if variable is not None else {}
         from_config = {option.field: config[option.field]} if option.field in config else {}
         if from_env:
-            source, origin, raw = "environment", option.env_var, from_env[option.env_var]
+            source, origin, raw = "environment", variable, from_env[variable]
         elif from_config:
             source, origin, raw = "config", str(config_path), from_config[option.field]
         else:
@@ -66,7 +68,7 @@ def resolved_settings(
             settings.append(ResolvedSetting(option.flag, default, "default", "LaunchSpec default"))
             continue
         try:
-            value = resolve_settings({}, from_env, from_config, config_path)[option.field]
+            value = resolve_settings({}, from_env, from_config, config_path)[option.field].value
         except SettingsRefused as refused:
             settings.append(ResolvedSetting(option.flag, json_value(raw), source, origin, refused.what, refused.hint))
             continue

@@ -12,11 +12,15 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import psutil
 
-from phalanx.errors import SettingsRefused
+from phalanx.console import say
+from phalanx.errors import JoinTimeout, SettingsRefused
 from phalanx.launch.values import Endpoint
 
 
@@ -68,18 +72,55 @@ def interface_owning(address: str, interfaces: dict[str, Interface]) -> Interfac
     return None
 
 
-def resolve_host(host: str) -> str:
-    """The host's address, IPv4 preferred; refused when it does not resolve."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise SettingsRefused(
-            f"--rdzv-endpoint host {host!r} does not resolve to an address ({error.strerror})",
-            "every node must be able to look up the endpoint's name.",
-            "use the main node's IP address, or add the name to /etc/hosts or DNS",
-        ) from None
+#: While a host name does not resolve yet (Kubernetes adds a pod's name once it is scheduled),
+#: how often to try again, and to say so.
+RESOLVE_RETRY_S = 1.0
+RESOLVE_PROGRESS_EVERY_S = 10.0
+
+
+def resolve_host(
+    host: str, *, wait_s: float = 0.0, what: str | None = None, clock: Callable[[], float] = time.monotonic
+) -> str:
+    """The host's address, IPv4 preferred.
+
+    Refused at once when it does not resolve (``wait_s`` 0: most likely a typo); with ``wait_s``,
+    tried again every second until it does, saying so every ~10 s, and a join timeout after that.
+    Never falls back to another address. ``what`` names the host in a refusal (default: the
+    --rdzv-endpoint flag).
+    """
+    started = clock()
+    next_word = started + RESOLVE_PROGRESS_EVERY_S
+    while True:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            break
+        except socket.gaierror as error:
+            waited = clock() - started
+            if waited >= wait_s:
+                _refuse_unresolved(what or f"--rdzv-endpoint host {host!r}", error.strerror, wait_s)
+            if clock() >= next_word:
+                say(f"phalanx: waiting for the endpoint's name {host!r} to resolve ({waited:.0f} s of {wait_s:g}): "
+                    f"{error.strerror}")  # fmt: skip
+                next_word += RESOLVE_PROGRESS_EVERY_S
+            time.sleep(RESOLVE_RETRY_S)
     addresses = [info[4][0] for info in infos]
     return next((a for a in addresses if ":" not in a), addresses[0])
+
+
+def _refuse_unresolved(what: str, why: str, waited_s: float) -> NoReturn:
+    if waited_s > 0:
+        raise JoinTimeout(
+            f"{what} did not resolve within {waited_s:g} s ({why})",
+            "on Kubernetes a pod's DNS name appears once the pod is scheduled; the first pod may be pending, "
+            "or the headless Service missing.",
+            "check the first pod (kubectl get pods) and that the Service exists with publishNotReadyAddresses: true; "
+            "raise --join-timeout if pods start slowly",
+        )
+    raise SettingsRefused(
+        f"{what} does not resolve to an address ({why})",
+        "every node must be able to look up the endpoint's name.",
+        "use the main node's IP address, or add the name to /etc/hosts or DNS",
+    )
 
 
 def route_source_address(ip: str, port: int) -> str:
@@ -99,13 +140,32 @@ def hostname_loopback_address() -> str | None:
         return None
 
 
-def choose(endpoint: Endpoint, interface_name: str | None = None, *, multi_node: bool = True) -> NetworkChoice:
-    """Decides for a real node (not simulated) how it reaches ``endpoint``."""
+def choose(
+    endpoint: Endpoint,
+    interface_name: str | None = None,
+    *,
+    multi_node: bool = True,
+    node_rank: int | None = None,
+    peers: Sequence[str] = (),
+    resolve_wait_s: float = 0.0,
+    origin: str | None = None,
+) -> NetworkChoice:
+    """Decides for a real node (not simulated) how it reaches ``endpoint``.
+
+    ``node_rank``, where a cluster environment gives it with the endpoint, decides who hosts the
+    store (node 0): on that node the endpoint's name may resolve to a loopback address (the
+    /etc/hosts trap), and it then advertises the address that routes to the other nodes
+    (``peers``, every node's host in rank order) instead. ``origin`` says where the endpoint came
+    from, for messages (default: the --rdzv-endpoint flag).
+    """
     interfaces = local_interfaces()
-    endpoint_ip = resolve_host(endpoint.host)
+    named = f"the endpoint {endpoint} ({origin})" if origin else f"--rdzv-endpoint {endpoint}"
+    endpoint_ip = resolve_host(endpoint.host, wait_s=resolve_wait_s, what=f"{named}: the host {endpoint.host!r}")
+    if multi_node and node_rank == 0:
+        return _choose_as_node_zero(endpoint, endpoint_ip, interface_name, interfaces, peers)
     if multi_node and ipaddress.ip_address(endpoint_ip).is_loopback:
         raise SettingsRefused(
-            f"--rdzv-endpoint {endpoint}: on this host {endpoint.host!r} resolves to {endpoint_ip}, a loopback address",
+            f"{named}: on this host {endpoint.host!r} resolves to {endpoint_ip}, a loopback address",
             "many systems map their own hostname to 127.0.0.1 or 127.0.1.1 in /etc/hosts, so the other nodes "
             "could never reach the store through it.",
             "give the main node's IP address on the network the nodes share (ip -br addr shows it)",
@@ -119,23 +179,57 @@ def choose(endpoint: Endpoint, interface_name: str | None = None, *, multi_node:
         owner = interface_owning(endpoint_ip, interfaces)
         assert owner is not None  # is_host says so
         return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "the endpoint is this host's address")
+    local_addr, owner = _routed_address(endpoint_ip, endpoint.port, interfaces, named)
+    return NetworkChoice(
+        endpoint, endpoint_ip, False, local_addr, owner.name, f"the route to {endpoint_ip} leaves through {owner.name}"
+    )
+
+
+def _routed_address(ip: str, port: int, interfaces: dict[str, Interface], what: str) -> tuple[str, Interface]:
+    """The source address of the route to ``ip``, and the interface that owns it."""
     try:
-        local_addr = route_source_address(endpoint_ip, endpoint.port)
+        local_addr = route_source_address(ip, port)
     except OSError as error:
         raise SettingsRefused(
-            f"--rdzv-endpoint {endpoint}: this host has no route to {endpoint_ip} ({error.strerror})",
+            f"{what}: this host has no route to {ip} ({error.strerror})",
             "the kernel's routing table has no way to reach that address from here.",
             "check the address, or pick the interface on the nodes' shared network with --interface IFNAME",
         ) from None
     owner = interface_owning(local_addr, interfaces)
     if owner is None:
         raise SettingsRefused(
-            f"the route to {endpoint_ip} leaves from {local_addr}, which no interface of this host owns",
+            f"the route to {ip} leaves from {local_addr}, which no interface of this host owns",
             "phalanx cannot tell which interface GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME should name.",
             "name it with --interface IFNAME",
         )
-    return NetworkChoice(
-        endpoint, endpoint_ip, False, local_addr, owner.name, f"the route to {endpoint_ip} leaves through {owner.name}"
+    return local_addr, owner
+
+
+def _choose_as_node_zero(
+    endpoint: Endpoint, endpoint_ip: str, interface_name: str | None, interfaces: dict[str, Interface],
+    peers: Sequence[str],
+) -> NetworkChoice:  # fmt: skip
+    owner = interface_owning(endpoint_ip, interfaces)
+    if interface_name is not None:
+        interface = _named_interface(interface_name, interfaces)
+        return NetworkChoice(endpoint, endpoint_ip, True, interface.addresses[0], interface.name, "--interface given")
+    if owner is not None and not owner.is_loopback:
+        return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "node 0, and the address is its own")
+    peer = peers[1] if len(peers) > 1 else None
+    if peer is not None:
+        peer_ip = resolve_host(peer)
+        local_addr, via = _routed_address(peer_ip, endpoint.port, interfaces, f"the route to node 1 ({peer})")
+        if not via.is_loopback:
+            trap = f"{endpoint.host!r} resolves to {endpoint_ip} here"
+            return NetworkChoice(
+                endpoint, endpoint_ip, True, local_addr, via.name,
+                f"node 0; {trap}, so it advertises the address that routes to node 1 ({peer})",
+            )  # fmt: skip
+    raise SettingsRefused(
+        f"this is node 0, which hosts the store at {endpoint}, but {endpoint.host!r} resolves to {endpoint_ip} here, "
+        "an address the other nodes cannot reach it by",
+        "phalanx advertises the address on the network the nodes share, and cannot tell which one that is.",
+        "name the interface on that network with --interface IFNAME (ip -br addr lists them)",
     )
 
 

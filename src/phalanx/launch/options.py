@@ -2,8 +2,12 @@
 
 Every setting has one entry in :data:`LAUNCH_OPTIONS`. From it come the command-line flag
 (dashed, with torchrun's underscore spelling as an alias), the ``PHALANX_<FLAG>`` environment
-variable and the key in a ``--config`` TOML file. Precedence, highest first:
-flag > environment variable > config file > default.
+variable, the key in a ``--config`` TOML file and, for the flags torchrun has too, torchrun's own
+``PET_<FLAG>`` variable. Precedence, highest first:
+flag > PET_<FLAG> > PHALANX_<FLAG> > config file > the cluster environment > default.
+torchrun reads its PET_ twins just below its flags; Kubernetes controllers set them per pod.
+A cluster environment (:mod:`phalanx.clusters`) then fills what none of these set, and refuses
+a node count that contradicts it (:mod:`phalanx.launch.cluster`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 from phalanx.errors import SettingsRefused
 from phalanx.launch import values
+from phalanx.launch.values import Resolved
+from phalanx.launch.cluster import with_cluster_environment
 from phalanx.launch.spec import Entrypoint, LaunchSpec
 
 if sys.version_info >= (3, 11):
@@ -26,6 +32,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "PHALANX_"
+#: torchrun reads each of its flags from PET_<FLAG> when the flag is not given.
+TORCHRUN_PREFIX = "PET_"
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Option:
     help: str
     metavar: str | None = None
     is_switch: bool = False  # a flag that takes no value
+    torchrun_has_it: bool = False  # torchrun has the same flag, and reads it from PET_<FLAG>
 
     @property
     def field(self) -> str:
@@ -46,36 +55,61 @@ class Option:
     def env_var(self) -> str:
         return ENV_PREFIX + self.field.upper()
 
+    @property
+    def torchrun_var(self) -> str | None:
+        return TORCHRUN_PREFIX + self.field.upper() if self.torchrun_has_it else None
+
 
 def _int_option(flag: str, minimum: int) -> Callable[[object], int]:
     return lambda value: values.parse_int(value, minimum=minimum, name=f"--{flag}")
 
 
 LAUNCH_OPTIONS: tuple[Option, ...] = (
-    Option("nnodes", values.parse_nnodes, "number of nodes, N or MIN:MAX for an elastic job (default 1)", "N|MIN:MAX"),
+    Option(
+        "nnodes",
+        values.parse_nnodes,
+        "number of nodes, N or MIN:MAX for an elastic job (default 1, or what the cluster environment says)",
+        "N|MIN:MAX",
+        torchrun_has_it=True,
+    ),
     Option(
         "nproc-per-node",
         values.parse_nproc_per_node,
         "worker processes per node: a number (usually the GPUs per node), auto (GPUs if any, else CPU cores), "
-        "gpu or cpu (default 1)",
+        "gpu or cpu (default 1, or the GPUs the cluster environment gives each node)",
         "N|auto|gpu|cpu",
+        torchrun_has_it=True,
     ),
     Option(
         "rdzv-endpoint",
         values.parse_endpoint,
         "the main node's address, HOST[:PORT] (port 29400 if omitted), the same on every node; "
-        "the node that owns this address hosts the rendezvous store",
+        "the node that owns this address hosts the rendezvous store (default: the cluster environment's first node)",
         "HOST[:PORT]",
+        torchrun_has_it=True,
     ),
-    Option("rdzv-id", values.parse_rdzv_id, "job name, the same on every node (default phalanx)", "ID"),
+    Option(
+        "rdzv-id",
+        values.parse_rdzv_id,
+        "job name, the same on every node (default phalanx, or the scheduler's job ID)",
+        "ID",
+        torchrun_has_it=True,
+    ),
     Option(
         "max-restarts",
         _int_option("max-restarts", 0),
         "restart all workers this many times after a failure (default 0); not after a refusal of the settings "
         "or a stop for preemption",
         "N",
+        torchrun_has_it=True,
     ),
-    Option("log-dir", lambda value: Path(str(value)), "folder for per-rank logs (default ./phalanx-logs)", "DIR"),
+    Option(
+        "log-dir",
+        lambda value: Path(str(value)),
+        "folder for per-rank logs (default ./phalanx-logs)",
+        "DIR",
+        torchrun_has_it=True,
+    ),
     Option("backend", values.parse_backend, "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)", "NAME"),
     Option(
         "interface",
@@ -96,7 +130,20 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "run K node agents on this host: rehearse a multi-node launch on one machine",
         "K",
     ),
-    Option("standalone", values.parse_flag, "single node with a private local rendezvous (as torchrun --standalone)", is_switch=True),
+    Option(
+        "standalone",
+        values.parse_flag,
+        "single node with a private local rendezvous (as torchrun --standalone)",
+        is_switch=True,
+        torchrun_has_it=True,
+    ),
+    Option(
+        "headless-service",
+        values.parse_service_name,
+        "Kubernetes Indexed Job: the headless Service of the pod template's subdomain; pod 0 of the Job, "
+        "<job>-0.<service>, is then the endpoint",
+        "NAME",
+    ),
     Option("all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True),
     Option("dry-run", values.parse_flag, "print the plan and the torchrun command of each node, start nothing", is_switch=True),
 )
@@ -119,6 +166,13 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--config", dest="config", default=None, metavar="FILE", help="TOML file of launch settings; flags override it"
     )
+
+
+def add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    """SCRIPT (or -m MODULE) and its arguments, passed on untouched, as torchrun takes them."""
+    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    parser.add_argument("training_script", nargs="?", metavar="SCRIPT", help="the training script (or module with -m)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
 
 
 def read_config_file(path: Path) -> dict[str, object]:
@@ -147,20 +201,20 @@ def read_config_file(path: Path) -> dict[str, object]:
 
 def resolve_settings(
     flags: Mapping[str, object], environ: Mapping[str, str], config: Mapping[str, object], config_path: Path | None
-) -> dict[str, Any]:
+) -> dict[str, Resolved]:
     """Typed values for every setting that any source gives, highest-precedence source first."""
-    resolved: dict[str, Any] = {}
+    resolved: dict[str, Resolved] = {}
     for option in LAUNCH_OPTIONS:
-        sources = (
-            (flags.get(option.field), f"--{option.flag}"),
-            (environ.get(option.env_var), f"{option.env_var} in the environment"),
-            (config.get(option.field), f"{option.flag} in {config_path}"),
-        )
+        sources = [(flags.get(option.field), f"--{option.flag}")]
+        for variable in (option.torchrun_var, option.env_var):
+            if variable is not None and variable in environ:
+                sources.append((environ[variable], f"{variable}={environ[variable]}"))
+        sources.append((config.get(option.field), f"{option.flag} in {config_path}"))
         for raw, origin in sources:
             if raw is None:
                 continue
             try:
-                resolved[option.field] = option.parse(raw)
+                resolved[option.field] = Resolved(option.parse(raw), origin)
             except values.InvalidValue as invalid:
                 from_where = "" if origin.startswith("--") else f" (from {origin})"
                 raise SettingsRefused(invalid.why + from_where, hint=invalid.hint) from None
@@ -181,7 +235,7 @@ def spec_from_args(
     config_path = Path(config_text) if config_text else None
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
-    settings = resolve_settings(flags, environ, config, config_path)
+    settings = with_cluster_environment(resolve_settings(flags, environ, config, config_path), environ)
     if entrypoint is None:
         if not args.training_script:
             raise SettingsRefused(

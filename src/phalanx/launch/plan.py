@@ -186,15 +186,24 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         choice = network.NetworkChoice(endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node")
         lines = ["store      on this host, a free port (single node)"]
     else:
-        choice = network.choose(spec.rdzv_endpoint, spec.interface, multi_node=spec.is_multi_node)
+        placement = spec.placement
+        choice = network.choose(
+            spec.rdzv_endpoint,
+            spec.interface,
+            multi_node=spec.is_multi_node,
+            node_rank=spec.node_rank,
+            peers=placement.hosts if placement else (),
+            resolve_wait_s=spec.join_timeout if placement and placement.dns_may_lag else 0.0,
+            origin=spec.endpoint_origin,
+        )
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
         loopback = network.hostname_loopback_address()
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
     common_env, common_notes = _common_env(spec, choice.interface, resources)
-    lines += common_notes
-    label = choice.local_addr if spec.is_multi_node else "node0"
+    lines = [*_cluster_lines(spec), *lines, *common_notes]
+    label = _node_label(spec, choice.local_addr)
     worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr)
     return NodePlan(
         **_job_fields(spec, str(choice.endpoint)),
@@ -224,6 +233,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     interface = spec.interface or "lo"
     common_env, common_notes = _common_env(spec, interface, resources)
     lines = [
+        *_cluster_lines(spec),
         f"simulate   {count} node agents on this host, addresses 127.0.0.{SIMULATED_ADDRESS_BASE}"
         f"-{SIMULATED_ADDRESS_BASE + count - 1}",
         f"store      {endpoint} (hosted by node0)",
@@ -256,6 +266,22 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     return plans
 
 
+def _node_label(spec: LaunchSpec, address: str) -> str:
+    """How output names this node: its host name where the cluster environment lists the nodes
+    (SLURM's n1), else the address it advertises; node0 when it is the only one."""
+    if not spec.is_multi_node:
+        return "node0"
+    placement = spec.placement
+    if placement is not None and placement.hosts and placement.node_rank is not None:
+        return placement.hosts[placement.node_rank.value]
+    return address
+
+
+def _cluster_lines(spec: LaunchSpec) -> list[str]:
+    """The decision block's lines about the cluster environment: which, what it said, what was overridden."""
+    return [("cluster    " if i == 0 else "           ") + note for i, note in enumerate(spec.cluster_notes)]
+
+
 def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
     nnodes = spec.simulate_nodes or None
     return {
@@ -281,6 +307,7 @@ def decision_block(plans: list[NodePlan]) -> str:
     elif plan.nnodes_max == 1:
         head = f"this host runs job '{plan.rdzv_id}' on 1 node"
     else:
-        head = f"node {plan.local_addr} joins job '{plan.rdzv_id}' of {nnodes} nodes"
+        node = plan.local_addr if plan.node_label == plan.local_addr else f"{plan.node_label} ({plan.local_addr})"
+        head = f"node {node} joins job '{plan.rdzv_id}' of {nnodes} nodes"
     head = f"phalanx {__version__}: {head}"
     return "\n".join([head, *(f"  {line}" for line in plan.notes), f"  logs       {plan.run_dir}/"])

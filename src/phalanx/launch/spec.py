@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from phalanx.clusters.environment import Placement
 from phalanx.errors import SettingsRefused
 from phalanx.launch.values import Endpoint, NodeRange
 
@@ -92,7 +93,24 @@ class LaunchSpec:
     standalone: bool = False
     all_ranks: bool = False
     dry_run: bool = False
+    headless_service: str | None = None
     config_file: Path | None = field(default=None, compare=False)
+    #: Where the cluster environment (SLURM, Kubernetes, ...) places this node: None without one.
+    placement: Placement | None = field(default=None, compare=False)
+    #: This node's rank by the cluster environment, when the endpoint is the environment's too:
+    #: node 0 hosts the store (its own name may resolve to a loopback address there).
+    node_rank: int | None = None
+    #: Lines for the decision block: the environment, what was read, what the user overrode.
+    cluster_notes: tuple[str, ...] = ()
+    #: Where the endpoint came from when the cluster environment gave it (None: the user set it).
+    endpoint_origin: str | None = None
+
+    @property
+    def endpoint_text(self) -> str:
+        """The endpoint as messages name it: the flag, or the environment's variables."""
+        if self.endpoint_origin:
+            return f"the endpoint {self.rdzv_endpoint} ({self.endpoint_origin})"
+        return f"--rdzv-endpoint {self.rdzv_endpoint}"
     #: Settings beyond the launch settings that every node must share, compared by the lobby
     #: like them (phalanx's own tools put theirs here: nodes measuring differently would hang).
     extra_fingerprint: tuple[tuple[str, str], ...] = ()
@@ -155,7 +173,8 @@ class LaunchSpec:
             )
         if self.is_multi_node and is_loopback_host(endpoint.host):
             raise SettingsRefused(
-                f"--rdzv-endpoint {endpoint} is a loopback address, but --nnodes is {self.nnodes}",
+                f"{self.endpoint_text} is a loopback address, but "
+                + (f"the job has {self.nnodes} nodes" if self.placement else f"--nnodes is {self.nnodes}"),
                 "on every other node that address means the node itself, so the nodes can never meet.",
                 "use the main node's address on the network the nodes share (see `ip -br addr` there), "
                 "e.g. --rdzv-endpoint 10.0.0.1:29400; to rehearse on this machine use --simulate-nodes "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
+from typing import Any
 
 #: torchrun's default port for the c10d rendezvous backend.
 DEFAULT_RDZV_PORT = 29400
@@ -50,6 +51,14 @@ class Endpoint:
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A setting's typed value and where it came from, in words (``--nnodes``, ``PET_NNODES=2``)."""
+
+    value: Any
+    origin: str
 
 
 def _as_text(value: object) -> str:
@@ -177,4 +186,15 @@ def parse_interface(value: object) -> str:
     text = _as_text(value)
     if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", text):
         raise InvalidValue(f"--interface {text!r} is not a network interface name", "list them with `ip -br addr`")
+    return text
+
+
+def parse_service_name(value: object) -> str:
+    text = _as_text(value)
+    if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise InvalidValue(
+            f"--headless-service {text!r} is not a Kubernetes Service name",
+            "a Service's name is 1 to 63 lower-case letters, digits and '-', starting with a letter "
+            "(kubectl get services lists them)",
+        )
     return text

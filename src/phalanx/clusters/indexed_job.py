@@ -1,0 +1,59 @@
+"""A Kubernetes Indexed Job with a headless Service: the pod's index, the Service's DNS names.
+
+Kubernetes gives each pod of an Indexed Job ``JOB_COMPLETION_INDEX`` and the host name
+``<job>-<index>``; with the pod template's ``subdomain`` set to a headless Service, pod 0 is
+``<job>-0.<service>``. The Service's name is not in the pod's environment, so it comes from
+``--headless-service`` (``PHALANX_HEADLESS_SERVICE``), and the pod count (the Job's
+``completions``) from ``--nnodes``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+
+from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
+from phalanx.errors import SettingsRefused
+from phalanx.launch import values
+
+
+class IndexedJob(ClusterEnvironment):
+    name = "Kubernetes Indexed Job"
+    markers = ("JOB_COMPLETION_INDEX",)
+
+    def __init__(self, environ: Mapping[str, str], headless_service: str | None = None) -> None:
+        super().__init__(environ)
+        self.headless_service = headless_service
+
+    def placement(self) -> Placement:
+        index = self._int("JOB_COMPLETION_INDEX")
+        assert index is not None
+        hostname = self.environ.get("HOSTNAME") or socket.gethostname()
+        suffix = f"-{index.value}"
+        job = hostname.split(".")[0].removesuffix(suffix) if hostname.split(".")[0].endswith(suffix) else None
+        endpoint = None
+        if self.headless_service and job:
+            host = f"{job}-0.{self.headless_service}"
+            try:
+                parsed = values.parse_endpoint(host)
+            except values.InvalidValue:
+                raise SettingsRefused(
+                    f"{self.name}: pod 0's name {host!r} is not a valid host name",
+                    f"it is made of the pod's host name {hostname!r} and --headless-service {self.headless_service}.",
+                    "check the Service's name",
+                ) from None
+            endpoint = Found(parsed, f"pod 0 of the Job {job} in the headless Service {self.headless_service}")
+        elif self.headless_service:
+            raise SettingsRefused(
+                f"{self.name}: the host name {hostname!r} does not end with the pod's index -{index.value}",
+                "Kubernetes names an Indexed Job's pods <job>-<index>; phalanx takes pod 0's name from it.",
+                "give the endpoint yourself: --rdzv-endpoint <job>-0.<service>:29400",
+            )
+        return Placement(
+            name=self.name,
+            environment=f"{self.name}" + (f" {job}" if job else ""),
+            node_rank=Found(index.value, f"{index.source} (the pod's index)"),
+            endpoint=endpoint,
+            rdzv_id=Found(job, "the Job's name in the host name") if job else None,
+            dns_may_lag=True,
+        )

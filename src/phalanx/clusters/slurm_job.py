@@ -1,0 +1,114 @@
+"""``phalanx slurm``'s settings as a :class:`SlurmJob`, and its submission with ``sbatch``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from phalanx.clusters.sbatch import SlurmJob, check_time_limit
+from phalanx.console import say
+from phalanx.errors import SettingsRefused
+from phalanx.exit_codes import ExitCode
+from phalanx.launch.options import ENV_PREFIX, LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.launch.spec import Entrypoint
+from phalanx.launch.values import NodeRange
+
+#: Launch options that describe a run on this machine, not a SLURM job.
+_NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine", "standalone": "means one node with a private rendezvous",
+                  "dry_run": "prints the plan; phalanx slurm prints the script unless --submit is given"}  # fmt: skip
+#: Launch options SLURM's variables give every node (the node count goes into #SBATCH --nodes).
+_FROM_SLURM = ("nnodes",)
+
+
+def job_from_args(args: argparse.Namespace) -> SlurmJob:
+    """The job ``phalanx slurm`` was asked for; refuses what cannot work before anything is written."""
+    if not args.training_script:
+        raise SettingsRefused("no training script given", hint="phalanx slurm [options] train.py [ARGS...]")
+    Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module)).check_exists()
+    for name, why in _NOT_FOR_SLURM.items():
+        if getattr(args, name):
+            flag = name.replace("_", "-")
+            raise SettingsRefused(
+                f"--{flag} with phalanx slurm", f"--{flag} {why}; a SLURM job runs on SLURM's nodes.",
+                f"drop --{flag}; to rehearse first: phalanx run --simulate-nodes N ...",
+            )  # fmt: skip
+    for name, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-task", args.cpus_per_task),
+                        ("--signal-lead", args.signal_lead)):  # fmt: skip
+        if value is not None and value < 1:
+            raise SettingsRefused(f"{name} {value}: it must be at least 1", hint=f"for example {name} 4")
+    if args.max_requeues < 0:
+        raise SettingsRefused(f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3")
+    config_path = Path(args.config).resolve() if args.config else None
+    config = read_config_file(config_path) if config_path else {}
+    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
+    settings = resolve_settings(flags, os.environ, config, config_path)
+    nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
+    log_dir = settings["log_dir"].value if "log_dir" in settings else Path("phalanx-logs")
+    script = args.training_script
+    return SlurmJob(
+        run_command=_run_command(args, config_path),
+        nodes=nnodes,
+        job_name=args.job_name or re.sub(r"[^A-Za-z0-9_.-]", "-", Path(script).stem if not args.module else script),
+        workdir=os.getcwd(),
+        output=str(log_dir / "slurm-%j.out"),
+        signal_lead_s=args.signal_lead,
+        max_requeues=args.max_requeues,
+        time=check_time_limit(args.time) if args.time else None,
+        partition=args.partition,
+        account=args.account,
+        gpus_per_node=args.gpus_per_node,
+        cpus_per_task=args.cpus_per_task,
+        extra=tuple(args.sbatch),
+        written_by=shlex.join(["phalanx", *sys.argv[1:]]) if sys.argv[1:2] == ["slurm"] else "phalanx slurm",
+    )
+
+
+def _run_command(args: argparse.Namespace, config_path: Path | None) -> list[str]:
+    """``python -m phalanx run`` with the launch flags given, as every node runs it."""
+    command = [sys.executable, "-m", "phalanx", "run"]
+    for option in LAUNCH_OPTIONS:
+        value = getattr(args, option.field)
+        if value is None or option.field in _FROM_SLURM or option.field in _NOT_FOR_SLURM:
+            continue
+        command += [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", str(value)]
+    if config_path is not None:
+        command += ["--config", str(config_path)]
+    if args.module:
+        command.append("-m")
+    return [*command, args.training_script, *args.training_script_args]
+
+
+def submit(job: SlurmJob, text: str) -> int:
+    """Writes the script beside the job's log and submits it; says where the log goes."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise SettingsRefused(
+            "--submit, but this machine has no sbatch",
+            "jobs are submitted from a SLURM login node (or any host with SLURM's client tools).",
+            "run phalanx slurm there, or drop --submit to print the script and copy it over",
+        )
+    folder = Path(job.workdir) / Path(job.output).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    script.write_text(text)
+    done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        say(f"phalanx: error: sbatch refused {script}:\n  " + "\n  ".join((done.stderr or done.stdout).strip().splitlines()))
+        say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")
+        return ExitCode.REFUSED
+    job_id = done.stdout.strip().split(";")[0]
+    log = Path(job.workdir) / job.output.replace("%j", job_id)
+    print(job_id)
+    say(f"phalanx slurm: submitted job {job_id} ({script})\n"
+        f"  log       {log} (every start and requeue appends to it)\n"
+        f"  follow    tail -f {shlex.quote(str(log))}\n"
+        f"  preempt   scancel --signal=USR1 --batch {job_id}   (a checkpoint, then a requeue)\n"
+        f"  cancel    scancel {job_id}")  # fmt: skip
+    return ExitCode.OK

@@ -1,0 +1,394 @@
+"""A test bed: K hosts on one Linux machine, each a network namespace on a shared bridge.
+
+Each host has its own address (10.<subnet>.0.<k>) and an ``eth0``; the bridge has
+10.<subnet>.0.254, so this machine's own processes (a SLURM controller, an ssh client) reach every
+host. Inside a host, the other hosts' names resolve to their addresses, while the machine's
+hostname resolves to 127.0.0.1 and the host's own name to 127.0.1.1: the /etc/hosts trap of many
+real clusters. Links can be shaped (rate with ``tbf``, delay and loss with ``netem`` where the
+kernel has it) and cut (the bridge's port goes down: packets vanish, as with a pulled cable).
+
+Everything a bed creates carries its name: namespaces ``<bed>-<host>``, links ``<bed>-...``,
+``/etc/netns/<bed>-<host>/`` and ``/run/phalanx-testbed/<bed>.json``, so that :func:`tear_down`
+removes a bed whose creator was interrupted, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from phalanx.errors import SettingsRefused
+
+STATE_DIR = Path("/run/phalanx-testbed")
+NETNS_ETC = Path("/etc/netns")
+#: The bridge's own address on every bed: 10.<subnet>.0.254.
+BRIDGE_HOST = 254
+#: Interface names are at most 15 characters: "<bed>-br" and "<bed>-v<k>" must fit.
+MAX_NAME = 8
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+_HOST = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+
+
+class TestBedError(RuntimeError):
+    """A command the bed ran failed; the message has the command and what it printed."""
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """A link's shape: ``rate`` as tc writes it (``1gbit``), ``delay`` (``1ms``), ``loss`` (``0.1%``)."""
+
+    rate: str | None = None
+    delay: str | None = None
+    loss: str | None = None
+
+    def __bool__(self) -> bool:
+        return any((self.rate, self.delay, self.loss))
+
+    def __str__(self) -> str:
+        parts = [f"rate {self.rate}" if self.rate else "", f"delay {self.delay}" if self.delay else "",
+                 f"loss {self.loss}" if self.loss else ""]  # fmt: skip
+        return ", ".join(part for part in parts if part) or "unshaped"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    namespace: str
+    address: str
+    port: str  # the bridge's side of the host's link
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as a command that runs inside this host: its network, its /etc/hosts.
+
+        ``nsenter`` plus a private mount namespace, not ``ip netns exec``: that one also remounts
+        /sys, which hides the cgroup mounts some daemons (slurmd) need.
+        """
+        hosts_file = NETNS_ETC / self.namespace / "hosts"
+        script = f'mount --bind {hosts_file} /etc/hosts && exec "$@"'
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", "unshare", "--mount", "--propagation", "private",
+                "sh", "-c", script, "sh", *argv]  # fmt: skip
+
+
+@dataclass
+class TestBed:
+    """A bed that exists: its hosts, and how each link is shaped and whether it is cut."""
+
+    name: str
+    subnet: int
+    hosts: list[Host]
+    shaping: dict[str, Shaping] = field(default_factory=dict)
+    cut: list[str] = field(default_factory=list)
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name}-br"
+
+    @property
+    def bridge_address(self) -> str:
+        return f"10.{self.subnet}.0.{BRIDGE_HOST}"
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        known = ", ".join(host.name for host in self.hosts)
+        raise SettingsRefused(f"test bed {self.name!r} has no host {name!r}", f"its hosts: {known}", "pick one of those")
+
+    # -- shaping and cuts ------------------------------------------------------------------
+    def shape(self, shaping: Shaping, hosts: Sequence[str] | None = None) -> None:
+        """Shapes the links of ``hosts`` (every host by default), both directions."""
+        for name in hosts or [host.name for host in self.hosts]:
+            host = self.host(name)
+            _apply_shaping(host, shaping)
+            self.shaping[name] = shaping
+        self.save()
+
+    def cut_link(self, name: str) -> None:
+        """Cuts a host off: its bridge port goes down, and packets to and from it vanish."""
+        host = self.host(name)
+        _ip("link", "set", host.port, "down")
+        if name not in self.cut:
+            self.cut.append(name)
+        self.save()
+
+    def restore_link(self, name: str) -> None:
+        host = self.host(name)
+        _ip("link", "set", host.port, "up")
+        if name in self.cut:
+            self.cut.remove(name)
+        self.save()
+
+    # -- state -----------------------------------------------------------------------------
+    def save(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        data = {"name": self.name, "subnet": self.subnet, "hosts": [asdict(h) for h in self.hosts],
+                "shaping": {k: asdict(v) for k, v in self.shaping.items()}, "cut": self.cut}  # fmt: skip
+        temporary = state_file(self.name).with_suffix(".tmp")
+        temporary.write_text(json.dumps(data, indent=1))
+        temporary.replace(state_file(self.name))
+
+    @classmethod
+    def load(cls, name: str) -> TestBed:
+        try:
+            data = json.loads(state_file(name).read_text())
+        except FileNotFoundError:
+            raise SettingsRefused(
+                f"there is no test bed named {name!r}", "", "start one with: phalanx testbed up --hosts 2"
+            ) from None
+        return cls(
+            name=data["name"],
+            subnet=data["subnet"],
+            hosts=[Host(**h) for h in data["hosts"]],
+            shaping={k: Shaping(**v) for k, v in data["shaping"].items()},
+            cut=list(data["cut"]),
+        )
+
+    def processes(self, name: str) -> list[int]:
+        """The processes running in a host's network namespace."""
+        listed = subprocess.run(["ip", "netns", "pids", self.host(name).namespace], capture_output=True, text=True,
+                                timeout=10)  # fmt: skip
+        return [int(pid) for pid in listed.stdout.split()]
+
+    def down(self) -> None:
+        tear_down(self.name)
+
+
+def state_file(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def check_can_build() -> None:
+    """Refuses, saying why, where a bed cannot be built: not root, or no ``ip``/``nsenter``."""
+    if os.geteuid() != 0:
+        raise SettingsRefused(
+            "a test bed needs root (network namespaces, a bridge and its links are the kernel's)",
+            f"this process runs as uid {os.geteuid()}.",
+            "run it with sudo, or as root in a container or VM",
+        )
+    missing = [tool for tool in ("ip", "nsenter", "unshare", "mount") if shutil.which(tool) is None]
+    if missing:
+        raise SettingsRefused(
+            f"a test bed needs {', '.join(missing)}, which this machine lacks",
+            "they come with iproute2 and util-linux.",
+            "apt-get install iproute2 util-linux",
+        )
+
+
+def build(
+    name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None
+) -> TestBed:
+    """Creates a bed; on any failure or interruption (SIGINT, SIGTERM), removes what it made.
+
+    Args:
+        name: the bed's name, 1 to 8 lower-case letters and digits.
+        host_names: the hosts' names (``["h1", "h2"]``), at most 250.
+        shaping: every link's shape.
+        subnet: the second byte of the bed's 10.x.0.0/24 (default: the first one no route uses).
+
+    Returns:
+        The bed, saved to its state file.
+
+    Example:
+        >>> bed = build("demo", ["h1", "h2"], shaping=Shaping(rate="1gbit"))  # doctest: +SKIP
+        >>> subprocess.run(bed.host("h1").command(["ip", "-br", "addr"]))  # doctest: +SKIP
+        >>> bed.down()  # doctest: +SKIP
+    """
+    check_can_build()
+    _check_names(name, host_names)
+    if state_file(name).exists() or _namespaces_of(name):
+        raise SettingsRefused(
+            f"a test bed named {name!r} exists already",
+            "its namespaces or its state file are still there.",
+            f"use it, or remove it first: phalanx testbed down --name {name}",
+        )
+    subnet = subnet if subnet is not None else _free_subnet()
+    bed = TestBed(name, subnet, [
+        Host(host, f"{name}-{host}", f"10.{subnet}.0.{k}", f"{name}-v{k}") for k, host in enumerate(host_names, 1)
+    ])  # fmt: skip
+    with _interruptible():
+        try:
+            bed.save()  # first: tear_down finds a half-built bed by it
+            _ip("link", "add", bed.bridge, "type", "bridge")
+            _ip("addr", "add", f"{bed.bridge_address}/24", "dev", bed.bridge)
+            _ip("link", "set", bed.bridge, "up")
+            for host in bed.hosts:
+                _add_host(bed, host)
+            if shaping:
+                bed.shape(shaping)
+        except BaseException:
+            tear_down(name)
+            raise
+    return bed
+
+
+@contextlib.contextmanager
+def test_bed(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping()) -> Iterator[TestBed]:
+    """A bed for the duration of a ``with`` block, removed afterwards whatever happens."""
+    bed = build(name, host_names, shaping=shaping)
+    try:
+        yield bed
+    finally:
+        tear_down(name)
+
+
+test_bed.__test__ = False  # type: ignore[attr-defined]
+
+
+def tear_down(name: str) -> list[str]:
+    """Removes everything a bed named ``name`` made, also half-built: kills its hosts' processes,
+    then deletes its namespaces, links, hosts files and state. Returns what it removed."""
+    removed = []
+    for namespace in _namespaces_of(name):
+        _kill_processes(namespace)
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=10)
+        removed.append(f"namespace {namespace}")
+    for link in _links_of(name):
+        subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=10)
+        removed.append(f"link {link}")
+    for folder in NETNS_ETC.glob(f"{name}-*") if NETNS_ETC.is_dir() else ():
+        shutil.rmtree(folder, ignore_errors=True)
+    state_file(name).unlink(missing_ok=True)
+    return removed
+
+
+def beds() -> list[str]:
+    """The names of the beds on this machine (by their state files)."""
+    return sorted(path.stem for path in STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []
+
+
+# -- the kernel's side -------------------------------------------------------------------------
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise TestBedError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout).strip()}")
+
+
+def _add_host(bed: TestBed, host: Host) -> None:
+    _ip("netns", "add", host.namespace)
+    _ip("link", "add", host.port, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+    _ip("link", "set", host.port, "master", bed.bridge)
+    _ip("link", "set", host.port, "up")
+    _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
+    _ip("-n", host.namespace, "link", "set", "eth0", "up")
+    _ip("-n", host.namespace, "link", "set", "lo", "up")
+    _ip("-n", host.namespace, "route", "add", "default", "via", bed.bridge_address)
+    folder = NETNS_ETC / host.namespace
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [f"127.0.0.1 localhost {socket.gethostname()}", f"127.0.1.1 {host.name}"]
+    lines += [f"{other.address} {other.name}" for other in bed.hosts if other is not host]
+    (folder / "hosts").write_text("\n".join(lines) + "\n")
+
+
+def _apply_shaping(host: Host, shaping: Shaping) -> None:
+    """tbf for the rate; netem, where the kernel has it, for delay and loss. Both directions: the
+    host's eth0 sends, its bridge port sends towards it."""
+    for device, namespace in (("eth0", host.namespace), (host.port, None)):
+        prefix = ["ip", "netns", "exec", namespace] if namespace else []
+        subprocess.run([*prefix, "tc", "qdisc", "del", "dev", device, "root"], capture_output=True, timeout=10)
+        if not shaping:
+            continue
+        if shaping.delay or shaping.loss:
+            netem = ["netem", *(["delay", shaping.delay] if shaping.delay else []),
+                     *(["loss", shaping.loss] if shaping.loss else []),
+                     *(["rate", shaping.rate] if shaping.rate else [])]  # fmt: skip
+            done = subprocess.run([*prefix, "tc", "qdisc", "add", "dev", device, "root", *netem], capture_output=True,
+                                  text=True, timeout=10)  # fmt: skip
+            if done.returncode != 0:
+                raise SettingsRefused(
+                    f"this kernel cannot add delay or loss to a link (tc's netem: {done.stderr.strip()})",
+                    "delay and loss need the sch_netem module; a rate alone needs only tbf.",
+                    "load it (modprobe sch_netem), or shape the rate alone (--rate)",
+                )
+        else:
+            _run([*prefix, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", shaping.rate or "",
+                  "burst", "256kb", "latency", "50ms"])  # fmt: skip
+
+
+def _namespaces_of(name: str) -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.startswith(f"{name}-")]
+
+
+def _links_of(name: str) -> list[str]:
+    listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10)
+    names = [line.split(":")[1].strip().split("@")[0] for line in listed.stdout.splitlines() if ":" in line]
+    return [link for link in names if link.startswith(f"{name}-")]
+
+
+def _kill_processes(namespace: str) -> None:
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
+    for pid in listed.stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
+        if not listed.stdout.split():
+            return
+        time.sleep(0.05)
+
+
+def _free_subnet() -> int:
+    listed = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=10)
+    used = {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.", listed.stdout)}
+    used |= {beds_subnet for beds_subnet in _subnets_of_beds()}
+    for subnet in range(200, 250):
+        if subnet not in used:
+            return subnet
+    raise TestBedError("no free 10.x.0.0/24 subnet among 10.200 to 10.249: remove some beds (phalanx testbed down)")
+
+
+def _subnets_of_beds() -> list[int]:
+    found = []
+    for name in beds():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            found.append(json.loads(state_file(name).read_text())["subnet"])
+    return found
+
+
+def _check_names(name: str, host_names: Sequence[str]) -> None:
+    if not _NAME.match(name):
+        raise SettingsRefused(
+            f"test bed name {name!r}: 1 to {MAX_NAME} lower-case letters and digits, starting with a letter",
+            "the name prefixes every interface of the bed, and Linux allows 15 characters per interface name.",
+            "for example --name phx",
+        )
+    if not 1 <= len(host_names) <= 250:
+        raise SettingsRefused(f"a test bed of {len(host_names)} hosts", "it has room for 1 to 250.", "for example --hosts 2")
+    bad = [host for host in host_names if not _HOST.match(host)]
+    if bad or len(set(host_names)) != len(host_names):
+        raise SettingsRefused(
+            f"test bed host names {', '.join(bad) or 'repeat'}",
+            "each is a lower-case host name, used once.",
+            "for example h1,h2",
+        )
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt within, so a bed half-built when its builder is stopped is removed."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

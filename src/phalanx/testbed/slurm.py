@@ -1,0 +1,185 @@
+"""A real SLURM cluster on a test bed: Debian's slurmctld on this machine, one slurmd per host.
+
+No munge and no cgroups: ``AuthType=auth/none``, ``CredType=cred/none``,
+``ProctrackType=proctrack/pgid``, ``TaskPlugin=task/none``. Each slurmd runs inside its host
+(its own address, its own ``Port=``) with its own spool, pid and log files (``%n``); slurmctld
+listens on the bed's bridge. ``cred_expire`` is short so that a requeued job is eligible again
+within seconds instead of two minutes. Stock slurmd accepts ``-N NAME`` without SLURM's
+multiple-slurmd build; Debian's slurm-wlm-emulator package is a different thing (a front-end
+build that runs every task on node 0) and is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phalanx.errors import SettingsRefused
+from phalanx.testbed.bed import TestBed
+
+#: How long the daemons may take to start and the nodes to report idle.
+READY_TIMEOUT_S = 60.0
+DAEMONS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo")
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster: its configuration, and the daemons it started."""
+
+    bed: TestBed
+    folder: Path
+    daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.folder / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What SLURM's commands (sbatch, srun, scontrol) need to find this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def nodelist(self) -> str:
+        return ",".join(host.name for host in self.bed.hosts)
+
+    def log(self, daemon: str) -> str:
+        path = self.folder / f"{daemon}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stops every daemon (and, with the bed's hosts, every job step they started)."""
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", "--full", "--user", "root"], env={**os.environ, **self.env},
+                           capture_output=True, timeout=10)  # fmt: skip
+        for daemon in self.daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(daemon.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for daemon in self.daemons:
+            try:
+                daemon.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(daemon.pid, signal.SIGKILL)
+                daemon.wait()
+
+
+def missing_commands() -> list[str]:
+    return [name for name in DAEMONS if shutil.which(name) is None]
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((address, 0))
+        return probe.getsockname()[1]
+
+
+def _configuration(bed: TestBed, folder: Path, cpus: int, cred_expire_s: int) -> str:
+    ctld_port = _free_port(bed.bridge_address)
+    nodes = "\n".join(
+        f"NodeName={host.name} NodeAddr={host.address} Port={6830 + k} CPUs={cpus} State=UNKNOWN"
+        for k, host in enumerate(bed.hosts)
+    )
+    return f"""\
+ClusterName={bed.name}
+SlurmctldHost={socket.gethostname()}({bed.bridge_address})
+SlurmctldPort={ctld_port}
+AuthType=auth/none
+CredType=cred/none
+AuthInfo=cred_expire={cred_expire_s}
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+SchedulerType=sched/builtin
+SelectType=select/linear
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool-%n
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd-%n.log
+ReturnToService=2
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+KillWait=10
+InactiveLimit=0
+MinJobAge=600
+{nodes}
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def start(bed: TestBed, folder: Path, *, cpus: int = 2, cred_expire_s: int = 5) -> SlurmCluster:
+    """Starts slurmctld here and a slurmd in every host of ``bed``; returns once every node is idle.
+
+    Raises:
+        SettingsRefused: SLURM's daemons or commands are not installed.
+        RuntimeError: the nodes were not idle within READY_TIMEOUT_S (the daemons' logs attached).
+    """
+    missing = missing_commands()
+    if missing:
+        raise SettingsRefused(
+            f"a SLURM test cluster needs {', '.join(missing)}, which this machine lacks",
+            "they come with Debian's slurmctld, slurmd and slurm-client packages.",
+            "make cluster-deps (apt-get install slurmctld slurmd slurm-client)",
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state").mkdir(exist_ok=True)
+    cluster = SlurmCluster(bed, folder)
+    cluster.conf.write_text(_configuration(bed, folder, cpus, cred_expire_s))
+    env = {**os.environ, **cluster.env}
+    try:
+        cluster.daemons.append(subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(cluster.conf)], env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        ))  # fmt: skip
+        for host in bed.hosts:
+            cluster.daemons.append(subprocess.Popen(
+                host.command(["slurmd", "-D", "-N", host.name, "-f", str(cluster.conf)]), env=env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            ))  # fmt: skip
+        _wait_until_idle(cluster, env)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_until_idle(cluster: SlurmCluster, env: dict[str, str]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    states = ""
+    while time.monotonic() < deadline:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True, timeout=10)
+        states = done.stdout.strip()
+        lines = states.splitlines()
+        if len(lines) == len(cluster.bed.hosts) and all(line.split()[1] == "idle" for line in lines):
+            return
+        for daemon in cluster.daemons:
+            if daemon.poll() is not None:
+                break
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {name}\n{cluster.log(name)[-2000:]}" for name in
+                     ["slurmctld", *(f"slurmd-{h.name}" for h in cluster.bed.hosts)])  # fmt: skip
+    raise RuntimeError(f"the SLURM nodes were not idle within {READY_TIMEOUT_S:g} s (sinfo: {states!r})\n{logs}")
+
+
+@contextlib.contextmanager
+def slurm_cluster(bed: TestBed, folder: Path, **options: int) -> Iterator[SlurmCluster]:
+    """A cluster for the duration of a ``with`` block, stopped afterwards whatever happens."""
+    cluster = start(bed, folder, **options)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

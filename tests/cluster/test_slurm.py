@@ -1,0 +1,129 @@
+"""phalanx on a real two-node SLURM cluster: sbatch of `phalanx slurm`'s script, srun of `phalanx
+run` with no launch flags, preemption by SIGUSR1 and by the time limit, both ending in a requeue
+and an exact resume, and refusals before anything starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+
+import pytest
+
+from tests.conftest import EXAMPLES, run_command
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+#: About 3000 steps (half a minute of training on 2 cores): a signal sent at the first logged
+#: step finds the training under way.
+EPOCHS = "200"
+TRAIN = [str(EXAMPLES / "train.py"), "--epochs", EPOCHS]
+#: About 9000 steps: longer than the 30 to 65 s a 2-minute time limit leaves a start to train.
+LONG_EPOCHS = "600"
+
+
+def simulated_sha(folder, train: list[str]) -> str:
+    """The parameters after the same training on two simulated nodes of two processes."""
+    metrics = folder / "m.json"
+    done = run_command([sys.executable, "-m", "phalanx", "run", "--simulate-nodes", "2", "--nproc-per-node", "2",
+                        *train, "--metrics-json", str(metrics)], timeout=600, cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.output
+    return json.loads(metrics.read_text())["params_sha256"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_sha(tmp_path_factory):
+    return simulated_sha(tmp_path_factory.mktemp("reference"), TRAIN)
+
+
+def metrics_of(folder) -> dict:
+    return json.loads((folder / "m.json").read_text())
+
+
+def test_sbatch_trains_on_two_nodes_as_the_simulation_does(slurm_in, uninterrupted_sha):
+    submitted = time.monotonic()
+    job = slurm_in.phalanx_slurm("--nnodes", "2", "--nproc-per-node", "2", *TRAIN,
+                                 "--metrics-json", str(slurm_in.folder / "m.json"))  # fmt: skip
+    first_step = slurm_in.wait_for(job, r"rank0\]: step \d+/", timeout=180)
+    assert slurm_in.wait_until_done(job, timeout=400) == "COMPLETED", slurm_in.text(job)
+    log = slurm_in.text(job)
+    assert "node n1 (10." in log and "node n2 (10." in log and "joins job 'slurm-" in log, log
+    assert "cluster    SLURM job" in log and "node 0 of 2" in log and "node 1 of 2" in log
+    metrics = metrics_of(slurm_in.folder)
+    assert metrics["world_size"] == 4
+    assert metrics["params_sha256"] == uninterrupted_sha
+    print(f"MEASURED: sbatch to the first logged training step: {first_step - submitted:.1f} s")
+
+
+def test_usr1_to_the_batch_shell_checkpoints_requeues_and_resumes_exactly(slurm_in, uninterrupted_sha):
+    job = slurm_in.phalanx_slurm("--nnodes", "2", "--nproc-per-node", "2", *TRAIN, "--checkpoint-dir", "ckpt",
+                                 "--metrics-json", str(slurm_in.folder / "m.json"))  # fmt: skip
+    slurm_in.wait_for(job, r"rank0\]: step \d+/", timeout=180)
+    signalled = time.monotonic()
+    assert slurm_in.run(["scancel", "--signal=USR1", "--batch", job.id], timeout=10).returncode == 0
+    resumed = slurm_in.wait_for(job, r"rank0\]: resumed from step", timeout=180)
+    back = slurm_in.wait_for(job, r"resumed from step[\s\S]*rank0\]: step \d+/", timeout=120)
+    assert slurm_in.wait_until_done(job, timeout=400) == "COMPLETED", slurm_in.text(job)
+    log = slurm_in.text(job)
+    # The node whose phalanx run ends first with 75 ends the step (srun --kill-on-bad-exit=1): the
+    # other is stopped as it exits, after the checkpoint that every rank saved together.
+    saved = re.findall(r"rank0\]: preempted by SIGUSR1 after step (\d+); checkpoint saved", log)
+    assert len(saved) == 1, log
+    assert "the workers stopped for preemption after saving a checkpoint" in log
+    assert "requeueing the job (1 of 3)" in log and "start 2 (requeued 1 of at most 3 times)" in log
+    stopped_at = int(re.search(r"resumed from step (\d+)", log).group(1))
+    assert stopped_at == int(saved[0])
+    assert 0 < stopped_at < 3000
+    metrics = metrics_of(slurm_in.folder)
+    assert metrics["resumed_from_step"] == stopped_at
+    assert metrics["params_sha256"] == uninterrupted_sha
+    print(f"MEASURED: SIGUSR1 to the requeued job's resume: {resumed - signalled:.1f} s, "
+          f"to its first logged step: {back - signalled:.1f} s")  # fmt: skip
+
+
+def test_the_time_limit_ends_in_a_checkpoint_a_requeue_and_an_exact_resume(slurm_in, tmp_path_factory):
+    """SLURM sends --signal's SIGUSR1 at its first time-limit check (about every 30 s) within
+    lead + 30 s of the end: with a 2-minute limit and 30 s of lead, 60 to 90 s into each start,
+    when this training (about 9000 steps, over a minute of work) is always under way. A start
+    that is signalled again resumes again; each makes progress."""
+    train = [str(EXAMPLES / "train.py"), "--epochs", LONG_EPOCHS]
+    job = slurm_in.phalanx_slurm("--nnodes", "2", "--nproc-per-node", "2", "--time", "2", "--signal-lead", "30",
+                                 *train, "--checkpoint-dir", "ckpt", "--metrics-json", str(slurm_in.folder / "m.json"))  # fmt: skip
+    assert slurm_in.wait_until_done(job, timeout=900) == "COMPLETED", slurm_in.text(job)
+    log = slurm_in.text(job)
+    assert "requeueing the job (1 of 3)" in log, log
+    assert re.search(r"rank0\]: preempted by SIGUSR1 after step \d+; checkpoint saved", log), log
+    assert "DUE TO TIME LIMIT" not in log  # the signal came first: never killed by the limit itself
+    reference = simulated_sha(tmp_path_factory.mktemp("long"), train)
+    assert metrics_of(slurm_in.folder)["params_sha256"] == reference
+    print(f"MEASURED: the time-limit test's job was requeued {log.count('requeueing the job')} time(s)")
+
+
+def test_srun_phalanx_run_with_no_launch_flags_forms_one_world(slurm_in):
+    # No launch flag: the nodes, the endpoint and the job ID come from SLURM; the processes per
+    # node from PHALANX_NPROC_PER_NODE, as a job script would export it (no GPU here to count).
+    slurm_in.env["PHALANX_NPROC_PER_NODE"] = "2"
+    done = slurm_in.run(["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "phalanx", "run",
+                         str(EXAMPLES / "train.py"), "--epochs", "2", "--metrics-json", "m.json"], timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert metrics_of(slurm_in.folder)["world_size"] == 4
+    plan = re.findall(r"^\s+(\d)\s+(n\d)\s+10\.\d+\.0\.(\d)\s+([\d-]+)", done.stderr, re.M)
+    assert plan == [("0", "n1", "1", "0-1"), ("1", "n2", "2", "2-3")], done.stderr
+
+
+def test_more_nodes_than_the_allocation_is_refused_before_anything_starts(slurm_in):
+    done = slurm_in.run(["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "phalanx", "run", "--nnodes", "3",
+                         str(EXAMPLES / "train.py")], timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("phalanx: error: the launch settings contradict the SLURM job") == 2
+    assert re.search(r"nnodes\s+3 \(--nnodes\)\s+2 \(SLURM_STEP_NUM_NODES=2\)", done.stderr), done.stderr
+    assert "rank plan" not in done.stderr and not (slurm_in.folder / "phalanx-logs").exists()
+
+
+def test_two_tasks_per_node_are_refused_with_the_right_srun_line(slurm_in):
+    done = slurm_in.run(["srun", "-N2", "--ntasks-per-node=2", sys.executable, "-m", "phalanx", "run",
+                         str(EXAMPLES / "train.py")], timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("SLURM started 2 tasks on a node (SLURM_STEP_TASKS_PER_NODE=2(x2))") == 4
+    assert "HINT: srun --nodes=2 --ntasks-per-node=1 phalanx run --nproc-per-node 2" in done.stderr

@@ -1,0 +1,71 @@
+"""The batch script of `phalanx slurm`: its directives, and bash that parses (the real cluster
+tests run it under sbatch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.cli.main import build_parser
+from phalanx.clusters.sbatch import SlurmJob, check_time_limit, render
+from phalanx.clusters.slurm_job import job_from_args
+from phalanx.errors import SettingsRefused
+from phalanx.launch.values import NodeRange
+
+
+def job_of(tmp_path, monkeypatch, *argv):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.chdir(tmp_path)
+    return job_from_args(build_parser().parse_args(["slurm", *argv, str(script), "--epochs", "3"]))
+
+
+def test_directives_and_the_command_every_node_runs(tmp_path, monkeypatch):
+    job = job_of(tmp_path, monkeypatch, "--nnodes", "2", "--nproc-per-node", "4", "--gpus-per-node", "4", "--time",
+                 "4:00:00", "--partition", "gpu", "--max-restarts", "1", "--sbatch=--mem=64G")  # fmt: skip
+    text = render(job)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4", "#SBATCH --time=4:00:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --open-mode=append", "#SBATCH --requeue",
+                 "#SBATCH --signal=B:USR1@120", f"#SBATCH --chdir={tmp_path}", "#SBATCH --output=phalanx-logs/slurm-%j.out",
+                 "#SBATCH --mem=64G", "MAX_REQUEUES=3", "requeued=${SLURM_RESTART_COUNT:-0}", "trap pass_on USR1",
+                 'scontrol requeue "$SLURM_JOB_ID"'):  # fmt: skip
+        assert line in text, line
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert srun.startswith("srun --kill-on-bad-exit=1 --ntasks-per-node=1 ")
+    assert f"{sys.executable} -m phalanx run --nproc-per-node 4 --max-restarts 1 {tmp_path}/train.py --epochs 3 &" in srun
+    assert "--nnodes" not in srun  # SLURM's variables give every node the node count
+    assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
+
+
+def test_an_elastic_node_range_asks_slurm_for_a_range(tmp_path, monkeypatch):
+    assert "#SBATCH --nodes=2-4" in render(job_of(tmp_path, monkeypatch, "--nnodes", "2:4"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--simulate-nodes", "2"], "--simulate-nodes with phalanx slurm"),
+        (["--standalone"], "--standalone with phalanx slurm"),
+        (["--gpus-per-node", "0"], "--gpus-per-node 0"),
+        (["--max-requeues", "-1"], "cannot be negative"),
+        (["--time", "four hours"], "not a SLURM time limit"),
+    ],
+)
+def test_settings_that_cannot_make_a_slurm_job_are_refused(tmp_path, monkeypatch, argv, words):
+    with pytest.raises(SettingsRefused) as refused:
+        job_of(tmp_path, monkeypatch, *argv)
+    assert words in refused.value.what and refused.value.hint
+
+
+@pytest.mark.parametrize("text", ["30", "30:00", "4:00:00", "2-00", "2-12:00", "1-00:00:00"])
+def test_slurm_time_formats(text):
+    assert check_time_limit(text) == text
+
+
+def test_requeue_budget_and_lead_are_written(tmp_path):
+    job = SlurmJob(["phalanx", "run", "t.py"], NodeRange(2, 2), "t", str(tmp_path), "o.out", signal_lead_s=300,
+                   max_requeues=7)  # fmt: skip
+    text = render(job)
+    assert "#SBATCH --signal=B:USR1@300" in text and "MAX_REQUEUES=7" in text
