@@ -6,6 +6,7 @@ Skipped where network namespaces cannot be made (not root); CI runs as root.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def test_nodes_with_different_settings_all_stop_with_a_table(workdir, setting, v
 
 def test_a_node_alone_times_out_naming_the_endpoint(workdir):
     with two_hosts("j") as (a, b):
+        # b has no default route: nothing routes to an address off its network
+        subprocess.run(["ip", "-n", b.namespace, "route", "del", "default"], check=True, timeout=10)
         alone, unreachable = run_on_both(
             [
                 phalanx_line(a, a.address, "--join-timeout", "4"),

@@ -65,9 +65,9 @@ def test_nproc_per_node_keywords_and_numbers():
     assert parse_nproc_per_node("auto") == "auto"
     assert parse_nproc_per_node("GPU") == "gpu"
     assert parse_nproc_per_node("4") == 4
-    with pytest.raises(InvalidValue, match="not a number of processes"):
+    with pytest.raises(InvalidValue, match="a node runs at least 1 worker process"):
         parse_nproc_per_node("0")
-    with pytest.raises(InvalidValue):
+    with pytest.raises(InvalidValue, match="not a number of processes"):
         parse_nproc_per_node("many")
 
 

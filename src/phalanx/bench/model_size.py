@@ -121,7 +121,7 @@ def _as_module(target: Any, path: str, hint: str) -> Any:
     if isinstance(target, torch.nn.Module):
         return target
     if not callable(target):
-        raise SettingsRefused(f"--model {path} is a {type(target).__name__}, neither an nn.Module nor callable", hint=hint)
+        raise SettingsRefused(f"--model {path} is of type {type(target).__name__}, neither an nn.Module nor callable", hint=hint)
     try:
         with torch.device("meta"):
             built = target()

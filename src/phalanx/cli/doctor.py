@@ -28,15 +28,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx.cli import command_parser
+
 from phalanx.launch.options import add_launch_options
 
 
 def add_parser(commands: Any) -> None:
-    summary, _, details = __doc__.partition("\n\n")
-    parser = commands.add_parser(
-        "doctor", help="check nodes and network: versions, links, all-reduce, stragglers, a verdict",
-        description=summary.split(": ", 1)[1] + "\n\n" + details, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    parser = command_parser(
+        commands,
+        "doctor",
+        "check nodes and network: versions, links, all-reduce, stragglers, a verdict",
+        __doc__,
+    )
     group = parser.add_argument_group("doctor")
     group.add_argument("--p2p-size", default="16M", metavar="SIZE", help="message size of the point-to-point bandwidth probe (default 16M)")
     group.add_argument("--max-bytes", default="16M", metavar="SIZE", help="largest all-reduce size; measured at 1M, 4M, ... up to it (default 16M)")

@@ -35,14 +35,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx.cli import command_parser
+
 
 def add_parser(commands: Any) -> None:
-    summary, _, details = __doc__.partition("\n\n")
-    parser = commands.add_parser(
+    parser = command_parser(
+        commands,
         "env",
-        help="this machine's report: versions, GPUs, network, limits, known traps",
-        description=summary.split(": ", 1)[1] + "\n\n" + details,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "this machine's report: versions, GPUs, network, limits, known traps",
+        __doc__,
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON document")
     parser.add_argument(

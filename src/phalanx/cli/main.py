@@ -7,6 +7,7 @@ Commands:
   doctor  check nodes and network before training: a comparison, measurements, a verdict
   bench   measure collectives as nccl-tests does, and DDP training throughput
   plan    predict the all-reduce time a step for a model, layout and link, with each compression
+  testbed several hosts on this machine (network namespaces): rehearse, shape and cut links
 
 Exit codes, for every command:
   0 success; 1 a worker failed (its root cause is printed last); 2 settings refused (by phalanx
@@ -29,6 +30,7 @@ from phalanx.cli import env as env_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
 from phalanx.cli import slurm as slurm_cli
+from phalanx.cli import testbed as testbed_cli
 from phalanx.errors import PhalanxError
 from phalanx.exit_codes import exit_quickly
 
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cli.add_parser(commands)
     bench_cli.add_parser(commands)
     plan_cli.add_parser(commands)
+    testbed_cli.add_parser(commands)
     return parser
 
 

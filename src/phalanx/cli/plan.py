@@ -40,6 +40,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from phalanx.cli import command_parser
+
 from phalanx.errors import SettingsRefused
 
 DEFAULT_NETWORK_LATENCY = "50us"
@@ -47,12 +49,11 @@ DEFAULT_INTRA_NODE_LATENCY = "10us"
 
 
 def add_parser(commands: Any) -> None:
-    summary, _, details = __doc__.partition("\n\n")
-    parser = commands.add_parser(
+    parser = command_parser(
+        commands,
         "plan",
-        help="predict the all-reduce time a step for a model, layout and link, with each compression",
-        description=summary.split(": ", 1)[1] + "\n\n" + details,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "predict the all-reduce time a step for a model, layout and link, with each compression",
+        __doc__,
     )
     model = parser.add_argument_group("the model (one of)")
     model.add_argument("--params", metavar="COUNT", help="trainable parameters: 25M, 1.3B or 124439808")

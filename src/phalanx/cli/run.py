@@ -35,16 +35,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx.cli import command_parser
+
 from phalanx.launch.options import add_launch_options, add_script_arguments, spec_from_args
 
 
 def add_parser(commands: Any) -> None:
-    summary, _, details = __doc__.partition("\n\n")
-    parser = commands.add_parser(
+    parser = command_parser(
+        commands,
         "run",
-        help="launch a training script on one or many nodes",
-        description=summary.split(": ", 1)[1] + "\n\n" + details,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "launch a training script on one or many nodes",
+        __doc__,
         usage="phalanx run [options] SCRIPT [ARGS...]\n       phalanx run [options] -m MODULE [ARGS...]",
     )
     add_launch_options(parser)

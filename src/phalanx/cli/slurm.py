@@ -28,16 +28,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx.cli import command_parser
+
 from phalanx.launch.options import add_launch_options, add_script_arguments
 
 
 def add_parser(commands: Any) -> None:
-    summary, _, details = __doc__.partition("\n\n")
-    parser = commands.add_parser(
+    parser = command_parser(
+        commands,
         "slurm",
-        help="write (or submit) a SLURM batch script: one phalanx run per node, requeue on preemption",
-        description=summary.split(": ", 1)[1] + "\n\n" + details,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write (or submit) a SLURM batch script: one phalanx run per node, requeue on preemption",
+        __doc__,
         usage="phalanx slurm [options] [--submit] SCRIPT [ARGS...]",
     )
     group = parser.add_argument_group("SLURM")

@@ -7,9 +7,11 @@ a training job would, and report them the same way.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from phalanx.console import say
+from phalanx.errors import SettingsRefused
 from phalanx.launch.plan import NodePlan, decision_block, plan_nodes
 from phalanx.launch.spec import LaunchSpec
 
@@ -24,8 +26,26 @@ def dry_run_text(plans: list[NodePlan]) -> str:
     return "\n".join(parts)
 
 
+def check_log_dir(run_dir: Path) -> None:
+    """Refuses a --log-dir that cannot hold the run's logs (a file, /proc, a read-only mount)
+    before anything starts, instead of a traceback from torchrun once the nodes have met."""
+    log_dir = run_dir.parent
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=log_dir):
+            pass
+    except OSError as error:
+        what = "is a file, not a folder" if log_dir.is_file() else f"cannot be written ({error.strerror or error})"
+        raise SettingsRefused(
+            f"--log-dir {log_dir} {what}",
+            "every rank writes its logs under it, on every node.",
+            "give a folder this user can write, e.g. --log-dir ./phalanx-logs",
+        ) from None
+
+
 def start(plans: list[NodePlan]) -> int:
     """Runs this host's node agents (one, or K when simulated) and returns the job's exit code."""
+    check_log_dir(Path(plans[0].run_dir))
     say(decision_block(plans))
     if plans[0].is_simulated:
         from phalanx.launch.simulate import Simulation

@@ -141,7 +141,7 @@ class Lobby:
             f"only {len(seen)} of {self.plan.nnodes_min} nodes joined job '{self.plan.rdzv_id}' at {self.endpoint} "
             f"within {self.plan.join_timeout:g} s",
             f"joined: {joined}. A direct TCP connect from this node to the endpoint: {probe}.",
-            "start `phalanx run` with the same options on the missing nodes; they must reach "
+            f"start the same command ({self.plan.command_name}) on the missing nodes; they must reach "
             f"{self.endpoint} (try `nc -zv {self.endpoint.host} {self.endpoint.port}` there). "
             "Raise --join-timeout if nodes start slowly",
         )

@@ -159,6 +159,12 @@ def choose(
     from, for messages (default: the --rdzv-endpoint flag).
     """
     interfaces = local_interfaces()
+    if interface_name is not None and multi_node and _named_interface(interface_name, interfaces).is_loopback:
+        raise SettingsRefused(
+            f"--interface {interface_name} is the loopback interface, but the job has several nodes",
+            "the address it would advertise (127.0.0.1) means each node itself to the others, so they never meet.",
+            "name the interface on the network the nodes share (ip -br addr lists them), or drop --interface",
+        )
     named = f"the endpoint {endpoint} ({origin})" if origin else f"--rdzv-endpoint {endpoint}"
     endpoint_ip = resolve_host(endpoint.host, wait_s=resolve_wait_s, what=f"{named}: the host {endpoint.host!r}")
     if multi_node and node_rank == 0:
@@ -269,6 +275,37 @@ def probe_tcp(host: str, port: int, timeout: float = 3.0) -> str:
         if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
             return f"no route to host ({error.strerror})"
         return error.strerror or str(error)
+
+
+def check_port_free(ip: str, port: int, what: str) -> None:
+    """Refuses a port this host must listen on that something else holds, naming the holder."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(("" if family == socket.AF_INET else "::", port))
+            return
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return  # not ours to judge (no permission for a low port...): the store says it
+    raise SettingsRefused(
+        f"{what}: port {port} on this host is taken{_holder(port)}",
+        "this host hosts the rendezvous store, which must listen on that port.",
+        "stop what holds it (an earlier job still running?), or pick another port in --rdzv-endpoint on every node",
+    )
+
+
+def _holder(port: int) -> str:
+    try:
+        for connection in psutil.net_connections(kind="tcp"):
+            if connection.status == psutil.CONN_LISTEN and connection.laddr and connection.laddr.port == port:
+                if connection.pid is None:
+                    return " (by a process of another user)"
+                process = psutil.Process(connection.pid)
+                return f" (by process {connection.pid}: {' '.join(process.cmdline())[:120]})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

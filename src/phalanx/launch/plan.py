@@ -64,6 +64,15 @@ class NodePlan:
     def is_simulated(self) -> bool:
         return self.simulated_index is not None
 
+    @property
+    def command_name(self) -> str:
+        """The phalanx command that started this node, as messages to the user name it."""
+        if self.is_module and self.script.startswith("phalanx.diagnostics.doctor"):
+            return "phalanx doctor"
+        if self.is_module and self.script.startswith("phalanx.bench."):
+            return "phalanx bench"
+        return "phalanx run"
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
@@ -196,6 +205,8 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
             resolve_wait_s=spec.join_timeout if placement and placement.dns_may_lag else 0.0,
             origin=spec.endpoint_origin,
         )
+        if choice.is_host:
+            network.check_port_free(choice.endpoint_ip, choice.endpoint.port, spec.endpoint_text)
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
         loopback = network.hostname_loopback_address()
@@ -234,8 +245,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     common_env, common_notes = _common_env(spec, interface, resources)
     lines = [
         *_cluster_lines(spec),
-        f"simulate   {count} node agents on this host, addresses 127.0.0.{SIMULATED_ADDRESS_BASE}"
-        f"-{SIMULATED_ADDRESS_BASE + count - 1}",
+        f"simulate   {_simulated_nodes(count)}",
         f"store      {endpoint} (hosted by node0)",
         *common_notes,
     ]
@@ -264,6 +274,13 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
             )
         )
     return plans
+
+
+def _simulated_nodes(count: int) -> str:
+    first = f"127.0.0.{SIMULATED_ADDRESS_BASE}"
+    if count == 1:
+        return f"1 node agent on this host, address {first}"
+    return f"{count} node agents on this host, addresses {first}-{SIMULATED_ADDRESS_BASE + count - 1}"
 
 
 def _node_label(spec: LaunchSpec, address: str) -> str:
@@ -303,7 +320,7 @@ def decision_block(plans: list[NodePlan]) -> str:
     plan = plans[0]
     nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
     if plan.is_simulated:
-        head = f"this host runs job '{plan.rdzv_id}' as {len(plans)} simulated nodes"
+        head = f"this host runs job '{plan.rdzv_id}' as {len(plans)} simulated node{'s' if len(plans) > 1 else ''}"
     elif plan.nnodes_max == 1:
         head = f"this host runs job '{plan.rdzv_id}' on 1 node"
     else:

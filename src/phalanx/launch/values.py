@@ -109,6 +109,11 @@ def parse_nproc_per_node(value: object) -> int | str:
     text = _as_text(value).lower()
     if text in NPROC_KEYWORDS:
         return text
+    if re.fullmatch(r"[+-]?\d+", text) and int(text) < 1:
+        raise InvalidValue(
+            f"--nproc-per-node {text}: a node runs at least 1 worker process",
+            "write a number (usually the GPUs per node), or auto (GPUs if any, else CPU cores), gpu or cpu",
+        )
     try:
         return parse_int(text, minimum=1, name="--nproc-per-node")
     except InvalidValue:

@@ -66,6 +66,8 @@ class Host:
     namespace: str
     address: str
     port: str  # the bridge's side of the host's link
+    #: The host's network interface, inside it.
+    device: str = "eth0"
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside this host: its network, its /etc/hosts.

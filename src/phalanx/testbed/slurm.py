@@ -4,7 +4,8 @@ No munge and no cgroups: ``AuthType=auth/none``, ``CredType=cred/none``,
 ``ProctrackType=proctrack/pgid``, ``TaskPlugin=task/none``. Each slurmd runs inside its host
 (its own address, its own ``Port=``) with its own spool, pid and log files (``%n``); slurmctld
 listens on the bed's bridge. ``cred_expire`` is short so that a requeued job is eligible again
-within seconds instead of two minutes. Stock slurmd accepts ``-N NAME`` without SLURM's
+within seconds instead of two minutes, and the scheduler looks at pending jobs every 2 s instead
+of every 60 s (``sched_interval``), so that it then starts within seconds too. Stock slurmd accepts ``-N NAME`` without SLURM's
 multiple-slurmd build; Debian's slurm-wlm-emulator package is a different thing (a front-end
 build that runs every task on node 0) and is not used.
 """
@@ -99,6 +100,7 @@ AuthInfo=cred_expire={cred_expire_s}
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/linear
 SlurmUser=root
 SlurmdUser=root

@@ -1,0 +1,162 @@
+"""What each ``phalanx testbed`` verb does, on :mod:`phalanx.testbed.bed`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from phalanx.console import format_table, say
+from phalanx.errors import SettingsRefused
+from phalanx.testbed.bed import Shaping, TestBed, beds, build, check_can_build, state_file, tear_down
+
+_RATE = re.compile(r"^\d+(\.\d+)?([kmg]?bit|[kmg]?bps)$")
+_TIME = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
+_PERCENT = re.compile(r"^\d+(\.\d+)?%$")
+
+
+def _shaping(args: argparse.Namespace) -> Shaping:
+    for value, pattern, flag, example in ((args.rate, _RATE, "--rate", "1gbit"), (args.delay, _TIME, "--delay", "1ms"),
+                                          (args.loss, _PERCENT, "--loss", "0.1%")):  # fmt: skip
+        if value is not None and not pattern.match(value):
+            raise SettingsRefused(f"{flag} {value!r} is not written as tc reads it", hint=f"for example {flag} {example}")
+    return Shaping(args.rate, args.delay, args.loss)
+
+
+def up(args: argparse.Namespace) -> int:
+    if args.hosts < 1:
+        raise SettingsRefused(f"--hosts {args.hosts}: a bed has at least one host", hint="for example --hosts 2")
+    bed = build(args.name, [f"h{k}" for k in range(1, args.hosts + 1)], shaping=_shaping(args), subnet=args.subnet)
+    print(_table(bed))
+    first = bed.hosts[0]
+    say(f"phalanx testbed: bed {bed.name!r} is up; this machine reaches it at {bed.bridge_address}\n"
+        f"  run in a host   phalanx testbed exec {first.name} -- CMD   (or exec all -- CMD: every host at once)\n"
+        f"  a job on all    phalanx testbed exec all -- phalanx run --nnodes {len(bed.hosts)} "
+        f"--rdzv-endpoint {first.address} train.py\n"
+        f"  remove it       phalanx testbed down{'' if bed.name == 'phx' else ' --name ' + bed.name}")  # fmt: skip
+    return 0
+
+
+def shape(args: argparse.Namespace) -> int:
+    bed = TestBed.load(args.name)
+    bed.shape(_shaping(args), args.host or None)
+    print(_table(bed))
+    return 0
+
+
+def cut(args: argparse.Namespace) -> int:
+    bed = TestBed.load(args.name)
+    bed.cut_link(args.host)
+    if args.seconds is None:
+        say(f"phalanx testbed: {args.host} is cut off; `phalanx testbed restore {args.host}` reconnects it")
+        return 0
+    say(f"phalanx testbed: {args.host} is cut off for {args.seconds:g} s (Ctrl-C restores it at once)")
+    try:
+        time.sleep(args.seconds)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        bed.restore_link(args.host)
+    say(f"phalanx testbed: {args.host} is back")
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    TestBed.load(args.name).restore_link(args.host)
+    return 0
+
+
+def run_in(args: argparse.Namespace) -> int:
+    name, command = _split_exec_arguments(args.name, args.command)
+    bed = TestBed.load(name)
+    if not command:
+        raise SettingsRefused("no command to run", hint=f"phalanx testbed exec {args.host} -- CMD [ARGS...]")
+    if args.host != "all":
+        argv = bed.host(args.host).command(command)
+        os.execvp(argv[0], argv)  # the command takes this process's place: its signals, its exit code
+    return _run_everywhere(bed, command)
+
+
+def _split_exec_arguments(name: str, tokens: list[str]) -> tuple[str, list[str]]:
+    """``exec HOST [--name BED] -- CMD``: the options between the host and ``--`` are exec's own."""
+    if "--" not in tokens:
+        return name, tokens
+    own, command = tokens[: tokens.index("--")], tokens[tokens.index("--") + 1 :]
+    if own and (len(own) != 2 or own[0] != "--name"):
+        raise SettingsRefused(
+            f"phalanx testbed exec: {' '.join(own)!r} before '--' is not an option of exec",
+            hint="phalanx testbed exec HOST [--name BED] -- CMD [ARGS...]",
+        )
+    return (own[1] if own else name), command
+
+
+def _run_everywhere(bed: TestBed, command: list[str]) -> int:
+    """The command in every host at once, each line prefixed with its host; Ctrl-C stops them all."""
+    processes = [subprocess.Popen(host.command(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True) for host in bed.hosts]  # fmt: skip
+    relays = [threading.Thread(target=_relay, args=(host.name, process), daemon=True)
+              for host, process in zip(bed.hosts, processes)]  # fmt: skip
+    for relay in relays:
+        relay.start()
+    try:
+        codes = [process.wait() for process in processes]
+    except KeyboardInterrupt:
+        for process in processes:
+            _signal_group(process, signal.SIGINT)
+        codes = [process.wait() for process in processes]
+    for relay in relays:
+        relay.join(timeout=5)
+    return next((code for code in codes if code != 0), 0)
+
+
+def _relay(name: str, process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        sys.stdout.write(f"{name}| {line}")
+        sys.stdout.flush()
+
+
+def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def status(args: argparse.Namespace) -> int:
+    names = [args.name] if state_file(args.name).exists() else []
+    if not names:
+        others = beds()
+        say(f"phalanx testbed: no bed named {args.name!r}" + (f"; beds here: {', '.join(others)}" if others else ""))
+        return 0
+    print(_table(TestBed.load(args.name)))
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    check_can_build()
+    removed = tear_down(args.name)
+    say(f"phalanx testbed: removed {len(removed)} namespace(s) and link(s) of bed {args.name!r}" if removed
+        else f"phalanx testbed: nothing of a bed named {args.name!r} was left")  # fmt: skip
+    return 0
+
+
+def _table(bed: TestBed) -> str:
+    rows = []
+    for host in bed.hosts:
+        link = "cut" if host.name in bed.cut else str(bed.shaping.get(host.name, Shaping()))
+        rows.append([host.name, host.address, host.namespace, link, len(bed.processes(host.name))])
+    header = f"bed {bed.name}: {len(bed.hosts)} host(s) on 10.{bed.subnet}.0.0/24, this machine at {bed.bridge_address}"
+    return header + "\n" + format_table(["host", "address", "namespace", "link", "processes"], rows)
+
+
+VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "up": up, "shape": shape, "cut": cut, "restore": restore, "exec": run_in, "status": status, "down": down,
+}  # fmt: skip
+

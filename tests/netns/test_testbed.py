@@ -1,0 +1,108 @@
+"""`phalanx testbed`: hosts as network namespaces, built and removed by the command line, also
+when interrupted; links cut and restored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from phalanx.testbed.bed import NETNS_ETC, state_file
+from tests.netns.hosts import skip_unless_namespaces_work
+
+pytestmark = [pytest.mark.netns]
+
+
+def run_testbed(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "phalanx", "testbed", *args], capture_output=True, text=True,
+                          timeout=timeout, **kwargs)  # fmt: skip
+
+
+def leftovers(name: str) -> list[str]:
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout.split()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
+    found = [n for n in namespaces if n.startswith(f"{name}-")]
+    found += [line.split(":")[1].strip() for line in links.splitlines() if f" {name}-" in line]
+    found += [str(p) for p in NETNS_ETC.glob(f"{name}-*")] if NETNS_ETC.is_dir() else []
+    return found + ([str(state_file(name))] if state_file(name).exists() else [])
+
+
+@pytest.fixture
+def bed_name():
+    skip_unless_namespaces_work()
+    name = f"tb{os.getpid() % 100000}"
+    yield name
+    run_testbed("down", "--name", name)
+    assert not leftovers(name)
+
+
+def connects(name: str, host: str, address: str) -> bool:
+    probe = f"import socket\ntry:\n socket.create_connection(('{address}', 9), timeout=1)\nexcept ConnectionRefusedError:\n pass\n"
+    return run_testbed("exec", host, "--name", name, "--", sys.executable, "-c", probe).returncode == 0
+
+
+def test_up_exec_cut_restore_down(bed_name):
+    up = run_testbed("up", "--hosts", "2", "--name", bed_name, "--rate", "1gbit")
+    assert up.returncode == 0, up.stderr
+    rows = [line.split() for line in up.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["h1", "h2"] and all(row[3:5] == ["rate", "1gbit"] for row in rows)
+    h1, h2 = rows[0][1], rows[1][1]
+    resolved = run_testbed("exec", "h2", "--name", bed_name, "--", "getent", "hosts", "h1", "h2")
+    assert resolved.returncode == 0 and f"{h1}" in resolved.stdout and "127.0.1.1" in resolved.stdout  # own name: the trap
+    everywhere = run_testbed("exec", "all", "--name", bed_name, "--", "sh", "-c", "hostname -I; exit 3")
+    assert everywhere.returncode == 3
+    assert sorted(line.split("|")[0] for line in everywhere.stdout.splitlines()) == ["h1", "h2"]
+    assert connects(bed_name, "h1", h2)  # refused by h2's kernel: reachable
+    cut = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "cut", "h2", "--for", "6", "--name", bed_name],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while " cut " not in run_testbed("status", "--name", bed_name).stdout:
+            assert time.monotonic() < deadline, "the link was not cut within 10 s"
+            time.sleep(0.2)
+        assert not connects(bed_name, "h1", h2)  # the packets vanish: the connect times out
+    finally:
+        assert cut.wait(timeout=30) == 0
+    assert connects(bed_name, "h1", h2)  # restored
+    down = run_testbed("down", "--name", bed_name)
+    assert down.returncode == 0 and not leftovers(bed_name)
+
+
+def test_down_removes_a_bed_whose_up_was_killed(bed_name):
+    up = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "30", "--name", bed_name],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not state_file(bed_name).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # some hosts built, not all of them
+    up.kill()
+    up.wait(timeout=10)
+    assert leftovers(bed_name)
+    assert run_testbed("down", "--name", bed_name).returncode == 0
+    assert not leftovers(bed_name)
+
+
+def test_sigterm_during_up_leaves_nothing(bed_name):
+    up = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "30", "--name", bed_name],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not state_file(bed_name).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    up.send_signal(signal.SIGTERM)
+    assert up.wait(timeout=60) == 130
+    assert not leftovers(bed_name)
+
+
+def test_without_root_it_says_so(tmp_path):
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run([*nobody, sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "1", "--name", "nr"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    if "Permission denied" in done.stderr and "phalanx" not in done.stderr:
+        pytest.skip("this checkout cannot be read by an unprivileged user")
+    assert done.returncode == 2, done.stderr
+    assert "a test bed needs root" in done.stderr and "HINT: run it with sudo" in done.stderr

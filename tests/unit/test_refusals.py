@@ -1,0 +1,60 @@
+"""Inputs the probe found handled badly, each refused before anything starts: what was set, why
+it cannot work, a HINT, exit code 2."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from phalanx.cli.main import main
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("")
+    return str(path)
+
+
+def refusal(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("phalanx: error: ") and "\nHINT: " in err, err
+    return err
+
+
+def test_zero_processes_per_node(capsys, script):
+    assert "--nproc-per-node 0: a node runs at least 1 worker process" in refusal(capsys, "run", "--nproc-per-node", "0", script)
+
+
+def test_a_loopback_interface_for_several_nodes(capsys, script):
+    err = refusal(capsys, "run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "192.0.2.77:29400",
+                  "--interface", "lo", script)  # fmt: skip
+    assert "--interface lo is the loopback interface, but the job has several nodes" in err
+
+
+@pytest.mark.parametrize("kind", ["file", "proc"])
+def test_a_log_dir_that_cannot_hold_logs(capsys, tmp_path, script, kind):
+    log_dir = tmp_path / "a-file" if kind == "file" else "/proc/phalanx-logs"
+    if kind == "file":
+        log_dir.write_text("")
+    err = refusal(capsys, "run", "--log-dir", str(log_dir), script)
+    assert f"--log-dir {log_dir} " in err and ("is a file" in err or "cannot be written" in err)
+
+
+def test_a_taken_rendezvous_port_is_named_with_its_holder(capsys, script):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        err = refusal(capsys, "run", "--dry-run", "--rdzv-endpoint", f"127.0.0.1:{port}", script)
+    assert f"port {port} on this host is taken (by process" in err and sys.executable.split("/")[-1] in err
+
+
+def test_one_simulated_node_reads_as_one(script):
+    done = subprocess.run([sys.executable, "-m", "phalanx", "run", "--dry-run", "--simulate-nodes", "1", script],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "as 1 simulated node\n" in done.stdout and "1 node agent on this host, address 127.0.0.101\n" in done.stdout
