@@ -30,7 +30,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not cluster"
 
 # The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
-# namespaces; root). About 10 minutes. `make cluster-deps` installs SLURM first.
+# namespaces; root) and the test bed's own tests. About 10 minutes. `make cluster-deps` installs
+# SLURM first.
 test-cluster: $(STAMP) cluster-deps
 	$(BIN)/python -m pytest -q -rP -m cluster
 

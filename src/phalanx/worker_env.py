@@ -11,11 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
-#: Set in a worker (by phalanx.launch.bootstrap) to the name of a preemption signal that came
-#: before the script installed its handler; PreemptionGuard counts it as received.
-EARLY_SIGNAL_VARIABLE = "PHALANX_EARLY_SIGNAL"
-
-
 @dataclass(frozen=True)
 class WorkerEnv:
     #: The backend the launcher chose for this node (nccl or gloo).
@@ -31,14 +26,22 @@ class WorkerEnv:
     launcher_pid: int | None = None
     #: Where this rank writes whether it joined the job's process group (set per rank with ``attempt``).
     group_record: str | None = None
+    #: A preemption signal (SIGUSR1) that came before the worker's script could handle it: kept by
+    #: the launcher (no worker yet) or the worker's entry point; PreemptionGuard takes it as received.
+    early_signal: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
-             "group_record": "PHALANX_GROUP_RECORD"}  # fmt: skip
+             "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid")
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}
+
+    @classmethod
+    def key_of(cls, name: str) -> str:
+        """The variable of one field (``early_signal`` -> ``PHALANX_EARLY_SIGNAL``)."""
+        return cls._KEYS[name]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:

@@ -58,7 +58,7 @@ class Slurm:
         try:
             return subprocess.run(argv, cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as expired:
-            self.run(["scancel", "--full", "--user", "root"], timeout=10)
+            self.cluster.cancel_jobs()
             pytest.fail(f"{argv} did not end within {timeout} s:\n{expired.stdout}\n{expired.stderr}")
 
     def phalanx_slurm(self, *args: str) -> Job:
@@ -100,5 +100,4 @@ class Slurm:
 @pytest.fixture
 def slurm_in(cluster, tmp_path):
     yield Slurm(cluster, tmp_path)
-    subprocess.run(["scancel", "--full", "--user", "root"], env={**os.environ, **cluster.env}, capture_output=True,
-                   timeout=10)  # fmt: skip
+    cluster.cancel_jobs()

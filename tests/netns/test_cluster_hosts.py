@@ -20,7 +20,7 @@ from phalanx.testbed.bed import NETNS_ETC
 from tests.conftest import EXAMPLES
 from tests.netns.hosts import skip_unless_namespaces_work
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.cluster]
 
 
 def trainjob_pod(rank: int, master: str) -> dict[str, str]:

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from phalanx.testbed.bed import NETNS_ETC, state_file
+from phalanx.testbed.bed import NETNS_ETC, link_prefix, namespace_prefix, state_file
 from tests.netns.hosts import skip_unless_namespaces_work
 
-pytestmark = [pytest.mark.netns]
+pytestmark = [pytest.mark.netns, pytest.mark.cluster]
 
 
 def run_testbed(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -25,9 +25,9 @@ def run_testbed(*args: str, timeout: float = 60, **kwargs) -> subprocess.Complet
 def leftovers(name: str) -> list[str]:
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout.split()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, timeout=10).stdout
-    found = [n for n in namespaces if n.startswith(f"{name}-")]
-    found += [line.split(":")[1].strip() for line in links.splitlines() if f" {name}-" in line]
-    found += [str(p) for p in NETNS_ETC.glob(f"{name}-*")] if NETNS_ETC.is_dir() else []
+    found = [n for n in namespaces if n.startswith(namespace_prefix(name))]
+    found += [line.split(":")[1].strip() for line in links.splitlines() if f" {link_prefix(name)}" in line]
+    found += [str(p) for p in NETNS_ETC.glob(f"{namespace_prefix(name)}*")] if NETNS_ETC.is_dir() else []
     return found + ([str(state_file(name))] if state_file(name).exists() else [])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from phalanx.launch.group_record import GroupRecord, hint_for, solo_ranks
 
@@ -145,18 +147,36 @@ def test_a_script_that_never_joins_records_that_it_ran_alone(tmp_path):
     assert found == GroupRecord(0, 4, (), None) and found.ran_alone
 
 
-def test_a_group_that_never_carries_a_collective_is_running_alone(tmp_path):
-    """Accelerate on CPUs without ACCELERATE_USE_CPU=1 creates the group, then trains alone."""
-    record = tmp_path / "process_group.json"
-    script = write(tmp_path, "idle.py", """
+@pytest.mark.parametrize("collective", [False, True], ids=["idle group", "one all-reduce"])
+def test_a_world_of_two_that_never_communicates_ran_alone(tmp_path, collective):
+    """Accelerate on CPUs without ACCELERATE_USE_CPU=1 creates the group, then trains alone: the
+    group alone is no evidence. One all-reduce is, also after the group was destroyed."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script = write(tmp_path, "two.py", f"""
+        import os, sys, torch
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+                                world_size=2)
+        if sys.argv[1] == "yes":
+            dist.all_reduce(torch.ones(1))
+        dist.destroy_process_group()
     """)
-    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
-    assert done.returncode == 0, done.stderr
-    assert GroupRecord.read(record).collectives == 0
-    assert GroupRecord(2, 2, (), 0).ran_alone and not GroupRecord(2, 2, (), 3).ran_alone
-    assert not GroupRecord(2, 2, (), None).ran_alone  # the recorder was off: no claim beyond the group
+    ranks = [subprocess.Popen([*BOOT, script, "yes" if collective else "no"], cwd=tmp_path,
+                              env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
+                                   "PHALANX_GROUP_RECORD": str(tmp_path / f"rank{rank}.json")})
+             for rank in (0, 1)]  # fmt: skip
+    assert [rank.wait(timeout=60) for rank in ranks] == [0, 0]
+    records = [GroupRecord.read(tmp_path / f"rank{rank}.json") for rank in (0, 1)]
+    assert all(record.joined_world == 2 for record in records)
+    assert [record.ran_alone for record in records] == [not collective, not collective]
+    assert all((record.collectives > 0) == collective for record in records)
+
+
+def test_no_claim_without_evidence():
+    assert not GroupRecord(2, 2, (), None).ran_alone  # a recorder that was off: the whole group formed
+    assert GroupRecord(1, 2, (), None).ran_alone  # a group of one in a job of two
 
 
 def test_solo_ranks_and_hints():

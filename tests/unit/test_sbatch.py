@@ -46,7 +46,7 @@ def test_an_elastic_node_range_asks_slurm_for_a_range(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--simulate-nodes", "2"], "--simulate-nodes with phalanx slurm"),
+        (["--simulate-nodes", "2"], "--simulate-nodes with phalanx slurm (from --simulate-nodes)"),
         (["--standalone"], "--standalone with phalanx slurm"),
         (["--gpus-per-node", "0"], "--gpus-per-node 0"),
         (["--max-requeues", "-1"], "cannot be negative"),
@@ -57,6 +57,12 @@ def test_settings_that_cannot_make_a_slurm_job_are_refused(tmp_path, monkeypatch
     with pytest.raises(SettingsRefused) as refused:
         job_of(tmp_path, monkeypatch, *argv)
     assert words in refused.value.what and refused.value.hint
+
+
+def test_a_simulation_set_by_a_variable_every_node_would_inherit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PHALANX_SIMULATE_NODES", "2")
+    with pytest.raises(SettingsRefused, match=r"--simulate-nodes with phalanx slurm \(from PHALANX_SIMULATE_NODES=2\)"):
+        job_of(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("text", ["30", "30:00", "4:00:00", "2-00", "2-12:00", "1-00:00:00"])

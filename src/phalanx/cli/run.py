@@ -22,12 +22,12 @@ a failure ends with its root cause.
 Under a scheduler (SLURM, Kubeflow, an Indexed Job, SkyPilot, torchrun's PET_ variables) the
 nodes, this node's rank, the endpoint and the job ID come from its variables, and a node count
 that contradicts them is refused (docs/clusters.md). SIGUSR1 and SIGUSR2 are passed on to the
-workers (SLURM's preemption notice), not acted on.
+workers (SLURM's preemption notice) instead of ending phalanx run.
 
 Exit codes: 0 ok, 1 a worker failed, 2 settings refused (by phalanx run or by a worker) or nodes
 disagree, 3 nodes did not join in time, 4 a stalled rank (the watchdog's report), 5 ranks that
-never joined the job's process group (each trained alone), 75 the workers stopped for
-preemption (run again to continue), 128+N stopped by signal N.
+never communicated with the others (each trained alone; --independent-ranks where that is
+meant), 75 the workers stopped for preemption (run again to continue), 128+N stopped by signal N.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from phalanx.launch import values
 
 
 class IndexedJob(ClusterEnvironment):
+    """A pod of a Kubernetes Indexed Job: its index, and pod 0's name in a headless Service."""
+
     name = "Kubernetes Indexed Job"
     markers = ("JOB_COMPLETION_INDEX",)
 

@@ -22,6 +22,8 @@ PYTORCHJOB_DEFAULT_PORT = 23456
 
 
 class PyTorchJob(ClusterEnvironment):
+    """A pod of a Kubeflow PyTorchJob (training-operator v1): node-level RANK and WORLD_SIZE."""
+
     name = "Kubeflow PyTorchJob"
     markers = ("MASTER_ADDR", "RANK", "WORLD_SIZE")
     #: From v1.7 its pods carry PET_ variables too: the same job, described twice.

@@ -119,7 +119,7 @@ echo "phalanx slurm: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, start $((requeued
 signalled=0
 pass_on() {{
   signalled=1
-  echo "phalanx slurm: SIGUSR1 at $(date +%T): every node stops after the same step and saves a checkpoint"
+  echo "phalanx slurm: SIGUSR1 at $(date +%T), passed on to every node (with phalanx's PreemptionGuard the workers stop after the same step and save a checkpoint)"
   kill -USR1 "$step" 2>/dev/null
 }}
 trap pass_on USR1

@@ -10,6 +10,8 @@ from phalanx.launch import values
 
 
 class SkyPilot(ClusterEnvironment):
+    """A node of a SkyPilot cluster: every node's IP, this node's rank, its GPUs."""
+
     name = "SkyPilot"
     markers = ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS")
 

@@ -37,11 +37,14 @@ def tasks_per_node(text: str) -> list[int]:
 
 
 class Slurm(ClusterEnvironment):
+    """Inside a SLURM allocation: a batch script or salloc shell (job scope), or an srun step."""
+
     name = "SLURM"
     markers = ("SLURM_JOB_ID", "SLURM_JOBID")
 
     @property
     def in_step(self) -> bool:
+        """Inside srun: the step's variables describe the nodes that run it."""
         return bool(self.environ.get("SLURM_STEP_ID") or self.environ.get("SLURM_STEP_NODELIST"))
 
     def placement(self) -> Placement:

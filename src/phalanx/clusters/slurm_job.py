@@ -16,7 +16,7 @@ from phalanx.clusters.sbatch import SlurmJob, check_time_limit
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import ENV_PREFIX, LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import NodeRange
 
@@ -32,13 +32,6 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
     if not args.training_script:
         raise SettingsRefused("no training script given", hint="phalanx slurm [options] train.py [ARGS...]")
     Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module)).check_exists()
-    for name, why in _NOT_FOR_SLURM.items():
-        if getattr(args, name):
-            flag = name.replace("_", "-")
-            raise SettingsRefused(
-                f"--{flag} with phalanx slurm", f"--{flag} {why}; a SLURM job runs on SLURM's nodes.",
-                f"drop --{flag}; to rehearse first: phalanx run --simulate-nodes N ...",
-            )  # fmt: skip
     for name, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-task", args.cpus_per_task),
                         ("--signal-lead", args.signal_lead)):  # fmt: skip
         if value is not None and value < 1:
@@ -49,6 +42,15 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, os.environ, config, config_path)
+    for name, why in _NOT_FOR_SLURM.items():  # from a flag, a variable every node inherits, or the config
+        if name in settings and settings[name].value:
+            flag = name.replace("_", "-")
+            raise SettingsRefused(
+                f"--{flag} with phalanx slurm (from {settings[name].origin})",
+                f"--{flag} {why}; a SLURM job runs on SLURM's nodes.",
+                f"drop it (unset the variable, or remove it from the config); to rehearse first: phalanx run "
+                "--simulate-nodes N ...",
+            )  # fmt: skip
     nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
     log_dir = settings["log_dir"].value if "log_dir" in settings else Path("phalanx-logs")
     script = args.training_script
@@ -98,7 +100,14 @@ def submit(job: SlurmJob, text: str) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     script.write_text(text)
-    done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    try:
+        done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise SettingsRefused(
+            f"sbatch did not answer within 120 s ({script})",
+            "the SLURM controller may be down or overloaded; the job may or may not have been submitted.",
+            "look with squeue --me, and submit the script again if it is not there",
+        ) from None
     if done.returncode != 0:
         say(f"phalanx: error: sbatch refused {script}:\n  " + "\n  ".join((done.stderr or done.stdout).strip().splitlines()))
         say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")

@@ -18,6 +18,8 @@ TORCHRUN_MASTER_PORT = 29500
 
 
 class TorchrunVariables(ClusterEnvironment):
+    """torchrun's PET_ variables: a Kubeflow TrainJob's pods, an elastic PyTorchJob, or set by hand."""
+
     name = "torchrun's PET_ variables"
     markers = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_RDZV_ENDPOINT")
     #: A TrainJob's pods are an Indexed Job's pods: JOB_COMPLETION_INDEX is PET_NODE_RANK again.

@@ -11,6 +11,8 @@ from phalanx.errors import SettingsRefused
 
 @dataclass(frozen=True)
 class ClusterFacts:
+    """The cluster environment in the env report, as plain data (JSON round-trips)."""
+
     #: The environment's name (``SLURM``), or None where only the launch flags count.
     name: str | None
     #: Which job, in words, or why none was found.
@@ -25,6 +27,7 @@ class ClusterFacts:
 
 
 def cluster_facts(environ: Mapping[str, str]) -> ClusterFacts:
+    """What phalanx run would detect here; a refusal is reported, not raised (the report goes on)."""
     try:
         environment = detect(environ, headless_service=environ.get("PHALANX_HEADLESS_SERVICE"))
         if environment is None:

@@ -59,6 +59,10 @@ class NodeAgent:
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.plan), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
+        with forwarding(PASSED_ON):  # from the lobby on: a notice before the workers start is kept for them
+            return self._run()
+
+    def _run(self) -> int:
         try:
             if self.plan.nnodes_max > 1:
                 lobby = Lobby(self.plan, node_fingerprint(self.plan))
@@ -93,7 +97,7 @@ class NodeAgent:
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         try:
-            with restarts_only_when_they_can_help(judge, finished=self._workers_finished), forwarding(PASSED_ON):
+            with restarts_only_when_they_can_help(judge, finished=self._workers_finished):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
@@ -123,6 +127,8 @@ class NodeAgent:
 
     def _check_everyone_joined(self, logs: RankLogsSpecs) -> int:
         """After a success: whether this node's ranks joined the job's process group, or each ran alone."""
+        if self.plan.independent_ranks:
+            return ExitCode.OK
         records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
         alone = solo_ranks(records)
         if not alone:

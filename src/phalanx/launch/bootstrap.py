@@ -8,8 +8,9 @@ SCRIPT ARGS``, in a process that also:
   (``PR_SET_PDEATHSIG``), so a launcher killed with ``kill -9`` leaves no worker training on
   unsupervised;
 - keeps a SIGUSR1 that arrives before the script handles it (SLURM's preemption notice, passed on
-  by the launcher): by default it would kill the process; it is noted in ``PHALANX_EARLY_SIGNAL``
-  instead, which PreemptionGuard reads when the script creates it;
+  by the launcher): by default it would kill the process; it is noted in the environment instead
+  (``WorkerEnv.early_signal``), where PreemptionGuard finds it, and said at exit when no guard
+  ever took it;
 - records whether it joined the job's process group (:mod:`.group_record`), so that the launcher
   can say when every rank trained alone;
 - tears down a process group the script left for interpreter shutdown, after the pause that lets
@@ -29,10 +30,17 @@ from types import TracebackType
 
 from phalanx.launch.group_record import GroupWatch
 from phalanx.launch.signals import die_with_parent
-from phalanx.worker_env import EARLY_SIGNAL_VARIABLE, WorkerEnv
+from phalanx.worker_env import WorkerEnv
 
 def _note_early_signal(signum: int, _frame: object) -> None:
-    os.environ[EARLY_SIGNAL_VARIABLE] = signal.Signals(signum).name
+    os.environ.update(WorkerEnv(early_signal=signal.Signals(signum).name).to_env())
+
+
+def _say_if_the_early_signal_was_never_taken() -> None:
+    early = WorkerEnv.from_env(os.environ).early_signal
+    if early:
+        print(f"phalanx: this worker got {early}, but the script never created a PreemptionGuard to act on it: "
+              "nothing was saved for it", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _tear_down_group() -> None:
@@ -61,8 +69,9 @@ def run(argv: list[str]) -> int | str | None:
     signal.signal(signal.SIGUSR1, _note_early_signal)  # until the script installs its own handler
     # Registered first, so they run last: after the script's own exit handlers.
     atexit.register(_tear_down_group)
+    atexit.register(_say_if_the_early_signal_was_never_taken)
     if worker.group_record:
-        watch = GroupWatch(Path(worker.group_record), int(os.environ.get("WORLD_SIZE", "1")), worker.backend)
+        watch = GroupWatch(Path(worker.group_record), int(os.environ.get("WORLD_SIZE", "1")))
         watch.install()
         atexit.register(watch.write)
     try:
@@ -85,6 +94,7 @@ def run(argv: list[str]) -> int | str | None:
 
 
 def main() -> None:
+    """``python -m phalanx.launch.bootstrap [-m] TARGET ARGS``: exits with what the script exited with."""
     code = run(sys.argv[1:])
     sys.stdout.flush()
     raise SystemExit(code)

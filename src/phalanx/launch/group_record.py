@@ -37,6 +37,8 @@ FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning")
 
 @dataclass(frozen=True)
 class GroupRecord:
+    """What one rank did with torch.distributed, as it wrote it at its exit."""
+
     #: The size of the largest process group this worker formed (0: none).
     joined_world: int
     #: The WORLD_SIZE the launcher gave it.
@@ -48,6 +50,7 @@ class GroupRecord:
 
     @property
     def ran_alone(self) -> bool:
+        """In a job of several ranks: never in a group of them all, or never a collective in one."""
         return self.world_size > 1 and (self.joined_world < self.world_size or self.collectives == 0)
 
     def write(self, path: Path) -> None:
@@ -68,11 +71,11 @@ class GroupRecord:
 class GroupWatch:
     """In a worker: notes each process group it forms, and writes the :class:`GroupRecord` at exit."""
 
-    def __init__(self, path: Path, world_size: int, backend: str | None) -> None:
+    def __init__(self, path: Path, world_size: int) -> None:
         self.path = path
         self.world_size = world_size
-        self.backend = backend or "gloo"
         self.joined_world = 0
+        self.backends: set[str] = set()  # of the groups formed: which flight recorder counts their collectives
 
     def install(self) -> None:
         """Wraps init_process_group now if torch.distributed is imported, else as soon as it is."""
@@ -87,21 +90,29 @@ class GroupWatch:
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
-            self.joined_world = max(self.joined_world, c10d.get_world_size())
+            self._joined(c10d)
             return result
 
         init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
         init_process_group.__doc__ = original.__doc__
-        for module in list(sys.modules.values()):  # those that took the name before this point
-            if getattr(module, "init_process_group", None) is original:
+        # Modules that took the name already, where torch.distributed was imported before install()
+        for name in (_C10D, "torch.distributed", "torch.distributed.device_mesh"):
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "init_process_group", None) is original:
                 module.init_process_group = init_process_group  # type: ignore[attr-defined]
-        c10d.init_process_group = init_process_group  # type: ignore[attr-defined]
+
+    def _joined(self, c10d: ModuleType) -> None:
+        self.joined_world = max(self.joined_world, c10d.get_world_size())
+        # The device-to-backend map ("cpu:gloo", "cpu:gloo,cuda:nccl"): get_backend() says
+        # "undefined" for a group created without a backend, as Accelerate creates it.
+        config = getattr(c10d, "get_backend_config", c10d.get_backend)
+        self.backends.add(str(config()))
 
     def write(self) -> None:
         """Writes the record; a group still formed at exit counts even if it escaped the wrapper."""
         c10d = sys.modules.get(_C10D)
         if c10d is not None and c10d.is_initialized():
-            self.joined_world = max(self.joined_world, c10d.get_world_size())
+            self._joined(c10d)
         frameworks = tuple(name for name in FRAMEWORKS if name in sys.modules)
         collectives = self._collectives_issued() if self.joined_world else None
         try:
@@ -111,14 +122,25 @@ class GroupWatch:
 
 
     def _collectives_issued(self) -> int | None:
-        """The collectives this process issued in all its groups, by torch's flight recorder
-        (which keeps its counts after the groups are destroyed); None where it cannot tell."""
+        """The collectives this process issued in all its groups, by torch's flight recorders
+        (which keep their counts after the groups are destroyed); None where they cannot tell.
+
+        A count of zero is evidence only for groups whose backend map has no NCCL (gloo's recorder
+        counts every gloo collective, checked); NCCL's may be off, so there only a count above zero is."""
         from phalanx.runtime.watchdog import collectives_issued
 
-        try:
-            return collectives_issued(self.backend)
-        except Exception:  # noqa: BLE001 - a torch whose recorder cannot be read: no claim
-            return None
+        recorders = ["gloo", *(["nccl"] if any("nccl" in backend for backend in self.backends) else [])]
+        counts = []
+        for recorder in recorders:
+            try:
+                counts.append(collectives_issued(recorder))
+            except Exception:  # noqa: BLE001 - a torch whose recorder cannot be read: no claim from it
+                counts.append(None)
+        total = sum(count for count in counts if count is not None)
+        if total > 0:
+            return total
+        trusted = not any("nccl" in backend or "undefined" in backend for backend in self.backends)
+        return 0 if trusted and counts[0] is not None else None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -153,6 +175,7 @@ def solo_ranks(records: dict[int, GroupRecord | None]) -> list[int]:
 
 
 def hint_for(records: Sequence[GroupRecord]) -> str:
+    """The HINT for ranks that ran alone, by the framework their script used."""
     frameworks = {name for record in records for name in record.frameworks}
     if "accelerate" in frameworks:
         return ("Accelerate joins the world on CPUs only with ACCELERATE_USE_CPU=1 (what `accelerate launch --cpu` "
@@ -160,5 +183,5 @@ def hint_for(records: Sequence[GroupRecord]) -> str:
     if frameworks & {"lightning", "pytorch_lightning"}:
         return ("give Lightning the job's size: Trainer(num_nodes=N, devices=K, strategy='ddp') with N and K as in "
                 "phalanx run; a Trainer on one device runs alone in every process")
-    return ("call torch.distributed.init_process_group() (or phalanx.init()) before training; a script that does "
-            "not use torch.distributed runs with --nproc-per-node 1 on one node")
+    return ("call torch.distributed.init_process_group() (or phalanx.init()) and train with DDP; ranks that are "
+            "meant to work alone (an evaluation sharded by RANK) say so with --independent-ranks")

@@ -111,10 +111,10 @@ def _refuse_unresolved(what: str, why: str, waited_s: float) -> NoReturn:
     if waited_s > 0:
         raise JoinTimeout(
             f"{what} did not resolve within {waited_s:g} s ({why})",
-            "on Kubernetes a pod's DNS name appears once the pod is scheduled; the first pod may be pending, "
-            "or the headless Service missing.",
-            "check the first pod (kubectl get pods) and that the Service exists with publishNotReadyAddresses: true; "
-            "raise --join-timeout if pods start slowly",
+            "phalanx waited since the name may appear late: on Kubernetes a pod's DNS name appears once the pod "
+            "is scheduled, so the first pod may be pending, or its headless Service missing.",
+            "on Kubernetes, check the first pod (kubectl get pods) and that the Service exists with "
+            "publishNotReadyAddresses: true; elsewhere, check the name; raise --join-timeout if nodes start slowly",
         )
     raise SettingsRefused(
         f"{what} does not resolve to an address ({why})",
@@ -223,7 +223,7 @@ def _choose_as_node_zero(
         return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "node 0, and the address is its own")
     peer = peers[1] if len(peers) > 1 else None
     if peer is not None:
-        peer_ip = resolve_host(peer)
+        peer_ip = resolve_host(peer, what=f"node 1's host name {peer!r} (the second of the cluster's nodes)")
         local_addr, via = _routed_address(peer_ip, endpoint.port, interfaces, f"the route to node 1 ({peer})")
         if not via.is_loopback:
             trap = f"{endpoint.host!r} resolves to {endpoint_ip} here"
@@ -231,10 +231,13 @@ def _choose_as_node_zero(
                 endpoint, endpoint_ip, True, local_addr, via.name,
                 f"node 0; {trap}, so it advertises the address that routes to node 1 ({peer})",
             )  # fmt: skip
+    where = ("a loopback address" if ipaddress.ip_address(endpoint_ip).is_loopback
+             else "an address this host does not own")  # fmt: skip
     raise SettingsRefused(
         f"this is node 0, which hosts the store at {endpoint}, but {endpoint.host!r} resolves to {endpoint_ip} here, "
-        "an address the other nodes cannot reach it by",
-        "phalanx advertises the address on the network the nodes share, and cannot tell which one that is.",
+        f"{where}",
+        "phalanx advertises this host's address on the network the nodes share, and cannot tell which one that is "
+        "(the environment lists no other node to route towards).",
         "name the interface on that network with --interface IFNAME (ip -br addr lists them)",
     )
 

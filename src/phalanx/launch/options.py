@@ -144,6 +144,12 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "<job>-0.<service>, is then the endpoint",
         "NAME",
     ),
+    Option(
+        "independent-ranks",
+        values.parse_flag,
+        "the ranks are meant to work alone (an evaluation sharded by RANK): no check that they communicated",
+        is_switch=True,
+    ),
     Option("all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True),
     Option("dry-run", values.parse_flag, "print the plan and the torchrun command of each node, start nothing", is_switch=True),
 )

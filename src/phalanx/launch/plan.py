@@ -59,6 +59,8 @@ class NodePlan:
     notes: tuple[str, ...] = ()
     #: More settings the nodes compare before the first step (LaunchSpec.extra_fingerprint).
     extra_fingerprint: dict[str, str] = field(default_factory=dict)
+    #: The ranks are meant to work alone: no check that they communicated (--independent-ranks).
+    independent_ranks: bool = False
 
     @property
     def is_simulated(self) -> bool:
@@ -312,6 +314,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "max_restarts": spec.max_restarts,
         "join_timeout": spec.join_timeout,
         "extra_fingerprint": dict(spec.extra_fingerprint),
+        "independent_ranks": spec.independent_ranks,
     }
 
 

@@ -20,6 +20,8 @@ from types import FrameType
 
 import psutil
 
+from phalanx.worker_env import WorkerEnv
+
 _PR_SET_PDEATHSIG = 1
 
 #: Signals a launcher passes on to its child processes and otherwise ignores.
@@ -28,8 +30,13 @@ PASSED_ON = (signal.SIGUSR1, signal.SIGUSR2)
 
 def pass_on(signum: int, _frame: FrameType | None = None) -> None:
     """Sends ``signum`` to every child process of this one (a node agent's workers, a
-    simulation's node agents); one that is gone already is skipped."""
-    for child in psutil.Process().children(recursive=False):
+    simulation's node agents); one that is gone already is skipped. With no child yet (the nodes
+    are still meeting), it is kept in the environment the children will inherit, where the
+    workers' PreemptionGuard finds it (WorkerEnv.early_signal)."""
+    children = psutil.Process().children(recursive=False)
+    if not children and signum == signal.SIGUSR1:  # the preemption notice; SIGUSR2 is the script's own business
+        os.environ.update(WorkerEnv(early_signal=signal.Signals(signum).name).to_env())
+    for child in children:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(signum)
 

@@ -92,6 +92,7 @@ class LaunchSpec:
     simulate_nodes: int = 0
     standalone: bool = False
     all_ranks: bool = False
+    independent_ranks: bool = False
     dry_run: bool = False
     headless_service: str | None = None
     config_file: Path | None = field(default=None, compare=False)

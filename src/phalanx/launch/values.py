@@ -195,6 +195,7 @@ def parse_interface(value: object) -> str:
 
 
 def parse_service_name(value: object) -> str:
+    """``--headless-service``: a Kubernetes Service's name (a DNS-1035 label)."""
     text = _as_text(value)
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", text):
         raise InvalidValue(

@@ -11,9 +11,12 @@ sum a + b, which has one order only).
 
 Here every process's first training forward is preceded by a settling pass: the same forward, a
 backward of zero, so that DDP learns the gradients' order and rebuilds its buckets before the
-first real step, in a fresh run and a resumed one alike. It changes nothing else: the random
-number generators, the module's buffers (batch-norm statistics) and the gradients are put back,
-and gradient compression sends the zeros as a plain all-reduce, leaving its state alone.
+first real step, in a fresh run and a resumed one alike. What the pass touches is put back: the
+random number generators, the module's buffers (batch-norm statistics) and the gradients; and
+gradient compression sends the zeros as a plain all-reduce, leaving its state alone. (State a
+module keeps in plain attributes during its forward is not: such a module sees one forward more.)
+A first forward whose output holds no tensor that needs gradients cannot settle anything; that
+is said once, on stderr.
 A communication hook registered on the model by its user sees the settling pass's buckets too (a
 counting hook counts one reduction more). DDP offers no setting for its bucket order; this relies
 on its documented behaviour of rebuilding the buckets once, after the first backward (checked
@@ -23,6 +26,7 @@ against torch 2.13).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,6 +68,10 @@ class _Settle:
                 outputs = [t for t in _tensors(ddp(*args, **kwargs)) if t.requires_grad]
                 if outputs:
                     (sum(t.sum() for t in outputs) * 0).backward()
+                else:
+                    print("phalanx: the model's first forward returned no tensor that needs gradients, so DDP's "
+                          "gradient buckets could not be settled before the first step: a resumed run may differ "
+                          "from an uninterrupted one in the last bits", file=sys.stderr)  # fmt: skip
         finally:
             ddp.require_backward_grad_sync = syncs
             for parameter, gradient in zip(parameters, gradients):

@@ -131,17 +131,21 @@ class CheckpointManager:
 
     def _write(self, path: Path, payload: dict[str, Any]) -> None:
         staging = path.with_name(f".{path.name}.staging-{os.getpid()}")
+        checksum_written = False
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             _write_atomically(staging, lambda handle: torch.save(payload, handle))
             # The checksum lands first: a data file without its checksum is never trusted.
             _write_atomically(path.with_suffix(".sha256"), lambda handle: handle.write(_sha256(staging).encode()))
+            checksum_written = True
             os.replace(staging, path)
+            checksum_written = False  # the pair is complete: a failure from here on leaves it whole
             self._fsync_directory()
         except (OSError, RuntimeError) as error:
             self._remove_temporaries(own=True)
-            with contextlib.suppress(OSError):
-                path.with_suffix(".sha256").unlink(missing_ok=True)
+            if checksum_written:  # a checksum whose data never landed
+                with contextlib.suppress(OSError):
+                    path.with_suffix(".sha256").unlink(missing_ok=True)
             # torch's zip writer reports a failed write as a RuntimeError on top of the OSError
             cause = error if isinstance(error, OSError) else error.__context__
             if not isinstance(cause, OSError):
@@ -152,9 +156,12 @@ class CheckpointManager:
         kept = self.checkpoints()
         previous = f"the previous checkpoint ({kept[0][1].name}) is intact" if kept else "there is no earlier checkpoint"
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            free = shutil.disk_usage(self.directory).free if self.directory.exists() else 0
+            try:
+                free = f" ({shutil.disk_usage(self.directory).free / 2**20:.0f} MiB free)"
+            except OSError:
+                free = ""
             return CheckpointNotSaved(
-                f"checkpoint {path} could not be written: the disk is full ({free / 2**20:.0f} MiB free)",
+                f"checkpoint {path} could not be written: the disk is full{free}",
                 f"nothing of it was kept; {previous}, and a relaunch resumes from it.",
                 f"free space on that disk, or give a checkpoint folder on another disk; keeping fewer checkpoints "
                 f"(now {self.keep}) needs less",
@@ -212,20 +219,23 @@ class CheckpointManager:
                     return step, str(path), torch.load(path, map_location="cpu", weights_only=True)
                 except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as error:
                     problem = _why_it_does_not_load(path, error)
-            aside = self._set_aside(path)
-            print(f"phalanx: checkpoint {path} is damaged ({problem}); kept as {aside.name}, trying the previous one",
+            print(f"phalanx: checkpoint {path} is damaged ({problem}); {self._set_aside(path)}, trying the previous one",
                   file=sys.stderr)  # fmt: skip
         return None
 
     @staticmethod
-    def _set_aside(path: Path) -> Path:
-        """Renames a damaged checkpoint (and its checksum) out of the way: no longer one of the checkpoints."""
+    def _set_aside(path: Path) -> str:
+        """Renames a damaged checkpoint (and its checksum) out of the way, so that pruning never
+        counts it; says where it went (or why it stays, in a folder that cannot be written)."""
         aside = path.with_name(path.name + DAMAGED_SUFFIX)
-        os.replace(path, aside)
-        checksum = path.with_suffix(".sha256")
-        if checksum.exists():
-            os.replace(checksum, checksum.with_name(checksum.name + DAMAGED_SUFFIX))
-        return aside
+        try:
+            os.replace(path, aside)
+            checksum = path.with_suffix(".sha256")
+            if checksum.exists():
+                os.replace(checksum, checksum.with_name(checksum.name + DAMAGED_SUFFIX))
+        except OSError as error:
+            return f"left where it is ({error.strerror or error})"
+        return f"kept as {aside.name}"
 
     @staticmethod
     def _problem_with(path: Path) -> str | None:

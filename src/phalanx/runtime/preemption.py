@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
-from phalanx.worker_env import EARLY_SIGNAL_VARIABLE
+from phalanx.worker_env import WorkerEnv
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -65,7 +65,7 @@ class PreemptionGuard:
         self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
         for signum in signals:
             signal.signal(signum, self._on_signal)
-        early = os.environ.pop(EARLY_SIGNAL_VARIABLE, None)  # came while the worker was starting
+        early = os.environ.pop(WorkerEnv.key_of("early_signal"), None)  # came while the worker was starting
         if early in {sig.name for sig in signals}:
             self.received = signal.Signals[early]
 

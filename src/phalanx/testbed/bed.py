@@ -7,9 +7,9 @@ hostname resolves to 127.0.0.1 and the host's own name to 127.0.1.1: the /etc/ho
 real clusters. Links can be shaped (rate with ``tbf``, delay and loss with ``netem`` where the
 kernel has it) and cut (the bridge's port goes down: packets vanish, as with a pulled cable).
 
-Everything a bed creates carries its name: namespaces ``<bed>-<host>``, links ``<bed>-...``,
-``/etc/netns/<bed>-<host>/`` and ``/run/phalanx-testbed/<bed>.json``, so that :func:`tear_down`
-removes a bed whose creator was interrupted, and nothing else.
+Everything a bed creates carries its name: namespaces ``tb-<bed>-<host>``, links ``tb<bed>-...``,
+``/etc/netns/tb-<bed>-<host>/`` and ``/run/phalanx-testbed/<bed>.json`` (written first), so that
+:func:`tear_down` removes a bed whose creator was interrupted, and nothing that is not a bed's.
 """
 
 from __future__ import annotations
@@ -27,20 +27,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from phalanx.errors import SettingsRefused
+from phalanx.errors import PhalanxError, SettingsRefused
 
 STATE_DIR = Path("/run/phalanx-testbed")
 NETNS_ETC = Path("/etc/netns")
 #: The bridge's own address on every bed: 10.<subnet>.0.254.
 BRIDGE_HOST = 254
-#: Interface names are at most 15 characters: "<bed>-br" and "<bed>-v<k>" must fit.
+#: Interface names are at most 15 characters: "tb<bed>-br" and "tb<bed>-v<k>" must fit.
 MAX_NAME = 8
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _HOST = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
 
-class TestBedError(RuntimeError):
-    """A command the bed ran failed; the message has the command and what it printed."""
+class TestBedError(PhalanxError):
+    """A command the bed ran failed; the message has the command and what it printed (exit code 1)."""
+
+    __test__ = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class Shaping:
 
 @dataclass(frozen=True)
 class Host:
+    """One host of a bed: its name, namespace, address, and the bridge's side of its link."""
+
     name: str
     namespace: str
     address: str
@@ -95,7 +99,7 @@ class TestBed:
 
     @property
     def bridge(self) -> str:
-        return f"{self.name}-br"
+        return f"{link_prefix(self.name)}br"
 
     @property
     def bridge_address(self) -> str:
@@ -126,6 +130,7 @@ class TestBed:
         self.save()
 
     def restore_link(self, name: str) -> None:
+        """Reconnects a host that :meth:`cut_link` cut off."""
         host = self.host(name)
         _ip("link", "set", host.port, "up")
         if name in self.cut:
@@ -159,16 +164,25 @@ class TestBed:
 
     def processes(self, name: str) -> list[int]:
         """The processes running in a host's network namespace."""
-        listed = subprocess.run(["ip", "netns", "pids", self.host(name).namespace], capture_output=True, text=True,
-                                timeout=10)  # fmt: skip
-        return [int(pid) for pid in listed.stdout.split()]
+        return namespace_pids(self.host(name).namespace)
 
     def down(self) -> None:
         tear_down(self.name)
 
 
 def state_file(name: str) -> Path:
+    """Where a bed's hosts, shaping and cuts are kept; written before anything else is built."""
     return STATE_DIR / f"{name}.json"
+
+
+def namespace_prefix(name: str) -> str:
+    """Every namespace of a bed (and its /etc/netns folder) begins so: ``tb-<bed>-<host>``."""
+    return f"tb-{name}-"
+
+
+def link_prefix(name: str) -> str:
+    """Every link of a bed begins so: ``tb<bed>-br`` (the bridge), ``tb<bed>-v<k>`` (host k's port)."""
+    return f"tb{name}-"
 
 
 def check_can_build() -> None:
@@ -215,9 +229,12 @@ def build(
             "its namespaces or its state file are still there.",
             f"use it, or remove it first: phalanx testbed down --name {name}",
         )
+    if subnet is not None:
+        _check_subnet(subnet)
     subnet = subnet if subnet is not None else _free_subnet()
     bed = TestBed(name, subnet, [
-        Host(host, f"{name}-{host}", f"10.{subnet}.0.{k}", f"{name}-v{k}") for k, host in enumerate(host_names, 1)
+        Host(host, f"{namespace_prefix(name)}{host}", f"10.{subnet}.0.{k}", f"{link_prefix(name)}v{k}")
+        for k, host in enumerate(host_names, 1)
     ])  # fmt: skip
     with _interruptible():
         try:
@@ -251,6 +268,8 @@ test_bed.__test__ = False  # type: ignore[attr-defined]
 def tear_down(name: str) -> list[str]:
     """Removes everything a bed named ``name`` made, also half-built: kills its hosts' processes,
     then deletes its namespaces, links, hosts files and state. Returns what it removed."""
+    if not state_file(name).exists():
+        return []  # not a bed of ours (its state is written before anything is built): touch nothing
     removed = []
     for namespace in _namespaces_of(name):
         _kill_processes(namespace)
@@ -259,7 +278,7 @@ def tear_down(name: str) -> list[str]:
     for link in _links_of(name):
         subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=10)
         removed.append(f"link {link}")
-    for folder in NETNS_ETC.glob(f"{name}-*") if NETNS_ETC.is_dir() else ():
+    for folder in NETNS_ETC.glob(f"{namespace_prefix(name)}*") if NETNS_ETC.is_dir() else ():
         shutil.rmtree(folder, ignore_errors=True)
     state_file(name).unlink(missing_ok=True)
     return removed
@@ -278,7 +297,11 @@ def _ip(*args: str) -> None:
 def _run(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise TestBedError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout).strip()}")
+        raise TestBedError(
+            f"the test bed's command `{' '.join(argv)}` failed: {(done.stderr or done.stdout).strip()}",
+            "the kernel refused a namespace, link or queue the bed needs.",
+            "phalanx testbed down removes what was built; check that this machine allows network namespaces",
+        )
 
 
 def _add_host(bed: TestBed, host: Host) -> None:
@@ -324,36 +347,55 @@ def _apply_shaping(host: Host, shaping: Shaping) -> None:
 
 def _namespaces_of(name: str) -> list[str]:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10)
-    return [line.split()[0] for line in listed.stdout.splitlines() if line.startswith(f"{name}-")]
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.startswith(namespace_prefix(name))]
 
 
 def _links_of(name: str) -> list[str]:
     listed = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10)
     names = [line.split(":")[1].strip().split("@")[0] for line in listed.stdout.splitlines() if ":" in line]
-    return [link for link in names if link.startswith(f"{name}-")]
+    return [link for link in names if link.startswith(link_prefix(name))]
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    """The processes in a network namespace (zombies left to an init that never reaps them aside)."""
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
+    return [int(pid) for pid in listed.stdout.split()]
 
 
 def _kill_processes(namespace: str) -> None:
-    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
-    for pid in listed.stdout.split():
+    for pid in namespace_pids(namespace):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True, timeout=10)
-        if not listed.stdout.split():
-            return
+    while namespace_pids(namespace) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
 def _free_subnet() -> int:
-    listed = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=10)
-    used = {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.", listed.stdout)}
-    used |= {beds_subnet for beds_subnet in _subnets_of_beds()}
+    used = _used_subnets()
     for subnet in range(200, 250):
         if subnet not in used:
             return subnet
-    raise TestBedError("no free 10.x.0.0/24 subnet among 10.200 to 10.249: remove some beds (phalanx testbed down)")
+    raise SettingsRefused(
+        "no free 10.x.0.0/24 subnet among 10.200 to 10.249", "routes or other beds use all of them.",
+        "remove beds you no longer need (phalanx testbed down --name NAME), or give --subnet N",
+    )  # fmt: skip
+
+
+def _check_subnet(subnet: int) -> None:
+    if not 0 <= subnet <= 255:
+        raise SettingsRefused(f"--subnet {subnet}: the second byte of 10.x.0.0 is 0 to 255", hint="for example --subnet 200")
+    if subnet in _used_subnets():
+        raise SettingsRefused(
+            f"--subnet {subnet}: 10.{subnet}.0.0/24 is in use here (a route or another bed)",
+            "two networks with the same addresses would make the hosts unreachable.",
+            "pick another, or leave --subnet out to take the first free one",
+        )
+
+
+def _used_subnets() -> set[int]:
+    listed = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=10)
+    return {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.", listed.stdout)} | set(_subnets_of_beds())
 
 
 def _subnets_of_beds() -> list[int]:

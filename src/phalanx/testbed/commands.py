@@ -104,15 +104,21 @@ def _run_everywhere(bed: TestBed, command: list[str]) -> int:
               for host, process in zip(bed.hosts, processes)]  # fmt: skip
     for relay in relays:
         relay.start()
+
+    def stop(signum: int, _frame: object) -> None:  # Ctrl-C or SIGTERM: to every host's command, then wait
+        for process in processes:
+            _signal_group(process, signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         codes = [process.wait() for process in processes]
-    except KeyboardInterrupt:
-        for process in processes:
-            _signal_group(process, signal.SIGINT)
-        codes = [process.wait() for process in processes]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
-    return next((code for code in codes if code != 0), 0)
+    # as a shell reports them: a command ended by signal N exits with 128 + N
+    return next((code if code > 0 else 128 - code for code in codes if code != 0), 0)
 
 
 def _relay(name: str, process: subprocess.Popen[str]) -> None:

@@ -56,11 +56,15 @@ class SlurmCluster:
         path = self.folder / f"{daemon}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def stop(self) -> None:
-        """Stops every daemon (and, with the bed's hosts, every job step they started)."""
+    def cancel_jobs(self) -> None:
+        """Cancels every job on the cluster, batch shells and steps alike."""
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(["scancel", "--full", "--user", "root"], env={**os.environ, **self.env},
                            capture_output=True, timeout=10)  # fmt: skip
+
+    def stop(self) -> None:
+        """Stops every daemon (and, with the bed's hosts, every job step they started)."""
+        self.cancel_jobs()
         for daemon in self.daemons:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(daemon.pid, signal.SIGTERM)
@@ -75,6 +79,7 @@ class SlurmCluster:
 
 
 def missing_commands() -> list[str]:
+    """SLURM's daemons and commands this machine lacks (Debian's slurmctld, slurmd, slurm-client)."""
     return [name for name in DAEMONS if shutil.which(name) is None]
 
 
@@ -168,13 +173,12 @@ def _wait_until_idle(cluster: SlurmCluster, env: dict[str, str]) -> None:
         lines = states.splitlines()
         if len(lines) == len(cluster.bed.hosts) and all(line.split()[1] == "idle" for line in lines):
             return
-        for daemon in cluster.daemons:
-            if daemon.poll() is not None:
-                break
+        if any(daemon.poll() is not None for daemon in cluster.daemons):
+            break  # a daemon died: its log says why
         time.sleep(0.5)
     logs = "\n".join(f"--- {name}\n{cluster.log(name)[-2000:]}" for name in
                      ["slurmctld", *(f"slurmd-{h.name}" for h in cluster.bed.hosts)])  # fmt: skip
-    raise RuntimeError(f"the SLURM nodes were not idle within {READY_TIMEOUT_S:g} s (sinfo: {states!r})\n{logs}")
+    raise RuntimeError(f"the SLURM nodes were not idle (sinfo: {states!r}; a daemon may have died)\n{logs}")
 
 
 @contextlib.contextmanager
