@@ -30,20 +30,26 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not cluster"
 
 # The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
-# namespaces; root) and the test bed's own tests. About 10 minutes. `make cluster-deps` installs
-# SLURM first.
+# namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own
+# tests. About 12 minutes. `make cluster-deps` installs SLURM and OpenSSH first.
 test-cluster: $(STAMP) cluster-deps
 	$(BIN)/python -m pytest -q -rP -m cluster
 
-# SLURM's daemons and client tools from Debian's packages, when missing (needs root and apt-get).
+# What the second stage runs besides Python: SLURM's daemons and client tools, OpenSSH's sshd and
+# client (phalanx launch's tests) and iptables (a blocked port), from Debian's packages, when
+# missing (needs root and apt-get).
+CLUSTER_TOOLS := slurmctld slurmd sbatch sshd ssh ssh-keygen iptables
+CLUSTER_PACKAGES := slurmctld slurmd slurm-client openssh-server openssh-client iptables
 cluster-deps:
-	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; then \
-		echo "SLURM is installed: $$(slurmd -V)"; \
+	@missing=""; for tool in $(CLUSTER_TOOLS); do \
+		command -v $$tool >/dev/null || test -x /usr/sbin/$$tool || missing="$$missing $$tool"; done; \
+	if [ -z "$$missing" ]; then \
+		echo "SLURM, OpenSSH and iptables are installed: $$(slurmd -V)"; \
 	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
-		echo "make cluster-deps: installing SLURM needs root and apt-get; the cluster tests will skip" >&2; \
+		echo "make cluster-deps: missing$$missing; installing needs root and apt-get; those tests will skip" >&2; \
 	else \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			slurmctld slurmd slurm-client >/dev/null && slurmd -V; \
+			$(CLUSTER_PACKAGES) >/dev/null && slurmd -V; \
 	fi
 
 bench: $(STAMP)

@@ -42,17 +42,23 @@ class Completed:
 
 def run_command(argv: list[str], *, timeout: float, cwd: Path, env: dict[str, str] | None = None) -> Completed:
     """Runs argv in a session of its own; on timeout the whole process group is killed."""
-    started = time.monotonic()
     process = subprocess.Popen(
         argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )  # fmt: skip
+    return finish(process, timeout)
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> Completed:
+    """Waits for a process started in a session of its own; fails the test, its group killed, if
+    it does not end within ``timeout``. ``seconds`` counts from this call."""
+    started = time.monotonic()
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"{argv} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+        pytest.fail(f"{process.args} did not finish within {timeout} s\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
     finally:
         kill_group(process.pid)
     return Completed(process.returncode, stdout, stderr, time.monotonic() - started)

@@ -2,6 +2,7 @@
 
 Commands:
   run     launch a training script on one or many nodes (torchrun's vocabulary)
+  launch  run a training script on several hosts over ssh, after checking every host
   slurm   write or submit a SLURM batch script: one phalanx run per node, requeue on preemption
   env     this machine's report: versions, GPUs, network, limits, launch settings, known traps
   doctor  check nodes and network before training: a comparison, measurements, a verdict
@@ -27,6 +28,7 @@ from phalanx import __version__
 from phalanx.cli import bench as bench_cli
 from phalanx.cli import doctor as doctor_cli
 from phalanx.cli import env as env_cli
+from phalanx.cli import launch as launch_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
 from phalanx.cli import slurm as slurm_cli
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run_cli.add_parser(commands)
+    launch_cli.add_parser(commands)
     slurm_cli.add_parser(commands)
     env_cli.add_parser(commands)
     doctor_cli.add_parser(commands)

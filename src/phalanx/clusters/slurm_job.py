@@ -16,7 +16,7 @@ from phalanx.clusters.sbatch import SlurmJob, check_time_limit
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, resolve_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import NodeRange
 
@@ -74,12 +74,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
 
 def _run_command(args: argparse.Namespace, config_path: Path | None) -> list[str]:
     """``python -m phalanx run`` with the launch flags given, as every node runs it."""
-    command = [sys.executable, "-m", "phalanx", "run"]
-    for option in LAUNCH_OPTIONS:
-        value = getattr(args, option.field)
-        if value is None or option.field in _FROM_SLURM or option.field in _NOT_FOR_SLURM:
-            continue
-        command += [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", str(value)]
+    command = [sys.executable, "-m", "phalanx", "run", *given_flags(args, leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM})]
     if config_path is not None:
         command += ["--config", str(config_path)]
     if args.module:

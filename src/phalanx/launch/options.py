@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +179,26 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     parser.add_argument("training_script", nargs="?", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
+
+
+def given_flags(args: argparse.Namespace, leave_out: Collection[str] = ()) -> list[str]:
+    """The launch flags set on the command line, as ``phalanx run`` takes them: for the command
+    that another tool (a batch script, a remote host) runs on every node.
+
+    Args:
+        args: a Namespace from a parser with :func:`add_launch_options`.
+        leave_out: fields (``"nnodes"``) the caller sets itself or refuses.
+
+    Returns:
+        ``["--nproc-per-node", "4", "--all-ranks", ...]`` in :data:`LAUNCH_OPTIONS`' order.
+    """
+    argv: list[str] = []
+    for option in LAUNCH_OPTIONS:
+        value = getattr(args, option.field)
+        if value is None or option.field in leave_out:
+            continue
+        argv += [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", str(value)]
+    return argv
 
 
 def read_config_file(path: Path) -> dict[str, object]:

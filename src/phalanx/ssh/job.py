@@ -1,0 +1,199 @@
+"""``phalanx launch``'s settings as an :class:`SshJob`, the command each host runs, and the launch:
+settings checked here, the preflight on every host, then ``phalanx run`` everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import os
+import secrets
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from phalanx import __version__
+from phalanx.console import say
+from phalanx.errors import SettingsRefused
+from phalanx.exit_codes import ExitCode
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, resolve_settings
+from phalanx.launch.values import DEFAULT_RDZV_PORT, Resolved
+from phalanx.ssh.fanout import run_on_hosts
+from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
+from phalanx.ssh.preflight import Expectation, run_preflight
+from phalanx.ssh.transport import Ssh
+
+#: Variables passed on to every host unless --no-default-env: NCCL's, Gloo's, Python's and phalanx's own.
+FORWARDED = ("NCCL_*", "GLOO_*", "PYTHON*", "PHALANX_*")
+#: Launch options phalanx launch sets itself on every host.
+_SET_HERE = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id", "dry_run")
+#: Launch options that describe a run on this machine alone.
+_NOT_FOR_HOSTS = {"simulate_nodes": "rehearses several nodes on this machine",
+                  "standalone": "means one node with a private rendezvous",
+                  "headless_service": "is for pods of a Kubernetes Indexed Job"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SshJob:
+    """A job over ssh: the hosts, each host's processes, the endpoint's port, what runs there."""
+
+    hosts: tuple[SshHost, ...]
+    nproc: str  # on every host
+    port: int
+    endpoint_host: str | None
+    rdzv_id: str
+    python: str
+    cwd: str
+    run_args: tuple[str, ...]  # phalanx run's flags and the script with its arguments, less those set per job
+    files: dict[str, str | None]  # the script and config file: path -> SHA-256 here (None: not here)
+    environment: dict[str, str]
+    grace_s: float
+    dry_run: bool
+
+    def command(self, endpoint: str) -> str:
+        """The shell line each host runs: in the same folder, with the forwarded variables."""
+        env = [f"{name}={value}" for name, value in sorted(self.environment.items())]
+        run = [self.python, "-m", "phalanx", "run", "--nnodes", str(len(self.hosts)), "--nproc-per-node", self.nproc,
+               "--rdzv-endpoint", f"{endpoint}:{self.port}", "--rdzv-id", self.rdzv_id, *self.run_args]  # fmt: skip
+        guard = [self.python, "-m", "phalanx.ssh.remote", "--grace", f"{self.grace_s:g}", "--"]
+        return f"cd {shlex.quote(self.cwd)} && exec " + shlex.join(["env", *env, *guard, *run])
+
+    def expectation(self) -> Expectation:
+        return Expectation(python=self.python, cwd=self.cwd, files=self.files, phalanx=__version__, port=self.port,
+                           nproc=self.nproc, endpoint_host=self.endpoint_host)  # fmt: skip
+
+
+def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> SshJob:
+    """The job ``phalanx launch`` was asked for; refuses what cannot work before connecting."""
+    environ = os.environ if environ is None else environ
+    hosts = _hosts(args)
+    if not args.training_script:
+        raise SettingsRefused("no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]")
+    config_text = args.config or environ.get("PHALANX_CONFIG")
+    config_path = Path(config_text) if config_text else None
+    config = read_config_file(config_path) if config_path else {}
+    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
+    settings = resolve_settings(flags, environ, config, config_path)
+    for name, why in _NOT_FOR_HOSTS.items():
+        if name in settings and settings[name].value:
+            flag = name.replace("_", "-")
+            raise SettingsRefused(f"--{flag} with phalanx launch (from {settings[name].origin})",
+                                  f"--{flag} {why}; phalanx launch runs one node on each host it is given.",
+                                  "drop it (unset the variable, or remove it from the config)")  # fmt: skip
+    if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:
+        raise SettingsRefused(
+            f"{settings['nnodes'].origin} gives {settings['nnodes'].value} nodes, but {len(hosts)} hosts are named",
+            "phalanx launch runs one node on each host.", "drop --nnodes: the host list says how many nodes there are"
+        )  # fmt: skip
+    endpoint = settings["rdzv_endpoint"].value if "rdzv_endpoint" in settings else None
+    files = {} if args.module else {args.training_script: _sha256(Path(args.training_script))}
+    if config_path is not None:
+        files[str(config_path)] = _sha256(config_path)
+    run_args = [*given_flags(args, leave_out=(*_SET_HERE, *_NOT_FOR_HOSTS))]
+    run_args += ["--config", str(config_path)] if config_path else []
+    run_args += ["-m"] if args.module else []
+    run_args += [args.training_script, *args.training_script_args]
+    rdzv_id = str(settings["rdzv_id"].value) if "rdzv_id" in settings else f"launch-{secrets.token_hex(4)}"
+    return SshJob(
+        hosts=tuple(hosts),
+        nproc=_nproc(hosts, settings["nproc_per_node"] if "nproc_per_node" in settings else None),
+        port=endpoint.port if endpoint else DEFAULT_RDZV_PORT,
+        endpoint_host=endpoint.host if endpoint else None,
+        rdzv_id=rdzv_id,
+        python=args.remote_python or sys.executable,
+        cwd=os.getcwd(),
+        run_args=tuple(run_args),
+        files=files,
+        environment=_environment(environ, args.env, default=not args.no_default_env),
+        grace_s=args.grace,
+        dry_run=bool(args.dry_run),
+    )
+
+
+def launch(job: SshJob, ssh: Ssh, preflight_timeout_s: float) -> int:
+    """The preflight on every host, its table, then ``phalanx run`` on each (or, with --dry-run,
+    the command each would run).
+
+    Args:
+        job: from :func:`job_from_args`.
+        ssh: how to reach the hosts.
+        preflight_timeout_s: the bound for the preflight.
+
+    Returns:
+        The job's exit code (see :func:`phalanx.ssh.fanout.run_on_hosts`); 2 when refused.
+
+    Example:
+        >>> launch(job_from_args(args), Ssh(), preflight_timeout_s=30)  # doctest: +SKIP
+    """
+    found = run_preflight(job.hosts, ssh, job.expectation(), preflight_timeout_s)
+    hosts = f"{len(job.hosts)} host{'s' if len(job.hosts) > 1 else ''}"
+    say(f"phalanx launch: preflight of {hosts} in {found.seconds:.1f} s\n{found.table()}")
+    if not found.ok:
+        raise found.refusal()
+    assert found.endpoint is not None
+    command = job.command(found.endpoint)
+    if job.dry_run:
+        print(f"# on each of {', '.join(host.name for host in job.hosts)}, over ssh:\n{command}")
+        return ExitCode.OK
+    say(f"phalanx launch: starting phalanx run on {hosts}, endpoint {found.endpoint}:{job.port}, "
+        f"rendezvous ID {job.rdzv_id}")  # fmt: skip
+    return run_on_hosts(job.hosts, ssh, [command] * len(job.hosts), job.grace_s)
+
+
+def _hosts(args: argparse.Namespace) -> list[SshHost]:
+    if bool(args.hosts) == bool(args.hostfile):
+        raise SettingsRefused(
+            "both --hosts and --hostfile" if args.hosts else "no hosts given",
+            "phalanx launch runs the job on the hosts of one list.",
+            "give --hosts h1,h2[:SLOTS] or --hostfile FILE (lines: host slots=N)",
+        )
+    return parse_host_list(args.hosts) if args.hosts else read_hostfile(Path(args.hostfile))
+
+
+def _nproc(hosts: list[SshHost], given: Resolved | None) -> str:
+    """The processes of every host: its slots, else --nproc-per-node, else 1; the same on all."""
+    slots = {host.slots for host in hosts if host.slots is not None}
+    shown = ", ".join(f"{host.label}:{host.slots or '-'}" for host in hosts)
+    if given is not None:
+        value = str(given.value)
+        if slots and slots != {int(value) if value.isdigit() else None}:
+            raise SettingsRefused(f"{given.origin} is {value}, but the host list gives slots {shown}",
+                                  "a host's slots are its worker processes; the two must agree.",
+                                  "drop one of them")  # fmt: skip
+        return value
+    if len(slots) > 1 or (slots and any(host.slots is None for host in hosts)):
+        raise SettingsRefused(
+            f"the hosts have different slots ({shown})",
+            "phalanx runs the same number of processes on every node (its nodes compare --nproc-per-node).",
+            "give every host the same slots, or leave slots out and give --nproc-per-node",
+        )
+    return str(slots.pop()) if slots else "1"
+
+
+def _environment(environ: Mapping[str, str], names: list[str], default: bool) -> dict[str, str]:
+    """The variables every host gets: the defaults' patterns, then ``--env NAME[=VALUE]``."""
+    chosen = {k: v for k, v in environ.items() if default and any(fnmatch.fnmatchcase(k, p) for p in FORWARDED)}
+    chosen.pop("PHALANX_CONFIG", None)  # a path on this machine; --config is passed on as a flag
+    for item in names:
+        name, equals, value = item.partition("=")
+        if not name.isidentifier():
+            raise SettingsRefused(f"--env {item}: {name!r} is not a variable name", hint="--env NAME or --env NAME=VALUE")
+        if equals:
+            chosen[name] = value
+        elif name in environ:
+            chosen[name] = environ[name]
+        else:
+            raise SettingsRefused(f"--env {name}: it is not set here", "--env NAME passes this machine's value on.",
+                                  f"set it first, or give the value: --env {name}=VALUE")  # fmt: skip
+    return chosen
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None  # launched from a machine without it: the hosts' copies are compared to the first's
+    except OSError as error:
+        raise SettingsRefused(f"{path} cannot be read here ({error.strerror})", hint="check its permissions") from None

@@ -1,0 +1,319 @@
+"""``phalanx launch``'s preflight: every host asked at once, over ssh, within a time bound, whether
+the job can start there; one table of the answers, and a refusal naming each host that cannot.
+
+Per host: ssh works without a question, the same Python (major.minor), phalanx and torch as the
+others, the working folder exists, the script (and config file) is the same file as here (by
+SHA-256), enough GPUs for the processes asked, a route towards the first host, and a connection
+to the rendezvous port on it. For the last one the first host listens on that port during the
+preflight (which also proves the port free there), answering with a token, so that a
+connection that reaches some other program does not count.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import select
+import subprocess
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.console import format_table
+from phalanx.errors import SettingsRefused
+from phalanx.ssh.hosts import SshHost
+from phalanx.ssh.transport import Ssh, probe_command
+
+#: ssh's own exit code when it could not connect or authenticate.
+SSH_FAILED = 255
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What every host must have: the launcher's view of the job."""
+
+    python: str  # the interpreter to run on each host
+    cwd: str
+    files: dict[str, str | None]  # path (as given) -> its SHA-256 here, None where the file is not here
+    phalanx: str  # the launcher's phalanx version
+    port: int
+    nproc: str  # each host's processes, as --nproc-per-node takes them (a number, auto, gpu, cpu)
+    endpoint_host: str | None = None  # the user's --rdzv-endpoint host; None: find one
+
+
+@dataclass
+class HostCheck:
+    """One host's answers (``cells``, the table's row) and what cannot work there (what, hint)."""
+
+    host: SshHost
+    cells: dict[str, str] = field(default_factory=dict)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    facts: dict[str, Any] | None = None
+
+    def refuse(self, what: str, hint: str) -> None:
+        self.problems.append((what, hint))
+
+
+@dataclass
+class Preflight:
+    """The preflight's outcome: a check per host, the endpoint every host reached, its duration."""
+
+    checks: list[HostCheck]
+    endpoint: str | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.endpoint is not None and not any(check.problems for check in self.checks)
+
+    def table(self) -> str:
+        headers = ["host", "ssh", "python", "phalanx", "torch", "files", "gpus", "route to first host", "rendezvous port"]
+        rows = [[check.host.label, *(check.cells.get(h, "-") for h in headers[1:])] for check in self.checks]
+        return format_table(headers, rows)
+
+    def refusal(self) -> SettingsRefused:
+        failing = [check for check in self.checks if check.problems]
+        lines = [f"{check.host.label}: {what}\n  HINT: {hint}" for check in failing for what, hint in check.problems]
+        names = ", ".join(check.host.label for check in failing) or "the first host"
+        return SettingsRefused(
+            f"the preflight found hosts where the job cannot start: {names}; nothing was started",
+            "\n".join(lines) or "no address of the first host was reachable from every host.",
+            "fix what each host's HINT says, then launch again (--dry-run runs the preflight alone)",
+        )
+
+
+def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeout_s: float) -> Preflight:
+    """Asks every host in parallel; returns within about ``timeout_s`` whatever the hosts do.
+
+    Args:
+        hosts: the job's hosts; the first will host the rendezvous.
+        ssh: how to reach them.
+        expect: what each must have.
+        timeout_s: the bound for the whole preflight.
+
+    Returns:
+        A :class:`Preflight`; ``ok`` when the job can start, with the endpoint every host reached.
+
+    Example:
+        >>> found = run_preflight(hosts, Ssh(), expect, timeout_s=30)  # doctest: +SKIP
+        >>> print(found.table()); found.ok  # doctest: +SKIP
+    """
+    started = time.monotonic()
+    deadline = started + timeout_s
+    checks = [HostCheck(host) for host in hosts]
+    token = secrets.token_hex(8)
+    listen = probe_command(expect.python, "listen", {"port": expect.port, "token": token})
+    listener = subprocess.Popen(ssh.argv(hosts[0].name, listen), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        facts = probe_command(expect.python, "facts", {"cwd": expect.cwd, "files": list(expect.files)})
+        answers = _on_every_host(hosts, ssh, facts, deadline)
+        for check, answer in zip(checks, answers):
+            _read_facts(check, answer, expect)
+        _compare_hosts(checks, expect)
+        endpoint = None
+        if not checks[0].problems and _listening(listener, checks[0], expect.port, deadline):
+            candidates = _candidates(hosts[0], ssh, checks[0].facts or {}, expect.endpoint_host)
+            request = {"candidates": candidates, "port": expect.port, "token": token}
+            reach = probe_command(expect.python, "reach", request)
+            reachable = [check for check in checks if check.facts is not None]
+            answers = _on_every_host([check.host for check in reachable], ssh, reach, deadline)
+            endpoint = _read_reach(reachable, answers, candidates, expect.port)
+    finally:
+        _close(listener)
+    return Preflight(checks, endpoint, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    code: int | None  # None: no answer within the deadline
+    stdout: str
+    stderr: str
+
+
+def _on_every_host(hosts: Sequence[SshHost], ssh: Ssh, command: str, deadline: float) -> list[_Answer]:
+    def ask(host: SshHost) -> _Answer:
+        try:
+            done = subprocess.run(ssh.argv(host.name, command), stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=max(0.1, deadline - time.monotonic()))  # fmt: skip
+        except subprocess.TimeoutExpired as expired:
+            return _Answer(None, _text(expired.stdout), _text(expired.stderr))
+        return _Answer(done.returncode, done.stdout, done.stderr)
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        return list(pool.map(ask, hosts))
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+def _json_line(answer: _Answer) -> dict[str, Any] | None:
+    for line in reversed(answer.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _read_facts(check: HostCheck, answer: _Answer, expect: Expectation) -> None:
+    name = check.host.label
+    if answer.code is None:
+        check.cells["ssh"] = "no answer"
+        check.refuse("did not answer in time", f"check that it is up and that `ssh {check.host.name} true` returns at once")
+        return
+    if answer.code == SSH_FAILED:
+        check.cells["ssh"] = "failed"
+        check.refuse(f"ssh failed: {_last_line(answer.stderr)}",
+                     f"`ssh {check.host.name} true` must work without a question: a key (ssh-copy-id), the host "
+                     "in known_hosts, the user and port in ~/.ssh/config (or --ssh-config)")  # fmt: skip
+        return
+    check.cells["ssh"] = "ok"
+    facts = _json_line(answer)
+    if facts is None:
+        check.cells["python"] = "missing" if answer.code in (126, 127) else "failed"
+        check.refuse(f"{expect.python} did not run there ({_last_line(answer.stderr)})",
+                     f"install the same environment on {name}, or name its Python with --remote-python PATH")  # fmt: skip
+        return
+    check.facts = facts
+    check.cells["python"] = facts["python"]
+    check.cells["phalanx"] = facts["phalanx"] or "missing"
+    check.cells["torch"] = facts["torch"] or "missing"
+    check.cells["gpus"] = str(facts["gpus"])
+    if facts["phalanx"] != expect.phalanx:
+        check.refuse(f"phalanx {facts['phalanx'] or 'is not installed'} (this machine has {expect.phalanx})",
+                     f"install phalanx {expect.phalanx} into {expect.python} on {name}")  # fmt: skip
+    if facts["torch"] is None:
+        check.refuse("torch is not installed", f"install the torch of the other hosts into {expect.python} on {name}")
+    if "cwd_error" in facts:
+        check.cells["files"] = "no folder"
+        check.refuse(f"the working folder {expect.cwd} is missing ({facts['cwd_error']})",
+                     "every host runs in this same folder: put the project there (rsync, or a shared file system), "
+                     "or launch from a folder every host has")  # fmt: skip
+        return
+    _compare_files(check, facts["files"], expect)
+
+
+def _compare_files(check: HostCheck, found: dict[str, str], expect: Expectation) -> None:
+    differ = []
+    for path, ours in expect.files.items():
+        theirs = found.get(path, "error: no answer")
+        if theirs.startswith("error: "):
+            check.refuse(f"{path} cannot be read there ({theirs[7:]})", f"copy it: scp {path} {check.host.name}:{expect.cwd}/")
+            differ.append(path)
+        elif ours is not None and theirs != ours:
+            check.refuse(f"{path} differs from this machine's (SHA-256 {theirs[:12]} there, {ours[:12]} here)",
+                         f"copy it: scp {path} {check.host.name}:{expect.cwd}/ (or rsync the project)")  # fmt: skip
+            differ.append(path)
+    check.cells["files"] = "ok" if not differ else "differ"
+
+
+def _compare_hosts(checks: list[HostCheck], expect: Expectation) -> None:
+    """The versions and files of every host against the first that answered; GPUs against nproc."""
+    answered = [check for check in checks if check.facts is not None]
+    if not answered:
+        return
+    first = answered[0]
+    reference = first.facts or {}
+    for check in answered[1:]:
+        facts = check.facts or {}
+        if _minor(facts["python"]) != _minor(reference["python"]):
+            check.refuse(f"Python {facts['python']}, {first.host.label} has {reference['python']}",
+                         "every host needs the same Python (major.minor): pickled state and torch builds depend on it")  # fmt: skip
+        if facts["torch"] and reference["torch"] and facts["torch"] != reference["torch"]:
+            check.refuse(f"torch {facts['torch']}, {first.host.label} has {reference['torch']}",
+                         f"install torch=={reference['torch']} on every host")  # fmt: skip
+        for path, ours in expect.files.items():  # a file that is not here: every host's must match the first's
+            if ours is None and facts["files"].get(path) != reference["files"].get(path) and "cwd_error" not in facts:
+                check.refuse(f"{path} differs from {first.host.label}'s", f"copy the same {path} to every host")
+                check.cells["files"] = "differ"
+    with_gpus = [check.host.label for check in answered if (check.facts or {})["gpus"] > 0]
+    nproc = expect.nproc
+    for check in answered:
+        gpus = (check.facts or {})["gpus"]
+        if nproc.isdigit() and gpus and int(nproc) > gpus:
+            check.refuse(f"{gpus} GPUs, for {nproc} processes", f"ask for at most {gpus} processes on it (slots or "
+                         "--nproc-per-node), one per GPU")  # fmt: skip
+        elif nproc == "gpu" and not gpus:
+            check.refuse("no GPU, and --nproc-per-node gpu", "run on hosts with GPUs, or give a number of processes")
+        elif with_gpus and not gpus:
+            check.refuse(f"no GPU, while {', '.join(with_gpus)} have GPUs",
+                         "one job's hosts train alike: all on GPUs (nccl) or all on CPUs (gloo)")  # fmt: skip
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _listening(listener: subprocess.Popen[str], first: HostCheck, port: int, deadline: float) -> bool:
+    """Whether the first host's listener holds the rendezvous port; says why not."""
+    assert listener.stdout is not None
+    ready, _, _ = select.select([listener.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    line = listener.stdout.readline() if ready else ""
+    answer = json.loads(line) if line.startswith("{") else {"error": "no answer in time"}
+    if answer.get("listening"):
+        return True
+    first.cells["rendezvous port"] = "in use" if "in use" in answer["error"] else "failed"
+    first.refuse(f"cannot listen on the rendezvous port {port} ({answer['error']})",
+                 f"find what holds it there (ss -ltnp 'sport = :{port}'), or pick another port with "
+                 "--rdzv-endpoint HOST:PORT")  # fmt: skip
+    return False
+
+
+def _candidates(first: SshHost, ssh: Ssh, facts: dict[str, Any], endpoint_host: str | None) -> list[str]:
+    """The first host's addresses, in the order they are tried: the user's endpoint alone if given;
+    else the address ssh reaches it by, then the addresses it has."""
+    if endpoint_host:
+        return [endpoint_host]
+    found = [ssh.resolved_hostname(first.name) or first.label, *facts.get("addresses", [])]
+    return list(dict.fromkeys(found))
+
+
+def _read_reach(checks: list[HostCheck], answers: list[_Answer], candidates: list[str], port: int) -> str | None:
+    results: list[dict[str, dict[str, Any]]] = []
+    for check, answer in zip(checks, answers):
+        found = _json_line(answer)
+        if found is None:
+            check.cells["rendezvous port"] = "no answer"
+            check.refuse("did not answer the reachability probe in time", "check its network and load")
+            results.append({})
+            continue
+        results.append({item["candidate"]: item for item in found["reach"]})
+    endpoint = next((c for c in candidates if all(r.get(c, {}).get("connect") == "ok" for r in results)), None)
+    shown = endpoint or candidates[0]
+    for check, result in zip(checks, results):
+        item = result.get(shown)
+        if item is None:
+            continue
+        route = item.get("route") or {}
+        check.cells["route to first host"] = (
+            f"{route.get('device') or '?'} ({route.get('source')})" if "source" in route else route.get("error", "none")
+        )
+        check.cells["rendezvous port"] = item["connect"]
+        if endpoint is None and item["connect"] != "ok":
+            check.refuse(f"cannot reach the rendezvous port {shown}:{port}: {item['connect']}",
+                         f"open TCP port {port} towards the first host (a firewall?), or pick a port that is "
+                         "open with --rdzv-endpoint HOST:PORT")  # fmt: skip
+    return endpoint
+
+
+def _close(listener: subprocess.Popen[str]) -> None:
+    try:
+        if listener.stdin is not None:
+            listener.stdin.close()
+        listener.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        listener.kill()
+        listener.wait()
+
