@@ -4,6 +4,7 @@ Commands:
   run     launch a training script on one or many nodes (torchrun's vocabulary)
   launch  run a training script on several hosts over ssh, after checking every host
   slurm   write or submit a SLURM batch script: one phalanx run per node, requeue on preemption
+  k8s     write Kubernetes manifests (Indexed Job, Kubeflow TrainJob or PyTorchJob): phalanx run in every pod
   env     this machine's report: versions, GPUs, network, limits, launch settings, known traps
   doctor  check nodes and network before training: a comparison, measurements, a verdict
   bench   measure collectives as nccl-tests does, and DDP training throughput
@@ -28,6 +29,7 @@ from phalanx import __version__
 from phalanx.cli import bench as bench_cli
 from phalanx.cli import doctor as doctor_cli
 from phalanx.cli import env as env_cli
+from phalanx.cli import k8s as k8s_cli
 from phalanx.cli import launch as launch_cli
 from phalanx.cli import plan as plan_cli
 from phalanx.cli import run as run_cli
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cli.add_parser(commands)
     launch_cli.add_parser(commands)
     slurm_cli.add_parser(commands)
+    k8s_cli.add_parser(commands)
     env_cli.add_parser(commands)
     doctor_cli.add_parser(commands)
     bench_cli.add_parser(commands)

@@ -1,0 +1,80 @@
+"""The parts every kind's pods share: metadata and labels, the container, its resources and
+variables, and a memory-backed /dev/shm.
+
+A container's /dev/shm is 64 MiB unless a volume replaces it: too small for PyTorch's DataLoader
+workers (they pass batches through shared memory) and for NCCL's shared-memory transport
+between the GPUs of one node, which then fail with "Bus error" or "No space left on device".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.k8s.spec import Manifest, ManifestSpec
+
+#: The volume that replaces the container runtime's 64 MiB /dev/shm.
+SHM_VOLUME: Manifest = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+SHM_MOUNT: Manifest = {"name": "dshm", "mountPath": "/dev/shm"}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def labels(spec: ManifestSpec) -> dict[str, str]:
+    """The labels of every object and pod: which job, and who wrote it."""
+    return {"app.kubernetes.io/name": spec.name, "app.kubernetes.io/managed-by": "phalanx"}
+
+
+def metadata(spec: ManifestSpec, name: str | None = None) -> Manifest:
+    """An object's metadata: its name (the job's by default), namespace and labels."""
+    namespace = {"namespace": spec.namespace} if spec.namespace else {}
+    return {"name": name or spec.name, **namespace, "labels": labels(spec)}
+
+
+def resources(spec: ManifestSpec) -> Manifest:
+    """Each pod's resources: GPUs as limits (the device plugin's way), CPU and memory as requests.
+
+    Example:
+        >>> from phalanx.k8s.kinds import kind_named
+        >>> from phalanx.launch.spec import Entrypoint
+        >>> spec = ManifestSpec(kind_named("indexed-job"), "t", "me/t:1", Entrypoint("t.py"), 2, 4, gpus_per_node=4, memory="64Gi")
+        >>> resources(spec)
+        {'limits': {'nvidia.com/gpu': 4}, 'requests': {'memory': '64Gi'}}
+    """
+    limits = {GPU_RESOURCE: spec.gpus_per_node} if spec.gpus_per_node else {}
+    requests = {key: value for key, value in (("cpu", spec.cpu), ("memory", spec.memory)) if value}
+    return {key: value for key, value in (("limits", limits), ("requests", requests)) if value}
+
+
+def env(spec: ManifestSpec) -> list[Manifest]:
+    """The variables the manifest sets on every pod, as a container's ``env`` list."""
+    return [{"name": name, "value": value} for name, value in spec.pod_env]
+
+
+def container(spec: ManifestSpec, name: str, command: list[str], **more: Any) -> Manifest:
+    """The training container: the image, the command, its variables, resources and /dev/shm.
+
+    Args:
+        spec: what to render.
+        name: the container's name (a controller may require one: a PyTorchJob's is ``pytorch``).
+        command: what it runs, ``phalanx run ...``.
+        more: further fields of the container (``ports``).
+
+    Returns:
+        A container, as a pod spec lists it.
+    """
+    optional = {"env": env(spec), "resources": resources(spec)}
+    return {"name": name, "image": spec.image, "command": command, **{k: v for k, v in optional.items() if v},
+            **more, "volumeMounts": [SHM_MOUNT]}  # fmt: skip
+
+
+def pod_template(spec: ManifestSpec, training: Manifest, **more: Any) -> Manifest:
+    """A pod template around the training container, with the /dev/shm volume.
+
+    Args:
+        spec: what to render.
+        training: the container, from :func:`container`.
+        more: further fields of the pod spec (``subdomain``, ``restartPolicy``).
+
+    Returns:
+        A pod template: labelled metadata and the pod's spec.
+    """
+    return {"metadata": {"labels": labels(spec)}, "spec": {**more, "containers": [training], "volumes": [SHM_VOLUME]}}

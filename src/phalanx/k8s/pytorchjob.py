@@ -1,0 +1,79 @@
+"""A Kubeflow PyTorchJob (``kubeflow.org/v1``, the training operator v1.x).
+
+One Master and ``nodes - 1`` Workers, container ``pytorch``. The operator gives every pod
+``MASTER_ADDR`` (``<job>-master-0``, a Service of its own), ``MASTER_PORT`` (the container's
+``pytorchjob-port``), ``RANK`` (0 for the master, 1 + i for worker i) and ``WORLD_SIZE``, and from
+v1.7 ``PET_NNODES``, ``PET_NODE_RANK`` and ``PET_NPROC_PER_NODE`` (from ``nprocPerNode``), which
+``phalanx run`` reads (:mod:`phalanx.clusters.pytorchjob`). Read from training-operator v1.9.4,
+pkg/controller.v1/pytorch/envvar.go and master.go.
+"""
+
+from __future__ import annotations
+
+from phalanx.k8s import pod
+from phalanx.k8s.spec import Kind, Manifest, ManifestSpec
+
+#: The container the operator looks for (PyTorchJobDefaultContainerName).
+CONTAINER = "pytorch"
+#: The master's port, under the name the operator reads it by (PyTorchJobDefaultPort, ...PortName).
+PORT = {"name": "pytorchjob-port", "containerPort": 23456}
+#: What the operator sets on every pod of a job with a Master.
+OPERATOR_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+                      "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")  # fmt: skip
+
+
+def render(spec: ManifestSpec) -> list[Manifest]:
+    """The PyTorchJob: a Master, and Workers for the other nodes.
+
+    Args:
+        spec: what to render.
+
+    Returns:
+        [PyTorchJob].
+
+    Example:
+        >>> from phalanx.launch.spec import Entrypoint
+        >>> (job,) = render(ManifestSpec(KIND, "train", "me/train:1", Entrypoint("train.py"), 3, 4))
+        >>> {role: replicas["replicas"] for role, replicas in job["spec"]["pytorchReplicaSpecs"].items()}
+        {'Master': 1, 'Worker': 2}
+    """
+    counts = {"Master": 1, "Worker": spec.nodes - 1}
+    replicas = {
+        role: {
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": pod.pod_template(spec, pod.container(spec, CONTAINER, spec.run_command(), ports=[PORT])),
+        }
+        for role, count in counts.items()
+        if count
+    }
+    return [
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": pod.metadata(spec),
+            "spec": {
+                "nprocPerNode": str(spec.nproc_per_node),
+                "runPolicy": {"backoffLimit": spec.backoff},
+                "pytorchReplicaSpecs": replicas,
+            },
+        }
+    ]
+
+
+def pod_hostnames(name: str, nodes: int) -> list[str]:
+    """The operator's pod (and Service) names, in RANK order: ``<job>-master-0``, ``<job>-worker-<i>``."""
+    return [f"{name}-master-0", *(f"{name}-worker-{index}" for index in range(nodes - 1))]
+
+
+KIND = Kind(
+    name="pytorchjob",
+    summary="a Kubeflow PyTorchJob v1 (the training operator v1.7+ installed)",
+    render=render,
+    pod_hostnames=pod_hostnames,
+    controller_variables=OPERATOR_VARIABLES,
+    controller_options={
+        "rdzv_endpoint": "the operator gives every pod MASTER_ADDR and MASTER_PORT",
+        "headless_service": "the operator makes a Service for each pod itself",
+    },
+)

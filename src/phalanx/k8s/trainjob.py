@@ -1,0 +1,86 @@
+"""A Kubeflow Trainer v2 TrainJob (``trainer.kubeflow.org/v1alpha1``), on a torch runtime.
+
+The runtime (``torch-distributed`` by default, a ClusterTrainingRuntime that Kubeflow Trainer
+installs) makes a JobSet whose replicated job ``node`` runs ``numNodes`` pods, container
+``node``; the Trainer's torch plugin sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+``PET_NODE_RANK``, ``PET_MASTER_ADDR`` (``<trainjob>-node-0-0.<trainjob>``) and
+``PET_MASTER_PORT`` on every pod, which ``phalanx run`` reads
+(:mod:`phalanx.clusters.torchrun_variables`). The /dev/shm volume goes in through
+``runtimePatches``, which needs Trainer v2.2 or newer (read from v2.3.0).
+"""
+
+from __future__ import annotations
+
+from phalanx.k8s import pod
+from phalanx.k8s.spec import Kind, Manifest, ManifestSpec
+
+#: The torch runtimes' replicated job and container (manifests/base/runtimes/torch_distributed.yaml).
+NODE = "node"
+#: Who wrote a runtime patch: the Trainer's webhook wants a domain-prefixed path.
+PATCH_MANAGER = "phalanx.dev/k8s"
+#: What the Trainer sets on every pod of a torch runtime (pkg/constants: TorchRunReservedEnvNames).
+TRAINER_VARIABLES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def render(spec: ManifestSpec) -> list[Manifest]:
+    """The TrainJob.
+
+    Args:
+        spec: what to render; ``spec.runtime`` names the ClusterTrainingRuntime.
+
+    Returns:
+        [TrainJob].
+
+    Example:
+        >>> from phalanx.launch.spec import Entrypoint
+        >>> (job,) = render(ManifestSpec(KIND, "train", "me/train:1", Entrypoint("train.py"), 2, 4))
+        >>> job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["command"]
+        (2, ['phalanx', 'run', 'train.py'])
+    """
+    training = pod.container(spec, NODE, spec.run_command())
+    trainer = {
+        "image": training["image"],
+        "command": training["command"],
+        "numNodes": spec.nodes,
+        "numProcPerNode": spec.nproc_per_node,
+        **({"resourcesPerNode": training["resources"]} if "resources" in training else {}),
+        **({"env": training["env"]} if "env" in training else {}),
+    }
+    # The runtime's pods get the /dev/shm volume through a patch: a TrainJob has no pod template.
+    shm = {"spec": {"template": {"spec": {
+        "volumes": [pod.SHM_VOLUME], "containers": [{"name": NODE, "volumeMounts": [pod.SHM_MOUNT]}],
+    }}}}  # fmt: skip
+    return [
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": pod.metadata(spec),
+            "spec": {
+                "runtimeRef": {"name": spec.runtime},
+                "trainer": trainer,
+                "runtimePatches": [{
+                    "manager": PATCH_MANAGER,
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": NODE, "template": shm}]}}},
+                }],  # fmt: skip
+            },
+        }
+    ]
+
+
+def pod_hostnames(name: str, nodes: int) -> list[str]:
+    """JobSet's host name for pod ``i`` of replicated job ``node``'s only Job: ``<name>-node-0-<i>``."""
+    return [f"{name}-{NODE}-0-{index}" for index in range(nodes)]
+
+
+KIND = Kind(
+    name="trainjob",
+    summary="a Kubeflow Trainer v2 TrainJob (Trainer v2.2+ and its torch runtime installed)",
+    render=render,
+    pod_hostnames=pod_hostnames,
+    controller_variables=(*TRAINER_VARIABLES, "JOB_COMPLETION_INDEX"),
+    controller_options={
+        "rdzv_endpoint": "the Trainer gives every pod PET_MASTER_ADDR and PET_MASTER_PORT",
+        "headless_service": "the TrainJob's pods are named by JobSet's own Service, not an Indexed Job's",
+    },
+    base_env=(("PYTHONUNBUFFERED", "1"),),
+)
