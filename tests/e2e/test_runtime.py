@@ -262,6 +262,10 @@ def test_a_finished_run_can_be_run_again_for_nothing_or_continued_with_more_epoc
     assert "no step trained in this run" in again["output"]
     assert (again["resumed_from_step"], again["steps"], again["samples_per_second"]) == (first["steps"], first["steps"], None)
     assert again["params_sha256"] == first["params_sha256"]
+    other_batches = run_command(phalanx_argv("run", TRAIN, "--epochs", "2", "--batch-size", "64", *ck), timeout=120,
+                                cwd=workdir)  # fmt: skip
+    assert other_batches.returncode == 2, other_batches.output
+    assert "the checkpoint was saved with a batch size of 32 per process; this run's is 64" in other_batches.stderr
     longer = train(workdir, "longer", "--epochs", "3", *ck)
     from_the_start = train(workdir, "from_the_start", "--epochs", "3")
     assert longer["resumed_from_step"] == first["steps"] and longer["steps"] == from_the_start["steps"]

@@ -121,3 +121,18 @@ def test_with_drop_last_the_state_after_the_last_whole_batch_is_the_next_epoch()
 def test_batches_out_of_order_are_refused():
     with pytest.raises(ValueError, match="in_order=False"):
         ResumableLoader(DATASET, ResumableSampler(len(DATASET)), batch_size=2, num_workers=1, in_order=False)
+
+
+def test_a_state_saved_with_another_batch_size_is_refused():
+    """The sample position would carry over, the steps counted from it would not (the probe saw
+    "step 90/285" and a run that ended at step 201 of 285)."""
+    from phalanx.errors import SettingsRefused
+
+    first = loader(0)
+    list(itertools.islice(iter(first), 3))
+    sampler = ResumableSampler(len(DATASET), rank=1, world_size=2, seed=5)
+    larger = ResumableLoader(DATASET, sampler, batch_size=8)
+    with pytest.raises(SettingsRefused, match="saved with a batch size of 4 per process; this run's is 8") as refused:
+        larger.load_state_dict(first.state_dict())
+    assert "resume with the checkpoint's batch size (4)" in refused.value.hint
+    assert larger.state_dict()["position"] == 0  # nothing was loaded

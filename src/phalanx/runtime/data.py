@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from phalanx.errors import SettingsRefused
 from phalanx.runtime.preemption import PREEMPTION_SIGNALS
 
 
@@ -199,9 +200,25 @@ class ResumableLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         epoch, position = self.resume_point  # the sampler's own schema, at the delivered position
-        return {**self.sampler.state_dict(), "epoch": epoch, "position": position}
+        return {**self.sampler.state_dict(), "epoch": epoch, "position": position, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continues after the last batch the saved loader delivered.
+
+        Raises:
+            SettingsRefused: the state was saved with another batch size. The sample position
+                would carry over, but not the steps counted from it: a loop's step number,
+                schedule and progress would no longer match the data (exit code 2).
+        """
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            raise SettingsRefused(
+                f"the checkpoint was saved with a batch size of {state['batch_size']} per process; this run's is "
+                f"{self.batch_size}",
+                "the data position carries over, but the steps counted so far, the learning-rate schedule and the "
+                "progress would not match it: the resume would not be exact.",
+                f"resume with the checkpoint's batch size ({state['batch_size']}), or start a new training in another "
+                "checkpoint folder",
+            )
         self.sampler.load_state_dict(state)
         self._pass, self._real_before = None, 0
 
