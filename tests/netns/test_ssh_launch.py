@@ -180,6 +180,10 @@ def test_a_worker_killed_on_one_host_ends_the_job_everywhere(hosts):
     workers = [pid for pid in ssh_bed.bed.processes("h2") if "phalanx.launch.bootstrap" in _cmdline(pid)]
     assert workers, "no worker found on h2"
     assert b"LAUNCH_MARK=on-every-host\0" in Path(f"/proc/{workers[0]}/environ").read_bytes()  # --env got there
+    h1 = ssh_bed.bed.host("h1")
+    listening = subprocess.run(["ip", "netns", "exec", h1.namespace, "ss", "-ltnH"], capture_output=True, text=True,
+                               timeout=10).stdout  # fmt: skip
+    assert f"{h1.address}:29400 " in listening and ":29400 " not in listening.replace(f"{h1.address}:29400 ", "")
     os.kill(workers[0], signal.SIGKILL)
     done = finish(process, timeout=90)
     assert done.returncode == 1, done.stderr[-3000:]

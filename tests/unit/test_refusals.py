@@ -58,3 +58,13 @@ def test_one_simulated_node_reads_as_one(script):
     done = subprocess.run([sys.executable, "-m", "phalanx", "run", "--dry-run", "--simulate-nodes", "1", script],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "as 1 simulated node\n" in done.stdout and "1 node agent on this host, address 127.0.0.101\n" in done.stdout
+
+
+def test_a_globally_routable_endpoint(capsys, script):
+    """torch's store has no authentication: an endpoint anyone on the internet can reach is refused."""
+    err = refusal(capsys, "run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "8.8.8.8:29400", script)
+    assert "--rdzv-endpoint 8.8.8.8:29400: 8.8.8.8 is a globally routable address" in err
+    assert "--allow-public-endpoint" in err
+    assert main(["run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "8.8.8.8:29400", "--allow-public-endpoint",
+                 script]) in (0, 2)  # fmt: skip
+    assert "globally routable" not in capsys.readouterr().err  # allowed; a missing route may still refuse it

@@ -11,6 +11,7 @@ the backend reuses this very server: one port, no window in which it is closed.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,11 +48,13 @@ class Lobby:
         timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
         if self.plan.is_host:
             try:
+                listening = self._listen(self.plan.store_address) if self.plan.store_address else None
                 self.store = TCPStore(
                     self.endpoint.host, self.endpoint.port, is_master=True, multi_tenant=True,
                     wait_for_workers=False, timeout=timeout, use_libuv=True,
+                    **({"master_listen_fd": listening} if listening is not None else {}),
                 )  # fmt: skip
-            except RuntimeError as error:  # torch raises DistNetworkError, a RuntimeError, on bind
+            except (RuntimeError, OSError) as error:  # torch raises DistNetworkError, a RuntimeError, on bind
                 raise SettingsRefused(
                     f"this host owns the endpoint {self.endpoint}, but cannot listen on port {self.endpoint.port}",
                     f"{error}".splitlines()[0],
@@ -61,6 +64,20 @@ class Lobby:
             return
         self._wait_until_reachable(deadline)
         self.store = TCPStore(self.endpoint.host, self.endpoint.port, is_master=False, timeout=timeout, use_libuv=True)
+
+    def _listen(self, address: str) -> int:
+        """A socket listening on ``address`` alone, handed to the store as its own (torch's
+        TCPStore otherwise listens on every address of the host): its file descriptor."""
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        listening = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds its own
+            listening.bind((address, self.endpoint.port))
+            listening.listen(socket.SOMAXCONN)
+        except OSError:
+            listening.close()
+            raise
+        return listening.detach()  # the store owns it from here
 
     def _wait_until_reachable(self, deadline: float) -> None:
         started = self.clock()

@@ -149,6 +149,7 @@ def choose(
     peers: Sequence[str] = (),
     resolve_wait_s: float = 0.0,
     origin: str | None = None,
+    allow_public: bool = False,
 ) -> NetworkChoice:
     """Decides for a real node (not simulated) how it reaches ``endpoint``.
 
@@ -156,7 +157,8 @@ def choose(
     store (node 0): on that node the endpoint's name may resolve to a loopback address (the
     /etc/hosts trap), and it then advertises the address that routes to the other nodes
     (``peers``, every node's host in rank order) instead. ``origin`` says where the endpoint came
-    from, for messages (default: the --rdzv-endpoint flag).
+    from, for messages (default: the --rdzv-endpoint flag). An endpoint on a globally
+    routable address is refused unless ``allow_public``: the store has no authentication.
     """
     interfaces = local_interfaces()
     if interface_name is not None and multi_node and _named_interface(interface_name, interfaces).is_loopback:
@@ -167,6 +169,14 @@ def choose(
         )
     named = f"the endpoint {endpoint} ({origin})" if origin else f"--rdzv-endpoint {endpoint}"
     endpoint_ip = resolve_host(endpoint.host, wait_s=resolve_wait_s, what=f"{named}: the host {endpoint.host!r}")
+    if ipaddress.ip_address(endpoint_ip).is_global and not allow_public:
+        raise SettingsRefused(
+            f"{named}: {endpoint_ip} is a globally routable address",
+            "the rendezvous store (torch's TCPStore) has no authentication: anyone on the internet who reaches "
+            f"port {endpoint.port} could join the job, read its settings or end it.",
+            "use the nodes' private network address (10.x, 172.16-31.x, 192.168.x), or, behind a firewall that "
+            "admits only the nodes, allow it with --allow-public-endpoint",
+        )
     if multi_node and node_rank == 0:
         return _choose_as_node_zero(endpoint, endpoint_ip, interface_name, interfaces, peers)
     if multi_node and ipaddress.ip_address(endpoint_ip).is_loopback:

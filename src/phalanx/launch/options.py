@@ -145,6 +145,13 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "NAME",
     ),
     Option(
+        "allow-public-endpoint",
+        values.parse_flag,
+        "let the endpoint be a globally routable address: torch's rendezvous store has no authentication, so "
+        "anyone who reaches its port could join or disturb the job",
+        is_switch=True,
+    ),
+    Option(
         "independent-ranks",
         values.parse_flag,
         "the ranks are meant to work alone (an evaluation sharded by RANK): no check that they communicated",

@@ -8,6 +8,7 @@ agent process receives exactly the plan the parent printed.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import socket
@@ -61,6 +62,8 @@ class NodePlan:
     extra_fingerprint: dict[str, str] = field(default_factory=dict)
     #: The ranks are meant to work alone: no check that they communicated (--independent-ranks).
     independent_ranks: bool = False
+    #: The one address the store listens on, where this node hosts it; None: every address.
+    store_address: str | None = None
 
     @property
     def is_simulated(self) -> bool:
@@ -196,6 +199,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         endpoint = Endpoint("127.0.0.1", 0)
         choice = network.NetworkChoice(endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node")
         lines = ["store      on this host, a free port (single node)"]
+        store_address = None  # torchrun's own store for one node
     else:
         placement = spec.placement
         choice = network.choose(
@@ -206,11 +210,17 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
             peers=placement.hosts if placement else (),
             resolve_wait_s=spec.join_timeout if placement and placement.dns_may_lag else 0.0,
             origin=spec.endpoint_origin,
+            allow_public=spec.allow_public_endpoint,
         )
         if choice.is_host:
             network.check_port_free(choice.endpoint_ip, choice.endpoint.port, spec.endpoint_text)
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
+        store_address = _store_address(choice)
+        if choice.is_host:
+            lines.append(f"           listening on {store_address} only" if store_address else
+                         f"           listening on every address: {choice.endpoint.host!r} is {choice.endpoint_ip} here, "
+                         "which the other nodes do not dial")  # fmt: skip
         loopback = network.hostname_loopback_address()
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
@@ -230,7 +240,17 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         all_ranks=spec.all_ranks,
         env={**common_env, **worker_env.to_env()},
         notes=tuple(lines),
+        store_address=store_address,
     )
+
+
+def _store_address(choice: network.NetworkChoice) -> str | None:
+    """Where the host node's store listens: the endpoint's address, which every node dials, when
+    this host owns it; every address when the endpoint's name resolves to loopback here (the
+    /etc/hosts trap), since the other nodes dial another address of this host."""
+    if not choice.is_host or ipaddress.ip_address(choice.endpoint_ip).is_loopback:
+        return None
+    return choice.endpoint_ip
 
 
 def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
@@ -248,7 +268,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     lines = [
         *_cluster_lines(spec),
         f"simulate   {_simulated_nodes(count)}",
-        f"store      {endpoint} (hosted by node0)",
+        f"store      {endpoint} (hosted by node0, listening on 127.0.0.1 only)",
         *common_notes,
     ]
     plans = []
@@ -273,6 +293,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
                 simulated_index=index,
                 env=env,
                 notes=tuple(lines),
+                store_address="127.0.0.1" if index == 0 else None,
             )
         )
     return plans

@@ -93,6 +93,7 @@ class LaunchSpec:
     standalone: bool = False
     all_ranks: bool = False
     independent_ranks: bool = False
+    allow_public_endpoint: bool = False
     dry_run: bool = False
     headless_service: str | None = None
     config_file: Path | None = field(default=None, compare=False)
