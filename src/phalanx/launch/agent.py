@@ -10,6 +10,7 @@ PLAN.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,6 +20,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode, exit_quickly
@@ -26,12 +29,14 @@ from phalanx.launch import failure
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks
 from phalanx.launch.group_record import hint_for as group_hint
+from phalanx.launch.liveness import Liveness
 from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
+from phalanx.launch.values import parse_endpoint
 from phalanx.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
@@ -56,6 +61,9 @@ class NodeAgent:
         self.board: RankPlanBoard | None = None
         self.prefix = f"phalanx/{plan.rdzv_id}/"
         self.nodes_in_job = plan.nnodes_min
+        self.nodes: list[str] = [plan.node_label]  # the labels of the nodes that met in the lobby
+        self.liveness: Liveness | None = None
+        self.lost: str | None = None  # why a node counts as lost, once the liveness said so
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.plan), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -66,7 +74,9 @@ class NodeAgent:
         try:
             if self.plan.nnodes_max > 1:
                 lobby = Lobby(self.plan, node_fingerprint(self.plan))
-                self.nodes_in_job = len(lobby.join())
+                joined = lobby.join()
+                self.nodes_in_job = len(joined)
+                self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
                 self.board = RankPlanBoard(self.store, self.prefix)
             return self._launch()
@@ -96,12 +106,16 @@ class NodeAgent:
             return failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
+        self._watch_the_other_nodes()
         try:
             with restarts_only_when_they_can_help(judge, finished=self._workers_finished):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
             self._post_failures(found)
+            if self.lost is not None:
+                say(f"phalanx: {self.plan.node_label}: its workers were stopped, since {self.lost}")
+                return ExitCode.FAILED
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
@@ -123,7 +137,47 @@ class NodeAgent:
         except SignalException as error:
             say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
             return 128 + int(error.sigval)
+        finally:
+            if self.liveness is not None:
+                self.liveness.stop()
         return self._check_everyone_joined(logs)
+
+    # -- nodes that are gone ---------------------------------------------------------------
+    def _watch_the_other_nodes(self) -> None:
+        """Starts the liveness watch of a multi-node job (see :mod:`phalanx.launch.liveness`)."""
+        if self.store is None:
+            return
+        endpoint = parse_endpoint(self.plan.rdzv_endpoint)
+        self.liveness = Liveness(
+            endpoint.host, endpoint.port, self.prefix, self.plan.node_label, self.nodes,
+            ended=self._nodes_that_ended, on_lost=self._on_lost, store_host=str(endpoint),
+        )  # fmt: skip
+        self.liveness.start()
+
+    def _nodes_that_ended(self, store: Any) -> set[str]:
+        """The nodes that said their workers finished or failed: no longer expected to beat."""
+        finished = set(posted(store, self.prefix, "finished"))
+        failed = {item["node"] for line in posted(store, self.prefix, "failures") for item in json.loads(line)}
+        return finished | failed
+
+    def _on_lost(self, why: str, store_lost: bool) -> None:
+        """From the liveness thread: says so, and kills this node's workers, whose collectives
+        wait for the lost node (they could not agree on a checkpoint with it either); torchrun's
+        agent then sees them fail, and the job exits with code 1, naming the lost node.
+
+        Where the lost node is the store's host, this process ends here as well: torchrun's agent
+        would go on to close the rendezvous and phalanx to post the failures, on a store that no
+        longer answers (a minute's timeout each), and there is nothing left to save."""
+        self.lost = why
+        say(f"phalanx: PROBLEM: {self.plan.node_label}: {why}: it is lost (its machine down, or its network cut); "
+            "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
+            "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        if store_lost:
+            sys.stdout.flush()
+            os._exit(ExitCode.FAILED)
 
     def _check_everyone_joined(self, logs: RankLogsSpecs) -> int:
         """After a success: whether this node's ranks joined the job's process group, or each ran alone."""
@@ -147,7 +201,7 @@ class NodeAgent:
         (torch's agent says it at INFO only). A node that ends the job tells the others, whose
         workers failed because its own stopped."""
         node, most = self.plan.node_label, self.plan.max_restarts
-        reason = failure.restart_cannot_help(found)
+        reason = failure.restart_cannot_help(found) or (f"{self.lost}: a restart would wait for it" if self.lost else None)
         if reason is not None:
             self._post_end_of_job(f"{node} ends the job: {reason}")
         else:
@@ -228,8 +282,7 @@ class NodeAgent:
 
     def _posted(self, name: str) -> list[str]:
         """The lines the nodes appended to the store's key ``name``."""
-        key = f"{self.prefix}{name}"
-        return self.store.get(key).decode().splitlines() if self.store.check([key]) else []
+        return posted(self.store, self.prefix, name)
 
     def _post_failures(self, found: list[failure.RankFailure]) -> None:
         """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
@@ -275,7 +328,23 @@ class NodeAgent:
             return failure.exit_code_for(found)
         everyone = found + self._failures_of_other_nodes(found)
         say(failure.format_root_cause(everyone))
+        silent = self._silent_nodes()
+        if silent:
+            say(f"phalanx: {self.plan.node_label}: no word from {', '.join(silent)} (neither finished nor failed): "
+                "it may be gone with its workers (killed, or its machine down), and the failures above the "
+                "consequence")  # fmt: skip
         return failure.exit_code_for(everyone)
+
+    def _silent_nodes(self) -> list[str]:
+        """The nodes of the job that posted neither a finish nor a failure (best effort)."""
+        if self.store is None or self.nodes_in_job > len(self.nodes):
+            return []  # an elastic job's later nodes are not known by label
+        try:
+            ended = self._nodes_that_ended(self.store)
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+            raise_if_signal(error)
+            return []
+        return [node for node in self.nodes if node != self.plan.node_label and node not in ended]
 
     def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
         """Best effort: the other nodes' failure reports (this node's is posted), waiting briefly."""
@@ -290,6 +359,12 @@ class NodeAgent:
         except Exception as error:  # noqa: BLE001 - the store may be gone with its host; local view only
             raise_if_signal(error)
             return []
+
+
+def posted(store: Any, prefix: str, name: str) -> list[str]:
+    """The lines the nodes appended to the store's key ``prefix + name``."""
+    key = f"{prefix}{name}"
+    return store.get(key).decode().splitlines() if store.check([key]) else []
 
 
 def main(argv: list[str] | None = None) -> int:

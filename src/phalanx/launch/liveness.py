@@ -1,0 +1,111 @@
+"""Notices a node that is gone: each node agent beats on the rendezvous store, and watches the
+others' beats.
+
+A node whose processes were killed ends its sockets, and its peers' collectives fail at once;
+a node whose machine died or whose link was cut ends nothing: its peers' collectives wait for
+it until the stall watchdog's bound (300 s by default). So every agent adds one to its counter
+on the store every :data:`BEAT_S` seconds, and declares lost a node whose counter has not moved
+for :data:`LOST_AFTER_S` (by this node's own clock: no two clocks are compared), unless that
+node said it ended (its workers finished, or it posted its failures). An agent that cannot
+reach the store for as long declares the store's host lost.
+
+The beats go over a connection of their own, so that a store operation stuck on a cut link
+delays no other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from phalanx.launch.restarts import raise_if_signal
+
+BEAT_S = 5.0
+#: Six missed beats: far above a busy machine's scheduling delay, well inside a 90 s bound.
+LOST_AFTER_S = 30.0
+
+
+class Liveness:
+    """Beats for ``me`` and watches ``nodes`` (labels, this one among them) on the store at
+    ``host:port``; calls ``on_lost(why, store_lost)`` once, from its own thread, when one is lost
+    (``store_lost``: the one lost is the store's host, which this node can no longer reach).
+    ``ended(store)`` names the nodes that said they ended, which are no longer expected to beat.
+
+    Two threads: one talks to the store, and may block for good (torch's store client has no
+    timeout on a connection whose peer went silent); the other judges from what the first last
+    read, and never blocks.
+    """
+
+    def __init__(
+        self, host: str, port: int, prefix: str, me: str, nodes: Sequence[str], *,
+        ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool], None],
+        beat_s: float = BEAT_S, lost_after_s: float = LOST_AFTER_S, store_host: str = "",
+    ) -> None:  # fmt: skip
+        self.host, self.port, self.prefix, self.me = host, port, prefix, me
+        self.others = [node for node in nodes if node != me]
+        self.ended, self.on_lost = ended, on_lost
+        self.beat_s, self.lost_after_s = beat_s, lost_after_s
+        self.store_host = store_host or host
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        started = time.monotonic()
+        self._last_round = started  # when the store last answered a whole round
+        self._seen = {node: (-1, started) for node in self.others}  # counter, and when it last moved
+        self._ended: set[str] = set()
+
+    def start(self) -> None:
+        for target, name in ((self._beat, "phalanx-beat"), (self._watch, "phalanx-liveness")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _key(self, node: str) -> str:
+        return f"{self.prefix}alive/{node}"
+
+    def _beat(self) -> None:
+        from torch.distributed import TCPStore
+
+        store = None
+        while not self._stop.is_set():
+            try:
+                if store is None:  # connected (again) here: a reset link broke the last connection
+                    store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.beat_s),
+                                     use_libuv=True)  # fmt: skip
+                store.add(self._key(self.me), 1)
+                counts = {node: store.add(self._key(node), 0) for node in self.others}
+                ended = self.ended(store)
+            except Exception as error:  # noqa: BLE001 - the store unreachable: the watch counts the time
+                raise_if_signal(error)
+                store = None
+            else:
+                self._record(counts, ended)
+            self._stop.wait(self.beat_s)
+
+    def _record(self, counts: dict[str, int], ended: set[str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._last_round, self._ended = now, ended
+            for node, count in counts.items():
+                if count != self._seen[node][0]:
+                    self._seen[node] = (count, now)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            lost = self._judge(time.monotonic())
+            if lost is not None and not self._stop.is_set():
+                self.on_lost(*lost)
+                return
+
+    def _judge(self, now: float) -> tuple[str, bool] | None:
+        """Why a node counts as lost now, and whether it is the store's host; or None."""
+        with self._lock:
+            if now - self._last_round >= self.lost_after_s:
+                return f"the store's host {self.store_host} did not answer for {now - self._last_round:.0f} s", True
+            for node, (_, moved) in self._seen.items():
+                if node not in self._ended and now - moved >= self.lost_after_s:
+                    return f"node {node} sent no sign of life for {now - moved:.0f} s", False
+        return None

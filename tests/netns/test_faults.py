@@ -1,0 +1,127 @@
+"""Faults of a real multi-host job on test-bed hosts: a host lost (its processes killed, or its
+link cut for good), and a link cut for 5 s. Each run trains examples/train.py with checkpoints
+on two hosts; after a fault, the same command on both resumes, and the final parameters equal
+an uninterrupted run's (computed once, on two simulated nodes, which train the same model).
+
+Bounds: a lost host is named, and the survivor has stopped, within LOST_BOUND_S (the node
+agents' liveness watch declares a silent node lost after 30 s; a killed host's sockets close,
+and its peers fail at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.testbed import test_bed
+from tests.conftest import EXAMPLES, run_command
+from tests.netns.hosts import run_on_both, skip_unless_namespaces_work
+
+pytestmark = [pytest.mark.netns, pytest.mark.cluster]
+
+TRAIN = [str(EXAMPLES / "train.py"), "--epochs", "24", "--batch-size", "16", "--checkpoint-every", "20",
+         "--log-every", "20"]  # fmt: skip
+LOST_BOUND_S = 90
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("reference")
+    done = run_command([sys.executable, "-m", "phalanx", "run", "--simulate-nodes", "2", *TRAIN, "--metrics-json",
+                        str(folder / "m.json")], timeout=300, cwd=folder)  # fmt: skip
+    assert done.returncode == 0, done.output[-3000:]
+    return json.loads((folder / "m.json").read_text())
+
+
+@pytest.fixture
+def bed():
+    skip_unless_namespaces_work()
+    with test_bed(f"f{os.getpid() % 10000}", ["h1", "h2"]) as made:
+        yield made
+
+
+def job_line(host, endpoint: str, folder: Path) -> list[str]:
+    return host.command([sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:29400",
+                         *TRAIN, "--checkpoint-dir", str(folder / "ck"), "--metrics-json",
+                         str(folder / f"{host.name}.json")])  # fmt: skip
+
+
+def start_both(bed, folder: Path) -> list[subprocess.Popen[str]]:
+    h1 = bed.hosts[0]
+    return [subprocess.Popen(job_line(host, h1.address, folder), cwd=folder, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True) for host in bed.hosts]  # fmt: skip
+
+
+def wait_for_a_checkpoint(folder: Path, processes, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((folder / "ck").glob("step-*.pt")):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            pytest.fail("no checkpoint: " + "\n".join(p.communicate()[0][-2000:] for p in processes if p.poll() is not None))
+        time.sleep(0.1)
+
+
+def ended_within(process: subprocess.Popen[str], timeout: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"did not end within {timeout} s:\n{output[-4000:]}")
+    return process.returncode, output, time.monotonic() - started
+
+
+def relaunch_resumes_exactly(bed, folder: Path, reference: dict) -> None:
+    h1 = bed.hosts[0]
+    outcomes = run_on_both([job_line(host, h1.address, folder) for host in bed.hosts], timeout=300, cwd=str(folder))
+    assert [o.returncode for o in outcomes] == [0, 0], [o.output[-3000:] for o in outcomes]
+    resumed = json.loads((folder / "h1.json").read_text())
+    assert resumed["resumed_from_step"] is not None, outcomes[0].output[-2000:]
+    assert resumed["params_sha256"] == reference["params_sha256"]
+
+
+def test_a_host_killed_outright_is_named_and_a_relaunch_resumes_exactly(bed, reference, tmp_path):
+    h1, h2 = bed.hosts
+    processes = start_both(bed, tmp_path)
+    wait_for_a_checkpoint(tmp_path, processes)
+    for pid in bed.processes("h2"):  # the launcher and its workers at once, as a machine that dies
+        os.kill(pid, signal.SIGKILL)
+    code, output, seconds = ended_within(processes[0], LOST_BOUND_S)
+    processes[1].communicate(timeout=30)
+    assert code != 0, output[-3000:]
+    assert h2.address in output.split("phalanx: root cause:")[-1], output[-3000:]
+    print(f"MEASURED: host killed: the survivor ended {seconds:.1f} s later")
+    relaunch_resumes_exactly(bed, tmp_path, reference)
+
+
+def test_a_host_cut_off_for_good_is_named_on_both_sides_and_a_relaunch_resumes_exactly(bed, reference, tmp_path):
+    h1, h2 = bed.hosts
+    processes = start_both(bed, tmp_path)
+    wait_for_a_checkpoint(tmp_path, processes)
+    bed.cut_link("h2")
+    survivor, survivor_out, seconds = ended_within(processes[0], LOST_BOUND_S)
+    cut_off, cut_off_out, _ = ended_within(processes[1], LOST_BOUND_S)
+    assert survivor == 1 and f"node {h2.address} sent no sign of life for " in survivor_out, survivor_out[-3000:]
+    assert cut_off == 1 and "the store's host " in cut_off_out and "did not answer for" in cut_off_out, cut_off_out[-3000:]
+    print(f"MEASURED: host cut off for good: the survivor ended {seconds:.1f} s later")
+    bed.restore_link("h2")
+    relaunch_resumes_exactly(bed, tmp_path, reference)
+
+
+def test_a_link_cut_for_5_s_is_ridden_out(bed, reference, tmp_path):
+    processes = start_both(bed, tmp_path)
+    wait_for_a_checkpoint(tmp_path, processes)
+    bed.cut_link("h2")
+    time.sleep(5)  # the fault itself: 5 s without a packet
+    bed.restore_link("h2")
+    outcomes = [ended_within(process, 300) for process in processes]
+    assert [code for code, _, _ in outcomes] == [0, 0], [output[-3000:] for _, output, _ in outcomes]
+    finished = json.loads((tmp_path / "h1.json").read_text())
+    assert finished["params_sha256"] == reference["params_sha256"]
