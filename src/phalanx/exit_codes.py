@@ -26,6 +26,12 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED = 130
 
 
+def exit_code_of(returncode: int) -> int:
+    """A process's exit code as a shell reports it: 128+N for a death by signal N (Python's
+    ``returncode`` is -N then)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 #: How the stall watchdog's report begins, in the log of a worker that exits with STALLED: the
 #: watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the report by it
 #: (phalanx.launch.failure), to show it as the root cause.

@@ -194,6 +194,8 @@ def test_a_worker_killed_on_one_host_ends_the_job_everywhere(hosts):
 
 def test_preflight_of_eight_hosts(tmp_path):
     skip_unless_namespaces_work()
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.skip("needs OpenSSH's sshd (make cluster-deps installs openssh-server)")
     names = [f"h{k}" for k in range(1, 9)]
     (tmp_path / "train.py").write_text((EXAMPLES / "train.py").read_text())
     with test_bed(f"p{os.getpid() % 10000}", names) as bed, sshd_on(bed, tmp_path / "ssh") as ssh_bed:

@@ -6,6 +6,7 @@ The fan-out over real sshd is tested in tests/netns/test_ssh_launch.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,8 +121,8 @@ def test_the_command_each_host_runs(script):
 
 
 # -- the guard on each host ---------------------------------------------------------------------
-def guard(*command: str, grace: float = 2) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "phalanx.ssh.remote", "--grace", str(grace), "--", *command]
+def guard(*command: str, grace: float = 2, silence: float = 30) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "phalanx.ssh.remote", "--grace", str(grace), "--silence", str(silence), "--", *command]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -134,6 +135,14 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
 print(os.getpid(), child.pid, flush=True)
 time.sleep(300)
 """
+
+
+def kill_all(process: subprocess.Popen[str], pids: list[int]) -> None:
+    """The guard's group and the family it started (in a session of its own): nothing left."""
+    kill_group(process.pid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def family(process: subprocess.Popen[str]) -> list[int]:
@@ -156,6 +165,7 @@ def test_the_end_of_the_guards_input_ends_its_process_group(stubborn):
     """The launcher or its ssh connection gone: SIGTERM, and SIGKILL after the grace for a
     process that ignores SIGTERM; the grandchild goes too."""
     process = guard(sys.executable, "-c", FAMILY, "stubborn" if stubborn else "polite")
+    pids = []
     try:
         pids = family(process)
         started = time.monotonic()
@@ -164,12 +174,13 @@ def test_the_end_of_the_guards_input_ends_its_process_group(stubborn):
         assert gone(pids, within=5)
         assert (time.monotonic() - started >= 2) == stubborn  # the grace applies only to the stubborn one
     finally:
-        kill_group(process.pid)
+        kill_all(process, pids)
 
 
 @pytest.mark.parametrize("word, number", [("INT", signal.SIGINT), ("TERM", signal.SIGTERM), ("KILL", signal.SIGKILL)])
 def test_the_guards_words(word, number):
     process = guard(sys.executable, "-c", FAMILY, "polite", grace=60)
+    pids = []
     try:
         pids = family(process)
         process.stdin.write(f"{word}\n")
@@ -177,7 +188,19 @@ def test_the_guards_words(word, number):
         assert process.wait(timeout=10) == 128 + number  # well within the 60 s grace
         assert gone(pids, within=5)
     finally:
-        kill_group(process.pid)
+        kill_all(process, pids)
+
+
+def test_a_launcher_that_falls_silent_ends_the_job():
+    """A cut link closes no connection: no word (BEAT) for --silence seconds counts as the end."""
+    process = guard(sys.executable, "-c", FAMILY, "polite", silence=1)
+    pids = []
+    try:
+        pids = family(process)
+        assert process.wait(timeout=10) == 128 + signal.SIGTERM
+        assert gone(pids, within=5)
+    finally:
+        kill_all(process, pids)
 
 
 def test_the_guard_exits_with_its_commands_code():
@@ -187,14 +210,12 @@ def test_the_guard_exits_with_its_commands_code():
 
 def test_a_guard_killed_outright_takes_its_command_along(tmp_path):
     process = guard(sys.executable, "-c", FAMILY, "stubborn", grace=60)
+    pids = []
     try:
         pids = family(process)
         process.kill()
         process.wait(timeout=10)
         assert gone(pids[:1], within=5)  # the command dies with its guard (PR_SET_PDEATHSIG)
     finally:
-        kill_group(process.pid)
-        for pid in pids:
-            if psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(process, pids)
 

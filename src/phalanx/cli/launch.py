@@ -22,7 +22,14 @@ host's failure: the others get --grace seconds to end on their own, then SIGTERM
 and nothing is left running on any host; a lost ssh connection ends that host's processes too.
 
 ssh is your own: ~/.ssh/config (or --ssh-config) gives users, ports, keys and jump hosts;
-`ssh HOST true` must work without a password prompt.
+`ssh HOST true` must work without a password prompt. The launcher says BEAT to every host every
+5 s; a host that hears nothing for 30 s (a cut link) stops its job as if Ctrl-C'd and killed.
+
+The launch options below are phalanx run's, with these differences: --nnodes is the number of
+hosts (another number is refused); --rdzv-endpoint defaults to the first host's own address that
+every host reaches, on port 29400; --rdzv-id defaults to a fresh launch-<random>; --dry-run runs
+the preflight and prints each host's command; --simulate-nodes, --standalone,
+--headless-service and --allow-public-endpoint are refused.
 
 Exit codes: those of phalanx run, from the host that failed first (its root cause); 2 settings or
 a host refused before anything started; 130 after Ctrl-C, 143 after SIGTERM.

@@ -16,12 +16,13 @@ from phalanx.clusters.sbatch import SlurmJob, check_time_limit
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import NodeRange
 
 #: Launch options that describe a run on this machine, not a SLURM job.
-_NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine", "standalone": "means one node with a private rendezvous",
+_NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs on SLURM's nodes",
+                  "standalone": "means one node with a private rendezvous; a SLURM job runs on SLURM's nodes",
                   "dry_run": "prints the plan; phalanx slurm prints the script unless --submit is given"}  # fmt: skip
 #: Launch options SLURM's variables give every node (the node count goes into #SBATCH --nodes).
 _FROM_SLURM = ("nnodes",)
@@ -42,15 +43,8 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, os.environ, config, config_path)
-    for name, why in _NOT_FOR_SLURM.items():  # from a flag, a variable every node inherits, or the config
-        if name in settings and settings[name].value:
-            flag = name.replace("_", "-")
-            raise SettingsRefused(
-                f"--{flag} with phalanx slurm (from {settings[name].origin})",
-                f"--{flag} {why}; a SLURM job runs on SLURM's nodes.",
-                f"drop it (unset the variable, or remove it from the config); to rehearse first: phalanx run "
-                "--simulate-nodes N ...",
-            )  # fmt: skip
+    # from a flag, a variable every node would inherit, or the config
+    refuse_settings(settings, _NOT_FOR_SLURM, "phalanx slurm", "to rehearse first: phalanx run --simulate-nodes N ...")
     nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
     log_dir = settings["log_dir"].value if "log_dir" in settings else Path("phalanx-logs")
     script = args.training_script
@@ -74,7 +68,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
 
 def _run_command(args: argparse.Namespace, config_path: Path | None) -> list[str]:
     """``python -m phalanx run`` with the launch flags given, as every node runs it."""
-    command = [sys.executable, "-m", "phalanx", "run", *given_flags(args, leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM})]
+    command = [sys.executable, "-m", "phalanx", "run", *given_flags(vars(args), leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM})]
     if config_path is not None:
         command += ["--config", str(config_path)]
     if args.module:

@@ -73,7 +73,7 @@ KIND = Kind(
     pod_hostnames=pod_hostnames,
     controller_variables=OPERATOR_VARIABLES,
     controller_options={
-        "rdzv_endpoint": "the operator gives every pod MASTER_ADDR and MASTER_PORT",
-        "headless_service": "the operator makes a Service for each pod itself",
+        "rdzv_endpoint": "comes from the operator, which gives every pod MASTER_ADDR and MASTER_PORT",
+        "headless_service": "is the operator's business: it makes a Service for each pod",
     },
 )

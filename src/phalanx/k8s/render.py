@@ -28,7 +28,8 @@ class _Dumper(yaml.SafeDumper):
 
 def header(spec: ManifestSpec) -> str:
     """The comment that starts every stream and file: who wrote it, what it needs."""
-    return (f"# Written by phalanx {__version__}:\n#   {spec.written_by or 'phalanx k8s'}\n"
+    command = "\n#   ".join((spec.written_by or "phalanx k8s").splitlines())  # a newline in an argument stays a comment
+    return (f"# Written by phalanx {__version__}:\n#   {command}\n"
             f"# {spec.kind.summary[0].upper()}{spec.kind.summary[1:]}.\n"
             "# The image must have phalanx installed (with PyTorch), and the training script at the path\n"
             "# the command names. Apply with: kubectl apply -f FILE (or -f - from a pipe).\n")  # fmt: skip

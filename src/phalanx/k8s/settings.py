@@ -12,14 +12,13 @@ import argparse
 import re
 import shlex
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
 from phalanx.k8s.kinds import kind_named
 from phalanx.k8s.spec import ManifestSpec, check_env, parse_env
 from phalanx.k8s.trainjob import KIND as TRAINJOB
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import Resolved, parse_flag
 
@@ -64,8 +63,9 @@ def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, dict(env), config, config_path)
-    _refuse(settings, kind.name, _NOT_IN_A_POD, "to rehearse on this machine first: phalanx run --simulate-nodes N ...")
-    _refuse(settings, kind.name, kind.controller_options, "the controller's endpoint is the one every pod can reach")
+    command = f"phalanx k8s --kind {kind.name}"
+    refuse_settings(settings, _NOT_IN_A_POD, command, "to rehearse on this machine first: phalanx run --simulate-nodes N ...")
+    refuse_settings(settings, kind.controller_options, command, "the controller's endpoint is the one every pod can reach")
     _refuse_kind_options(args, kind.name)
     return ManifestSpec(
         kind=kind,
@@ -97,11 +97,11 @@ def launch_flags(args: argparse.Namespace, config: dict[str, object]) -> tuple[s
         >>> launch_flags(args, {"join_timeout": 600, "standalone": False})
         ('--max-restarts', '1', '--join-timeout', '600', '--all-ranks')
     """
-    merged = argparse.Namespace(**vars(args))
+    merged = dict(vars(args))
     for option in LAUNCH_OPTIONS:
         value = config.get(option.field)
-        if getattr(args, option.field) is None and value is not None:
-            setattr(merged, option.field, (True if parse_flag(value) else None) if option.is_switch else value)
+        if merged[option.field] is None and value is not None:
+            merged[option.field] = (True if parse_flag(value) else None) if option.is_switch else value
     return tuple(given_flags(merged, leave_out=_IN_THE_MANIFEST))
 
 
@@ -121,18 +121,6 @@ def default_name(entrypoint: Entrypoint) -> str:
             "give one: --name train-resnet",
         )
     return name
-
-
-def _refuse(settings: dict[str, Resolved], kind: str, refused: Mapping[str, str], instead: str) -> None:
-    """Refuses the launch settings in ``refused`` (field -> why), from a flag, the config file or --env."""
-    for name, why in refused.items():
-        if name in settings and settings[name].value:
-            flag = name.replace("_", "-")
-            raise SettingsRefused(
-                f"--{flag} with phalanx k8s --kind {kind} (from {settings[name].origin})",
-                f"--{flag}: {why}.",
-                f"drop it (from the flags, --env or the config); {instead}",
-            )
 
 
 def _refuse_kind_options(args: argparse.Namespace, kind: str) -> None:

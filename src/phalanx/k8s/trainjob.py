@@ -79,8 +79,8 @@ KIND = Kind(
     pod_hostnames=pod_hostnames,
     controller_variables=(*TRAINER_VARIABLES, "JOB_COMPLETION_INDEX"),
     controller_options={
-        "rdzv_endpoint": "the Trainer gives every pod PET_MASTER_ADDR and PET_MASTER_PORT",
-        "headless_service": "the TrainJob's pods are named by JobSet's own Service, not an Indexed Job's",
+        "rdzv_endpoint": "comes from the Trainer, which gives every pod PET_MASTER_ADDR and PET_MASTER_PORT",
+        "headless_service": "names an Indexed Job's Service; a TrainJob's pods are named by JobSet's own",
     },
     base_env=(("PYTHONUNBUFFERED", "1"),),
 )

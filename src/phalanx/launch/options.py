@@ -188,24 +188,49 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
 
 
-def given_flags(args: argparse.Namespace, leave_out: Collection[str] = ()) -> list[str]:
-    """The launch flags set on the command line, as ``phalanx run`` takes them: for the command
-    that another tool (a batch script, a remote host) runs on every node.
+def given_flags(flags: Mapping[str, object], leave_out: Collection[str] = ()) -> list[str]:
+    """The launch flags set, as ``phalanx run`` takes them: for the command that another tool (a
+    batch script, a remote host, a pod) runs on every node.
 
     Args:
-        args: a Namespace from a parser with :func:`add_launch_options`.
+        flags: field -> value as given (``{"nproc_per_node": "4"}``; None or absent: not given),
+            such as ``vars(args)`` of a parser with :func:`add_launch_options`.
         leave_out: fields (``"nnodes"``) the caller sets itself or refuses.
 
     Returns:
         ``["--nproc-per-node", "4", "--all-ranks", ...]`` in :data:`LAUNCH_OPTIONS`' order.
+
+    Example:
+        >>> given_flags({"nproc_per_node": "4", "all_ranks": True, "nnodes": "2"}, leave_out={"nnodes"})
+        ['--nproc-per-node', '4', '--all-ranks']
     """
     argv: list[str] = []
     for option in LAUNCH_OPTIONS:
-        value = getattr(args, option.field)
+        value = flags.get(option.field)
         if value is None or option.field in leave_out:
             continue
         argv += [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", str(value)]
     return argv
+
+
+def refuse_settings(settings: Mapping[str, Resolved], refused: Mapping[str, str], command: str, instead: str) -> None:
+    """Refuses the settings among ``refused`` (field -> why it does not apply) that are set, from a
+    flag, a variable or the config file: for commands that start jobs elsewhere.
+
+    Args:
+        settings: from :func:`resolve_settings`.
+        refused: field -> why (``{"standalone": "means one node with a private rendezvous"}``).
+        command: the command, for the message (``"phalanx slurm"``).
+        instead: what to do, after "drop it".
+
+    Raises:
+        SettingsRefused: the first refused setting that is set.
+    """
+    for name, why in refused.items():
+        if name in settings and settings[name].value:
+            flag = name.replace("_", "-")
+            raise SettingsRefused(f"--{flag} with {command} (from {settings[name].origin})", f"--{flag} {why}.",
+                                  f"drop it (the flag, the variable, or the config's key); {instead}")  # fmt: skip
 
 
 def read_config_file(path: Path) -> dict[str, object]:

@@ -10,6 +10,7 @@ says INT to every host: each ``phalanx run`` sees a Ctrl-C, as if typed on its o
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import subprocess
@@ -17,14 +18,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO
 
 from phalanx.console import say
-from phalanx.exit_codes import ExitCode
+from phalanx.exit_codes import ExitCode, exit_code_of
 from phalanx.ssh.hosts import SshHost
-from phalanx.ssh.preflight import SSH_FAILED
-from phalanx.ssh.transport import Ssh
+from phalanx.ssh.remote import BEAT_S
+from phalanx.ssh.transport import SSH_FAILED, Ssh
 
 
 @dataclass
@@ -32,19 +33,29 @@ class _Remote:
     host: SshHost
     process: subprocess.Popen[bytes]
     code: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def say(self, word: str, close: bool = False) -> None:
         """Writes a word to the host's guard; closing its input ends the host's job."""
-        stdin = self.process.stdin
-        if stdin is None or stdin.closed:
-            return
-        try:
-            stdin.write(f"{word}\n".encode())
-            stdin.flush()
-            if close:
-                stdin.close()
-        except (BrokenPipeError, OSError):
-            pass  # that host's ssh has gone already
+        with self.lock:
+            stdin = self.process.stdin
+            if stdin is None or stdin.closed:
+                return
+            try:
+                stdin.write(f"{word}\n".encode())
+                stdin.flush()
+                if close:
+                    stdin.close()
+            except (BrokenPipeError, OSError):
+                pass  # that host's ssh has gone already
+
+
+def _beat(remotes: list[_Remote], done: threading.Event) -> None:
+    """Tells every guard that the launcher is there; one that hears nothing for
+    :data:`phalanx.ssh.remote.SILENCE_S` (a cut link, which closes no connection) stops its job."""
+    while not done.wait(BEAT_S):
+        for remote in remotes:
+            remote.say("BEAT")
 
 
 class _Streams:
@@ -61,9 +72,11 @@ class _Streams:
         self.threads.append(thread)
 
     def _copy(self, prefix: str, source: IO[bytes], sink: IO[str]) -> None:
+        """Reads to the end whatever happens to ``sink`` (a closed pipe: `| head`): ssh must never
+        block on a full pipe, or it would never end."""
         for raw in iter(source.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            with self.lock:
+            with self.lock, contextlib.suppress(OSError, ValueError):
                 sink.write(prefix + line + "\n")
                 sink.flush()
 
@@ -103,9 +116,12 @@ def run_on_hosts(hosts: Sequence[SshHost], ssh: Ssh, commands: Sequence[str], gr
         threading.Thread(target=lambda i=index, p=process: events.put(("exit", i, p.wait())), daemon=True).start()
     previous = {number: signal.signal(number, lambda n, _f: events.put(("signal", 0, n)))
                 for number in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    done = threading.Event()
+    threading.Thread(target=_beat, args=(remotes, done), daemon=True).start()
     try:
         code = _supervise(remotes, events, grace_s)
     finally:
+        done.set()
         for number, handler in previous.items():
             signal.signal(number, handler)
         for remote in remotes:
@@ -117,31 +133,24 @@ def run_on_hosts(hosts: Sequence[SshHost], ssh: Ssh, commands: Sequence[str], gr
 def _supervise(remotes: list[_Remote], events: queue.SimpleQueue[tuple[str, int, int]], grace_s: float) -> int:
     stop: int | None = None  # the signal that stopped the job
     failure: _Remote | None = None
-    escalate_at: float | None = None  # when the hosts still running get the next, harder word
-    words = iter(["TERM", "KILL"])
+    ladder = _Ladder(grace_s)
     while any(remote.code is None for remote in remotes):
-        timeout = None if escalate_at is None else max(0.0, escalate_at - time.monotonic())
         try:
-            kind, index, value = events.get(timeout=timeout)
+            kind, index, value = events.get(timeout=ladder.wait_s())
         except queue.Empty:
-            word = next(words, "KILL")
-            running = [remote for remote in remotes if remote.code is None]
-            say(f"phalanx launch: {', '.join(r.host.label for r in running)} still running after {grace_s:g} s: {word}")
-            for remote in running:
-                remote.say(word, close=word == "KILL")
-            escalate_at = time.monotonic() + grace_s
+            ladder.climb([remote for remote in remotes if remote.code is None])
             continue
         if kind == "exit":
             remote = remotes[index]
-            remote.code = _exit_code(value)
+            remote.code = exit_code_of(value)
             if remote.code != 0 and failure is None and stop is None:
                 failure = remote
                 _say_failure(remote, grace_s)
-                escalate_at = time.monotonic() + grace_s
-        elif value == signal.SIGINT and stop == signal.SIGINT or stop is not None and value != stop:
+                ladder.start(["TERM", "KILL", _ABANDON])
+        elif stop is not None:  # a second signal: no more waiting
             say("phalanx launch: stopping every host at once (SIGKILL)")
-            for remote in remotes:
-                remote.say("KILL", close=True)
+            ladder.start(["KILL", _ABANDON], now=True)
+            ladder.climb([remote for remote in remotes if remote.code is None])
         else:
             stop = value
             word = "INT" if value == signal.SIGINT else "TERM"
@@ -149,13 +158,46 @@ def _supervise(remotes: list[_Remote], events: queue.SimpleQueue[tuple[str, int,
             say(f"phalanx launch: {signal.Signals(value).name}: stopping the job on every host{again}")
             for remote in remotes:
                 remote.say(word)
-            escalate_at = time.monotonic() + grace_s
-            words = iter(["TERM" if word == "INT" else "KILL", "KILL"])
+            ladder.start((["TERM"] if word == "INT" else []) + ["KILL", _ABANDON])
     return _job_code(remotes, failure, stop)
 
 
-def _exit_code(status: int) -> int:
-    return 128 - status if status < 0 else status
+#: The last step: the host's ssh connection is closed from here, whatever still runs there.
+_ABANDON = "ABANDON"
+
+
+class _Ladder:
+    """What hosts that still run get next, a step every ``grace_s``: TERM, KILL, then their ssh
+    connection closed from here, so that the launcher itself always ends."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.steps: list[str] = []
+        self.next_at: float | None = None
+
+    def start(self, steps: list[str], now: bool = False) -> None:
+        self.steps = steps
+        self.next_at = time.monotonic() + (0 if now else self.grace_s)
+
+    def wait_s(self) -> float | None:
+        return None if self.next_at is None else max(0.0, self.next_at - time.monotonic())
+
+    def climb(self, running: list[_Remote]) -> None:
+        if not self.steps:
+            self.next_at = None
+            return
+        step = self.steps.pop(0)
+        names = ", ".join(remote.host.label for remote in running)
+        if step == _ABANDON:
+            say(f"phalanx launch: {names} did not end after SIGKILL; closing the ssh connection (check what is left "
+                f"there: ssh HOST ps -ef)")  # fmt: skip
+            for remote in running:
+                remote.process.kill()
+        else:
+            say(f"phalanx launch: {names} still running: {'SIGTERM' if step == 'TERM' else 'SIGKILL'}")
+            for remote in running:
+                remote.say(step, close=step == "KILL")
+        self.next_at = time.monotonic() + self.grace_s
 
 
 def _say_failure(remote: _Remote, grace_s: float) -> None:
@@ -173,9 +215,9 @@ def _job_code(remotes: list[_Remote], failure: _Remote | None, stop: int | None)
         say(f"phalanx launch: exit codes {codes}; the job's is {code}, from {failure.host.label}, the first host to end "
             "with a failure (the root cause is in the hosts' output above)")
         return code
-    if stop is not None:
+    if stop is not None:  # every host's own code where they agree on a clean end (0, or 75 after a checkpoint)
         ended = {remote.code for remote in remotes}
-        code = ended.pop() if len(ended) == 1 else 128 + stop
+        code = ended.pop() if len(ended) == 1 and ended <= {ExitCode.OK, ExitCode.PREEMPTED} else 128 + stop
         say(f"phalanx launch: stopped by {signal.Signals(stop).name}; exit codes {codes}")
         return int(code)
     return ExitCode.OK

@@ -43,6 +43,10 @@ def parse_host_list(text: str) -> list[SshHost]:
     hosts = []
     for item in text.split(","):
         item = item.strip()
+        if item.count(":") > 1 or item.startswith("["):
+            raise SettingsRefused(f"--hosts {text}: {item!r} looks like an IPv6 address",
+                                  "phalanx launch reaches hosts by name or IPv4 address; ':' introduces the slots.",
+                                  "name the host in ~/.ssh/config (Host gpu1 / HostName fe80::1) and give that name")  # fmt: skip
         name, colon, slots = item.partition(":")
         if not item or not _HOST.match(name):
             raise SettingsRefused(

@@ -18,7 +18,7 @@ from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
 from phalanx.launch.values import DEFAULT_RDZV_PORT, Resolved
 from phalanx.ssh.fanout import run_on_hosts
 from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
@@ -32,7 +32,8 @@ _SET_HERE = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id", "dry_run")
 #: Launch options that describe a run on this machine alone.
 _NOT_FOR_HOSTS = {"simulate_nodes": "rehearses several nodes on this machine",
                   "standalone": "means one node with a private rendezvous",
-                  "headless_service": "is for pods of a Kubernetes Indexed Job"}  # fmt: skip
+                  "headless_service": "is for the pods of a Kubernetes Indexed Job",
+                  "allow_public_endpoint": "does not apply: the preflight finds the first host's own address"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class SshJob:
 
     def expectation(self) -> Expectation:
         return Expectation(python=self.python, cwd=self.cwd, files=self.files, phalanx=__version__, port=self.port,
-                           nproc=self.nproc, endpoint_host=self.endpoint_host)  # fmt: skip
+                           nproc=self.nproc, endpoint_host=self.endpoint_host, env=self.environment)  # fmt: skip
 
 
 def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> SshJob:
@@ -76,22 +77,22 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     config = read_config_file(config_path) if config_path else {}
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, environ, config, config_path)
-    for name, why in _NOT_FOR_HOSTS.items():
-        if name in settings and settings[name].value:
-            flag = name.replace("_", "-")
-            raise SettingsRefused(f"--{flag} with phalanx launch (from {settings[name].origin})",
-                                  f"--{flag} {why}; phalanx launch runs one node on each host it is given.",
-                                  "drop it (unset the variable, or remove it from the config)")  # fmt: skip
+    refuse_settings(settings, _NOT_FOR_HOSTS, "phalanx launch", "phalanx launch runs one node on each host it is given")
     if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:
         raise SettingsRefused(
             f"{settings['nnodes'].origin} gives {settings['nnodes'].value} nodes, but {len(hosts)} hosts are named",
             "phalanx launch runs one node on each host.", "drop --nnodes: the host list says how many nodes there are"
         )  # fmt: skip
     endpoint = settings["rdzv_endpoint"].value if "rdzv_endpoint" in settings else None
+    if endpoint is not None and ":" in endpoint.host:
+        raise SettingsRefused(f"{settings['rdzv_endpoint'].origin}: {endpoint} is an IPv6 address",
+                              "phalanx launch's preflight reaches hosts over IPv4.",
+                              "leave --rdzv-endpoint out (the first host's address is found), or give its IPv4 "
+                              "address")  # fmt: skip
     files = {} if args.module else {args.training_script: _sha256(Path(args.training_script))}
     if config_path is not None:
         files[str(config_path)] = _sha256(config_path)
-    run_args = [*given_flags(args, leave_out=(*_SET_HERE, *_NOT_FOR_HOSTS))]
+    run_args = [*given_flags(vars(args), leave_out=(*_SET_HERE, *_NOT_FOR_HOSTS))]
     run_args += ["--config", str(config_path)] if config_path else []
     run_args += ["-m"] if args.module else []
     run_args += [args.training_script, *args.training_script_args]
@@ -103,12 +104,12 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         endpoint_host=endpoint.host if endpoint else None,
         rdzv_id=rdzv_id,
         python=args.remote_python or sys.executable,
-        cwd=os.getcwd(),
+        cwd=_working_folder(environ),
         run_args=tuple(run_args),
         files=files,
         environment=_environment(environ, args.env, default=not args.no_default_env),
         grace_s=args.grace,
-        dry_run=bool(args.dry_run),
+        dry_run=bool(settings["dry_run"].value) if "dry_run" in settings else False,
     )
 
 
@@ -127,6 +128,7 @@ def launch(job: SshJob, ssh: Ssh, preflight_timeout_s: float) -> int:
     Example:
         >>> launch(job_from_args(args), Ssh(), preflight_timeout_s=30)  # doctest: +SKIP
     """
+    ssh.check()
     found = run_preflight(job.hosts, ssh, job.expectation(), preflight_timeout_s)
     hosts = f"{len(job.hosts)} host{'s' if len(job.hosts) > 1 else ''}"
     say(f"phalanx launch: preflight of {hosts} in {found.seconds:.1f} s\n{found.table()}")
@@ -188,6 +190,18 @@ def _environment(environ: Mapping[str, str], names: list[str], default: bool) ->
             raise SettingsRefused(f"--env {name}: it is not set here", "--env NAME passes this machine's value on.",
                                   f"set it first, or give the value: --env {name}=VALUE")  # fmt: skip
     return chosen
+
+
+def _working_folder(environ: Mapping[str, str]) -> str:
+    """This folder as the shell names it ($PWD, symbolic links kept: /home may be a link to
+    different places on different hosts), else as the kernel does."""
+    shown = environ.get("PWD")
+    try:
+        if shown and os.path.samefile(shown, os.getcwd()):
+            return shown
+    except OSError:
+        pass
+    return os.getcwd()
 
 
 def _sha256(path: Path) -> str | None:

@@ -24,11 +24,7 @@ from typing import Any
 from phalanx.console import format_table
 from phalanx.errors import SettingsRefused
 from phalanx.ssh.hosts import SshHost
-from phalanx.ssh.transport import Ssh, probe_command
-
-#: ssh's own exit code when it could not connect or authenticate.
-SSH_FAILED = 255
-
+from phalanx.ssh.transport import SSH_FAILED, Ssh, probe_command
 
 @dataclass(frozen=True)
 class Expectation:
@@ -41,6 +37,7 @@ class Expectation:
     port: int
     nproc: str  # each host's processes, as --nproc-per-node takes them (a number, auto, gpu, cpu)
     endpoint_host: str | None = None  # the user's --rdzv-endpoint host; None: find one
+    env: dict[str, str] = field(default_factory=dict)  # the variables the job runs with there
 
 
 @dataclass
@@ -104,11 +101,11 @@ def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeo
     deadline = started + timeout_s
     checks = [HostCheck(host) for host in hosts]
     token = secrets.token_hex(8)
-    listen = probe_command(expect.python, "listen", {"port": expect.port, "token": token})
+    listen = probe_command(expect.python, "listen", {"port": expect.port, "token": token}, expect.env)
     listener = subprocess.Popen(ssh.argv(hosts[0].name, listen), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
-        facts = probe_command(expect.python, "facts", {"cwd": expect.cwd, "files": list(expect.files)})
+        facts = probe_command(expect.python, "facts", {"cwd": expect.cwd, "files": list(expect.files)}, expect.env)
         answers = _on_every_host(hosts, ssh, facts, deadline)
         for check, answer in zip(checks, answers):
             _read_facts(check, answer, expect)
@@ -117,9 +114,10 @@ def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeo
         if not checks[0].problems and _listening(listener, checks[0], expect.port, deadline):
             candidates = _candidates(hosts[0], ssh, checks[0].facts or {}, expect.endpoint_host)
             request = {"candidates": candidates, "port": expect.port, "token": token}
-            reach = probe_command(expect.python, "reach", request)
+            reach = probe_command(expect.python, "reach", request, expect.env)
             reachable = [check for check in checks if check.facts is not None]
-            answers = _on_every_host([check.host for check in reachable], ssh, reach, deadline)
+            # a round of its own, however long the first took: a connect may take its 3 s
+            answers = _on_every_host([check.host for check in reachable], ssh, reach, max(deadline, time.monotonic() + 10))
             endpoint = _read_reach(reachable, answers, candidates, expect.port)
     finally:
         _close(listener)
@@ -290,7 +288,13 @@ def _read_reach(checks: list[HostCheck], answers: list[_Answer], candidates: lis
             results.append({})
             continue
         results.append({item["candidate"]: item for item in found["reach"]})
-    endpoint = next((c for c in candidates if all(r.get(c, {}).get("connect") == "ok" for r in results)), None)
+    owned = _owned_by_first_host(checks[0], results[0], candidates)
+    endpoint = next((c for c in owned if all(r.get(c, {}).get("connect") == "ok" for r in results)), None)
+    if results[0] and not owned:
+        addresses = ", ".join((checks[0].facts or {}).get("addresses", [])) or "none"
+        checks[0].refuse(f"the endpoint {candidates[0]} is not this host's address (its addresses: {addresses})",
+                         "the first host runs the rendezvous store, so the endpoint must be its own address: "
+                         "leave --rdzv-endpoint out, or name the host it belongs to first")  # fmt: skip
     shown = endpoint or candidates[0]
     for check, result in zip(checks, results):
         item = result.get(shown)
@@ -306,6 +310,15 @@ def _read_reach(checks: list[HostCheck], answers: list[_Answer], candidates: lis
                          f"open TCP port {port} towards the first host (a firewall?), or pick a port that is "
                          "open with --rdzv-endpoint HOST:PORT")  # fmt: skip
     return endpoint
+
+
+def _owned_by_first_host(first: HostCheck, result: dict[str, dict[str, Any]], candidates: list[str]) -> list[str]:
+    """The candidates that resolve, on the first host, to an address it has (or to loopback): a
+    NAT's or a port forward's address reaches its listener too, but phalanx run there would not
+    know that it hosts the store."""
+    own = set((first.facts or {}).get("addresses", []))
+    addresses = {candidate: str(result.get(candidate, {}).get("address", "")) for candidate in candidates}
+    return [candidate for candidate, address in addresses.items() if address in own or address.startswith("127.")]
 
 
 def _close(listener: subprocess.Popen[str]) -> None:

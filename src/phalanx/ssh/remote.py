@@ -7,12 +7,17 @@ line:
 
 - ``INT``: Ctrl-C, sent to the whole group as a terminal sends it;
 - ``TERM``: SIGTERM to ``phalanx run``, which stops its workers;
-- ``KILL``: SIGKILL to the whole group (a second Ctrl-C, or a host that did not stop in time);
-- the end of standard input (the launcher or its connection is gone), or a signal to the guard
-  itself: SIGTERM, then after ``--grace`` seconds SIGKILL to the whole group.
+- ``KILL``: SIGKILL to everything it started (a second Ctrl-C, or a host that did not stop in
+  time);
+- ``BEAT``, every :data:`BEAT_S` seconds: the launcher is there. Silence for
+  :data:`SILENCE_S` counts as its end (a cut link closes no connection);
+- the end of standard input (the launcher or its connection is gone), silence, or a signal to
+  the guard itself: SIGTERM, then after ``--grace`` seconds SIGKILL to everything it started.
 
-When ``phalanx run`` ends, whatever it left in its group is killed too, and the guard exits
-with its code (128+N for a signal N), so nothing outlives a launch on any host.
+"Everything it started" is the process group and every descendant: the guard is a child
+subreaper, so a process that left the group (``setsid``) and lost its parent is still its own.
+When ``phalanx run`` ends, whatever it left is killed too, and the guard exits with its code
+(128+N for a signal N), so nothing outlives a launch on any host.
 
 Usage (the launcher writes this line): python -m phalanx.ssh.remote [--grace S] -- COMMAND...
 """
@@ -20,66 +25,99 @@ Usage (the launcher writes this line): python -m phalanx.ssh.remote [--grace S] 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
+import psutil
+
+from phalanx.exit_codes import exit_code_of
 from phalanx.launch.signals import die_with_parent
+
+#: How often the launcher says BEAT, and how long a guard waits for a word before it stops.
+BEAT_S = 5.0
+SILENCE_S = 30.0
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the command after ``--`` until it ends or the launcher says so; returns its exit code."""
     parser = argparse.ArgumentParser(prog="python -m phalanx.ssh.remote")
     parser.add_argument("--grace", type=float, default=30.0)
+    parser.add_argument("--silence", type=float, default=SILENCE_S)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()))
-    ended = threading.Event()
-    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # sshd's or a user's signal: as a KILL word
-        signal.signal(number, lambda *_: threading.Thread(target=_stop, args=(child, args.grace, ended)).start())
-    threading.Thread(target=_listen, args=(child, args.grace, ended), daemon=True).start()
-    code = child.wait()
-    ended.set()
-    _kill_group(child.pid)
-    return 128 - code if code < 0 else code
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    guard = _Guard(args.grace)
+    guard.child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                                   preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # sshd's or a user's signal: as the end of input
+        signal.signal(number, lambda *_: threading.Thread(target=guard.stop).start())
+    threading.Thread(target=guard.listen, args=(args.silence,), daemon=True).start()
+    code = guard.child.wait()
+    guard.ended.set()
+    guard.kill_all()
+    return exit_code_of(code)
 
 
-def _listen(child: subprocess.Popen[bytes], grace: float, ended: threading.Event) -> None:
-    for line in sys.stdin:
-        word = line.strip()
-        if word == "INT":
-            _signal_group(child.pid, signal.SIGINT)
-        elif word == "TERM":
-            _signal(child, signal.SIGTERM)
-        elif word == "KILL":
-            _kill_group(child.pid)
-            return
-    _stop(child, grace, ended)
+class _Guard:
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.child: subprocess.Popen[bytes] | None = None
+        self.ended = threading.Event()
+        self.heard = time.monotonic()
 
+    def listen(self, silence: float) -> None:
+        """Acts on the launcher's words; stops the job when its input ends or falls silent."""
+        threading.Thread(target=self._mind_the_silence, args=(silence,), daemon=True).start()
+        for line in sys.stdin:
+            self.heard = time.monotonic()
+            word = line.strip()
+            if word == "INT":
+                self._signal_group(signal.SIGINT)
+            elif word == "TERM":
+                self._signal_child(signal.SIGTERM)
+            elif word == "KILL":
+                self.kill_all()
+                return
+        self.stop()
 
-def _stop(child: subprocess.Popen[bytes], grace: float, ended: threading.Event) -> None:
-    _signal(child, signal.SIGTERM)
-    if not ended.wait(grace):
-        _kill_group(child.pid)
+    def _mind_the_silence(self, silence: float) -> None:
+        while not self.ended.wait(1.0):
+            if time.monotonic() - self.heard > silence:
+                self.stop()
+                return
 
+    def stop(self) -> None:
+        """SIGTERM to the command, then after the grace SIGKILL to everything started."""
+        self._signal_child(signal.SIGTERM)
+        if not self.ended.wait(self.grace):
+            self.kill_all()
 
-def _signal(child: subprocess.Popen[bytes], number: signal.Signals) -> None:
-    if child.poll() is None:
-        child.send_signal(number)
+    def kill_all(self) -> None:
+        """SIGKILL to the command's group and to every descendant of this guard."""
+        if self.child is not None:
+            self._signal_group(signal.SIGKILL)
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
+    def _signal_child(self, number: signal.Signals) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(number)
 
-def _signal_group(pgid: int, number: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, number)
-    except ProcessLookupError:
-        pass
-
-
-def _kill_group(pgid: int) -> None:
-    _signal_group(pgid, signal.SIGKILL)
+    def _signal_group(self, number: signal.Signals) -> None:
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.child.pid, number)
 
 
 if __name__ == "__main__":
