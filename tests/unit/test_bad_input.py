@@ -1,0 +1,152 @@
+"""The bad-input matrix: what a newcomer mistypes, across every command and the config file.
+
+Each case runs the command line in this process and checks that the input was refused as the
+README promises: a message that says what was set (the words given), a HINT, the documented exit
+code (2), and no process left behind. The cases that need a file get one in the test's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import psutil
+import pytest
+
+from phalanx.cli.main import main
+
+#: name of a file in the test's folder -> its text
+FILES = {
+    "train.py": "",
+    "not_a_number.toml": 'nproc-per-node = "x"\n',
+    "unknown_key.toml": "nonsense = 1\n",
+    "not_toml.toml": "this is not toml\n",
+    "run_not_a_table.toml": "run = 3\n",
+    "elastic.toml": 'nnodes = "3:2"\n',
+    "hosts_typo.txt": "gpu1 slot=4\n",
+    "hosts_twice.txt": "gpu1 slots=2\ngpu1 slots=2\n",
+    "hosts_empty.txt": "# nobody\n",
+    "doctor.json": "{not json",
+}
+
+CASES: list[tuple[str, list[str], str]] = [
+    # -- phalanx run: each launch setting -------------------------------------------------------
+    ("nnodes zero", ["run", "--nnodes", "0", "train.py"], "--nnodes 0: a job needs at least 1 node"),
+    ("nnodes range reversed", ["run", "--nnodes", "3:2", "train.py"], "the minimum (3) is larger than the maximum (2)"),
+    ("nnodes word", ["run", "--nnodes", "x", "train.py"], "--nnodes 'x' is neither a number nor a MIN:MAX range"),
+    ("nproc negative", ["run", "--nproc-per-node", "-1", "train.py"], "--nproc-per-node -1: a node runs at least 1"),
+    ("nproc zero", ["run", "--nproc-per-node", "0", "train.py"], "--nproc-per-node 0: a node runs at least 1"),
+    ("nproc word", ["run", "--nproc-per-node", "many", "train.py"], "--nproc-per-node 'many' is not a number of processes"),
+    ("endpoint empty", ["run", "--rdzv-endpoint", "", "train.py"], "--rdzv-endpoint is empty"),
+    ("endpoint port too large", ["run", "--rdzv-endpoint", "host:99999", "train.py"], "the port '99999' is not a number"),
+    ("endpoint port word", ["run", "--rdzv-endpoint", "host:x", "train.py"], "the port 'x' is not a number"),
+    ("endpoint ipv6 unclosed", ["run", "--rdzv-endpoint", "[::1", "train.py"], "an IPv6 address in [] is not closed"),
+    ("endpoint public", ["run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "8.8.8.8", "train.py"],
+     "8.8.8.8 is a globally routable address"),
+    ("endpoint loopback, several nodes", ["run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1", "train.py"],
+     "loopback"),
+    ("rdzv id with a space", ["run", "--rdzv-id", "a b", "train.py"], "--rdzv-id 'a b' must be 1 to 64 letters"),
+    ("max restarts negative", ["run", "--max-restarts", "-1", "train.py"], "--max-restarts must be at least 0, not -1"),
+    ("backend unknown", ["run", "--backend", "mpi", "train.py"], "--backend 'mpi' is not a backend phalanx knows"),
+    ("interface unknown", ["run", "--interface", "nope0", "train.py"], "--interface nope0: this host has no network"),
+    ("interface lo, several nodes", ["run", "--dry-run", "--nnodes", "2", "--rdzv-endpoint", "192.0.2.7", "--interface",
+                                     "lo", "train.py"], "--interface lo is the loopback interface"),
+    ("join timeout zero", ["run", "--join-timeout", "0", "train.py"], "--join-timeout must be a positive number"),
+    ("join timeout word", ["run", "--join-timeout", "x", "train.py"], "--join-timeout takes a number of seconds, not 'x'"),
+    ("simulate zero nodes", ["run", "--simulate-nodes", "0", "train.py"], "--simulate-nodes must be at least 1, not 0"),
+    ("simulate too many nodes", ["run", "--simulate-nodes", "100", "train.py"], "at most 99 nodes can be simulated"),
+    ("simulate with nnodes", ["run", "--simulate-nodes", "2", "--nnodes", "3", "train.py"],
+     "--simulate-nodes 2 with --nnodes 3"),
+    ("standalone with nnodes", ["run", "--standalone", "--nnodes", "2", "train.py"], "--standalone with --nnodes 2"),
+    ("service name", ["run", "--headless-service", "Bad_Name", "train.py"], "is not a Kubernetes Service name"),
+    ("several nodes, no endpoint", ["run", "--dry-run", "--nnodes", "2", "train.py"], "--nnodes 2 without --rdzv-endpoint"),
+    ("script missing", ["run", "missing.py"], "the training script 'missing.py' does not exist"),
+    ("module missing", ["run", "-m", "no.such.module"], "module 'no.such.module' (given with -m) cannot be found"),
+    ("no script", ["run"], "no training script given"),
+    ("log dir is a file", ["run", "--log-dir", "train.py", "train.py"], "--log-dir train.py is a file, not a folder"),
+    # -- the config file ------------------------------------------------------------------------
+    ("config missing", ["run", "--config", "none.toml", "train.py"], "--config none.toml: the file does not exist"),
+    ("config value", ["run", "--config", "not_a_number.toml", "train.py"],
+     "--nproc-per-node 'x' is not a number of processes (from nproc-per-node in not_a_number.toml)"),
+    ("config unknown key", ["run", "--config", "unknown_key.toml", "train.py"], "unknown setting 'nonsense'"),
+    ("config not toml", ["run", "--config", "not_toml.toml", "train.py"], "is not valid TOML"),
+    ("config run not a table", ["run", "--config", "run_not_a_table.toml", "train.py"], "'run' must be a table"),
+    ("config elastic reversed", ["run", "--config", "elastic.toml", "train.py"], "(from nnodes in elastic.toml)"),
+    ("env config missing", ["env", "--config", "none.toml"], "--config none.toml: the file does not exist"),
+    ("env config unknown key", ["env", "--config", "unknown_key.toml"], "unknown setting 'nonsense'"),
+    # -- phalanx doctor -------------------------------------------------------------------------
+    ("doctor nnodes zero", ["doctor", "--nnodes", "0"], "--nnodes 0: a job needs at least 1 node"),
+    ("doctor nproc zero", ["doctor", "--nproc-per-node", "0"], "--nproc-per-node 0"),
+    ("doctor simulate zero", ["doctor", "--simulate-nodes", "0"], "--simulate-nodes must be at least 1"),
+    ("doctor join timeout", ["doctor", "--join-timeout", "-3"], "--join-timeout must be a positive number"),
+    ("doctor config", ["doctor", "--config", "not_toml.toml"], "is not valid TOML"),
+    # -- phalanx bench --------------------------------------------------------------------------
+    ("bench iterations zero", ["bench", "collectives", "--iters", "0"], "-n 0: must be at least 1"),
+    ("bench warmup negative", ["bench", "collectives", "--warmup_iters", "-1"], "-w -1: must be at least 0"),
+    ("bench collective unknown", ["bench", "collectives", "--collective", "all_nothing"], "all_nothing"),
+    ("bench datatype unknown", ["bench", "collectives", "--datatype", "int3"], "int3"),
+    ("bench op unknown", ["bench", "collectives", "--op", "xor"], "xor"),
+    ("bench sizes reversed", ["bench", "collectives", "-b", "1M", "-e", "1K"], "-b 1048576 is larger than -e 1024"),
+    ("bench size word", ["bench", "collectives", "-b", "lots"], "lots"),
+    ("bench ddp model unknown", ["bench", "ddp", "--model", "nope"], "--model 'nope': unknown model nope"),
+    ("bench ddp compression unknown", ["bench", "ddp", "--compression", "zip"], "zip"),
+    ("bench ddp steps zero", ["bench", "ddp", "--steps", "0"], "--steps"),
+    # -- phalanx plan ---------------------------------------------------------------------------
+    ("plan model path", ["plan", "--model", "nope"], "--model 'nope' is not an import path with a ':'"),
+    ("plan params word", ["plan", "--params", "x"], "--params 'x' is not a parameter count"),
+    ("plan bandwidth word", ["plan", "--params", "25M", "--nnodes", "2", "--bandwidth", "fast"],
+     "--bandwidth 'fast' is not a bandwidth"),
+    ("plan latency word", ["plan", "--params", "25M", "--nnodes", "2", "--bandwidth", "10gbit", "--latency", "soon"],
+     "soon"),
+    ("plan no bandwidth", ["plan", "--params", "25M", "--nnodes", "2"], "--nnodes 2 needs the network's bandwidth"),
+    ("plan bandwidth for one node", ["plan", "--params", "25M", "--bandwidth", "10gbit"], "--bandwidth with --nnodes 1"),
+    ("plan doctor report broken", ["plan", "--params", "25M", "--nnodes", "2", "--from-doctor", "doctor.json"],
+     "--from-doctor doctor.json is not JSON"),
+    ("plan doctor report missing", ["plan", "--params", "25M", "--nnodes", "2", "--from-doctor", "none.json"],
+     "--from-doctor none.json: the file does not exist"),
+    # -- phalanx launch, slurm, k8s, testbed ------------------------------------------------------
+    ("launch hostfile typo", ["launch", "--hostfile", "hosts_typo.txt", "train.py"], "'slot=4' is not understood"),
+    ("launch hostfile twice", ["launch", "--hostfile", "hosts_twice.txt", "train.py"], "gpu1 is named twice"),
+    ("launch hostfile empty", ["launch", "--hostfile", "hosts_empty.txt", "train.py"], "names no host"),
+    ("launch slots disagree", ["launch", "--hosts", "a:2,b:2", "--nproc-per-node", "4", "train.py"],
+     "--nproc-per-node is 4, but the host list gives slots"),
+    ("launch ipv6 host", ["launch", "--hosts", "fe80::1,b", "train.py"], "looks like an IPv6 address"),
+    ("slurm simulate", ["slurm", "--simulate-nodes", "2", "train.py"], "--simulate-nodes with phalanx slurm"),
+    ("slurm time limit", ["slurm", "--time", "forever", "train.py"], "forever"),
+    ("k8s no image", ["k8s", "train.py"], "--image"),
+    ("k8s unknown kind", ["k8s", "--image", "x:1", "--kind", "deployment", "train.py"], "deployment"),
+    ("testbed no hosts", ["testbed", "up", "--hosts", "0", "--name", "nobed"], "--hosts 0: a bed has at least one host"),
+    ("testbed unknown bed", ["testbed", "exec", "--name", "nosuchbed", "h1", "--", "true"],
+     "there is no test bed named 'nosuchbed'"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHALANX_STALL_TIMEOUT", "300")  # nothing inherited changes the answers
+    return tmp_path
+
+
+def test_the_matrix_has_sixty_cases_or_more():
+    assert len(CASES) >= 60 and len({name for name, _, _ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("argv, words", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_is_refused_with_what_why_and_a_hint(folder, argv, words):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own refusals (a choice that does not exist)
+            code = exit_.code
+    said = err.getvalue()
+    assert code == 2, said
+    assert words in said, said
+    assert "phalanx: error:" in said or "error: argument" in said, said
+    if "phalanx: error:" in said:
+        assert "\nHINT: " in said, said  # phalanx's own refusals say what to do
+    assert out.getvalue() == "", out.getvalue()  # nothing that looks like a result
+    assert psutil.Process().children(recursive=True) == []  # nothing left running
