@@ -89,7 +89,12 @@ def parse_args() -> argparse.Namespace:
                         help="rank 0 writes the final metrics here (samples_per_second: null when the run trained no step; "
                              "compression: what ran and, for auto, what its trial measured)")
     parser.add_argument("--save-model", type=Path, default=None, help="rank 0 saves the final state_dict here")
-    return parser.parse_args()
+    args = parser.parse_args()
+    for flag in ("metrics_json", "metrics_jsonl", "save_model"):  # before training, not at the end
+        path = getattr(args, flag)
+        if path is not None and not path.parent.is_dir():
+            parser.error(f"--{flag.replace('_', '-')} {path}: the folder {path.parent} does not exist")
+    return args
 
 
 def load_dataset(name: str, samples: int | None, seed: int) -> TensorDataset:

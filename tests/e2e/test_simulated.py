@@ -269,6 +269,25 @@ def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
         assert not alive, f"workers outlived their killed launcher: {alive}"
 
 
+def test_ctrl_c_says_how_long_it_waits_and_a_second_one_ends_at_once(workdir):
+    """Workers that ignore SIGINT and SIGTERM: the first Ctrl-C (to the whole process group, as
+    a terminal sends it) says that the workers get 30 s; the second kills them now."""
+    script = copy_worker(workdir, "deaf_sleeper.py")
+    with launched(workdir, "--nproc-per-node", "2", script, str(workdir)) as process:
+        wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
+        workers = [p for p in psutil.Process(process.pid).children(recursive=True) if script in " ".join(p.cmdline())]
+        os.killpg(process.pid, signal.SIGINT)
+        time.sleep(2)
+        assert process.poll() is None  # within the 30 s the workers get
+        os.killpg(process.pid, signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 130, stderr
+    assert time.monotonic() - started < 10, stderr
+    assert "SIGINT: stopping the workers; they get up to 30 s to end, then SIGKILL (Ctrl-C again kills them now)" in stderr
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_usr1_to_the_launcher_reaches_every_worker(workdir):
     """SLURM's preemption notice, passed on by a batch script to phalanx run: the workers get it
     (phalanx run neither dies of it nor keeps it)."""

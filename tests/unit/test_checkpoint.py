@@ -1,5 +1,6 @@
 """Checkpoints in one process: atomic files, checksums, fallback, pruning, weights-only loading."""
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -7,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from phalanx.errors import CheckpointNotSaved
+from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state
 from phalanx.runtime.context import init
 
@@ -124,8 +125,17 @@ def test_a_full_disk_is_said_plainly_and_loses_nothing(small_disk):
     assert manager.load_latest().step == 1
 
 
-def test_a_checkpoint_folder_that_is_a_file_is_said_plainly(tmp_path):
+def test_a_checkpoint_folder_that_is_a_file_is_refused_before_training(tmp_path):
     (tmp_path / "ckpt").write_text("")
-    with pytest.raises(CheckpointNotSaved, match="could not be written") as refused:
-        CheckpointManager(tmp_path / "ckpt", init()).save(1, {})
-    assert "writable folder" in refused.value.hint
+    with pytest.raises(SettingsRefused, match="the checkpoint folder .*ckpt is a file") as refused:
+        CheckpointManager(tmp_path / "ckpt", init())
+    assert "writable folder" in refused.value.hint and refused.value.exit_code == 2
+
+
+def test_a_full_disk_is_refused_before_training(small_disk):
+    """The probe saw a disk that was full from the start found only at the first save, 50 steps in."""
+    with contextlib.suppress(OSError):
+        (small_disk / "filler").write_bytes(b"x" * 2**20)  # fills the 1 MiB disk
+    with pytest.raises(SettingsRefused, match="is full") as refused:
+        CheckpointManager(small_disk / "ck", init())
+    assert refused.value.exit_code == 2

@@ -133,3 +133,12 @@ def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes
 def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
     [node] = plan_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
     assert "--rdzv-conf=is_host=1,join_timeout=91" in torchrun_argv(node)
+
+
+def test_many_more_cpu_workers_than_cores_are_warned_of(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    fine = plan_nodes(LaunchSpec(entry, nproc_per_node=8), tmp_path)[0]
+    crowded = plan_nodes(LaunchSpec(entry, nproc_per_node=9), tmp_path)[0]
+    assert not any(note.startswith("warning") for note in fine.notes)
+    assert any(note.startswith("warning    9 worker processes on this host's 2 CPU cores") for note in crowded.notes)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
+from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.launch.values import parse_endpoint
@@ -107,8 +109,12 @@ class NodeAgent:
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         self._watch_the_other_nodes()
+        wait_s = getattr(config, "shutdown_timeout", None) or 30
         try:
-            with restarts_only_when_they_can_help(judge, finished=self._workers_finished):
+            with (
+                restarts_only_when_they_can_help(judge, finished=self._workers_finished),
+                second_signal_kills(lambda sig: self._say_stopping(sig, wait_s)),
+            ):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
@@ -142,10 +148,17 @@ class NodeAgent:
                 self.liveness.stop()
         return self._check_everyone_joined(logs)
 
+    def _say_stopping(self, sig: signal.Signals, wait_s: int) -> None:
+        again = "Ctrl-C" if sig == signal.SIGINT else sig.name
+        say(f"phalanx: {self.plan.node_label}: {sig.name}: stopping the workers; they get up to {wait_s} s to end, "
+            f"then SIGKILL ({again} again kills them now)")  # fmt: skip
+
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
-        """Starts the liveness watch of a multi-node job (see :mod:`phalanx.launch.liveness`)."""
-        if self.store is None:
+        """Starts the liveness watch of a multi-node job of a fixed size (see
+        :mod:`phalanx.launch.liveness`). An elastic job is left to torch's agent: a lost node there
+        is a new rendezvous round without it, not the end of the job."""
+        if self.store is None or self.plan.nnodes_min != self.plan.nnodes_max:
             return
         endpoint = parse_endpoint(self.plan.rdzv_endpoint)
         self.liveness = Liveness(

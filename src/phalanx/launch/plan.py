@@ -94,7 +94,11 @@ class _Resources:
     nproc: int
     backend: str
     gpu_count: int
-    note: str
+    notes: tuple[str, ...]  # the decision block's lines: the backend, and a warning if any
+
+
+#: CPU workers per core above which the decision block warns (the 2-core test machine runs 4).
+CPU_OVERSUBSCRIPTION = 4
 
 
 def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
@@ -133,8 +137,12 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
             )
     source = f"{wanted}" if isinstance(wanted, int) else f"{wanted}: {nproc}"
     gpu_text = f"{gpu_count} GPU{'s' if gpu_count != 1 else ''}" if gpu_count else "no GPU"
-    note = f"backend    {backend} ({spec.backend}; {gpu_text}), {source} process{'es' if nproc != 1 else ''} per node"
-    return _Resources(nproc, backend, gpu_count, note)
+    notes = [f"backend    {backend} ({spec.backend}; {gpu_text}), {source} process{'es' if nproc != 1 else ''} per node"]
+    on_host = nproc * nodes_on_host
+    if backend == "gloo" and on_host > CPU_OVERSUBSCRIPTION * cpu_count:
+        notes.append(f"warning    {on_host} worker processes on this host's {cpu_count} CPU cores: each gets a sliver of "
+                     "a core and the memory of a Python with torch; --nproc-per-node cpu runs one per core")
+    return _Resources(nproc, backend, gpu_count, tuple(notes))
 
 
 def _interface_env(interface: str) -> tuple[dict[str, str], str]:
@@ -175,7 +183,7 @@ def _common_env(spec: LaunchSpec, interface: str, resources: _Resources) -> tupl
     for part, note in (_interface_env(interface), _thread_env(resources.nproc), _restart_env(spec)):
         env.update(part)
         notes += [note] if note else []
-    return env, [notes[0], resources.note, *notes[1:]]
+    return env, [notes[0], *resources.notes, *notes[1:]]
 
 
 def new_run_dir(spec: LaunchSpec) -> Path:

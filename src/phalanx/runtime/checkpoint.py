@@ -29,13 +29,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.errors import CheckpointNotSaved
+from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.runtime.context import DistributedContext
 
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
 #: A save's temporary files: ".step-N.pt.staging-PID", its ".tmp-PID", the checksum's ".tmp-PID".
 _TEMPORARY = re.compile(r"^\.+step-\d{9}\..*(staging|tmp)-(\d+)")
 DAMAGED_SUFFIX = ".damaged"
+#: Below this, a checkpoint folder's disk counts as full before anything is trained.
+MIN_FREE_BYTES = 64 * 1024
 FORMAT = 1
 
 
@@ -103,6 +105,27 @@ class CheckpointManager:
         self.directory = Path(directory)
         self.context = context
         self.keep = keep
+        if context.is_main:
+            self._check_folder()
+
+    def _check_folder(self) -> None:
+        """Refuses, before the first step rather than at the first save, a folder that cannot take
+        a checkpoint: a file, one that cannot be made or written, or a full disk."""
+        where = self.directory
+        hint = "give --checkpoint-dir (or the manager's folder) as a writable folder on a disk with room"
+        if where.exists() and not where.is_dir():
+            raise SettingsRefused(f"the checkpoint folder {where} is a file", "checkpoints are files inside a folder.", hint)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(where).free
+        except OSError as error:
+            raise SettingsRefused(f"the checkpoint folder {where} cannot be made ({error.strerror or error})", "",
+                                  hint) from None  # fmt: skip
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise SettingsRefused(f"the checkpoint folder {where} is not writable by this user", "", hint)
+        if free < MIN_FREE_BYTES:
+            raise SettingsRefused(f"the disk of the checkpoint folder {where} is full ({free} bytes free)",
+                                  "the first save would fail after training up to it.", hint)  # fmt: skip
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"step-{step:09d}.pt"
