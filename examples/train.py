@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,8 +91,8 @@ def parse_args() -> argparse.Namespace:
                              "compression: what ran and, for auto, what its trial measured)")
     parser.add_argument("--save-model", type=Path, default=None, help="rank 0 saves the final state_dict here")
     args = parser.parse_args()
-    for flag in ("metrics_json", "metrics_jsonl", "save_model"):  # before training, not at the end
-        path = getattr(args, flag)
+    for flag in ("metrics_json", "metrics_jsonl", "save_model"):  # before training, not at the end; rank 0 writes them
+        path = getattr(args, flag) if os.environ.get("RANK", "0") == "0" else None
         if path is not None and not path.parent.is_dir():
             parser.error(f"--{flag.replace('_', '-')} {path}: the folder {path.parent} does not exist")
     return args

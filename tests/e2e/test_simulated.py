@@ -269,11 +269,13 @@ def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
         assert not alive, f"workers outlived their killed launcher: {alive}"
 
 
-def test_ctrl_c_says_how_long_it_waits_and_a_second_one_ends_at_once(workdir):
+@pytest.mark.parametrize("layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"])
+def test_ctrl_c_says_how_long_it_waits_and_a_second_one_ends_at_once(workdir, layout):
     """Workers that ignore SIGINT and SIGTERM: the first Ctrl-C (to the whole process group, as
-    a terminal sends it) says that the workers get 30 s; the second kills them now."""
+    a terminal sends it) says that the workers get 30 s; the second kills them now. Simulated
+    node agents get each Ctrl-C once, from the simulation."""
     script = copy_worker(workdir, "deaf_sleeper.py")
-    with launched(workdir, "--nproc-per-node", "2", script, str(workdir)) as process:
+    with launched(workdir, *layout, script, str(workdir)) as process:
         wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
         workers = [p for p in psutil.Process(process.pid).children(recursive=True) if script in " ".join(p.cmdline())]
         os.killpg(process.pid, signal.SIGINT)
@@ -284,7 +286,8 @@ def test_ctrl_c_says_how_long_it_waits_and_a_second_one_ends_at_once(workdir):
         _, stderr = process.communicate(timeout=20)
     assert process.returncode == 130, stderr
     assert time.monotonic() - started < 10, stderr
-    assert "SIGINT: stopping the workers; they get up to 30 s to end, then SIGKILL (Ctrl-C again kills them now)" in stderr
+    said = "SIGINT: stopping the workers; they get up to 30 s to end, then SIGKILL (Ctrl-C again kills them now)"
+    assert stderr.count(said) == (2 if layout[0] == "--simulate-nodes" else 1), stderr  # once per node agent
     assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 

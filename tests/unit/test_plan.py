@@ -103,7 +103,7 @@ def test_auto_picks_nccl_and_gpu_count_with_gpus(entry, tmp_path, monkeypatch):
 
 def test_auto_without_gpus_is_gloo_on_every_core(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
-    monkeypatch.setattr(plan.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 6)
     [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
     assert (node.backend, node.nproc_per_node) == ("gloo", 6)
 
@@ -137,7 +137,7 @@ def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
 
 def test_many_more_cpu_workers_than_cores_are_warned_of(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
-    monkeypatch.setattr(plan.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
     fine = plan_nodes(LaunchSpec(entry, nproc_per_node=8), tmp_path)[0]
     crowded = plan_nodes(LaunchSpec(entry, nproc_per_node=9), tmp_path)[0]
     assert not any(note.startswith("warning") for note in fine.notes)

@@ -28,8 +28,8 @@ ssh is your own: ~/.ssh/config (or --ssh-config) gives users, ports, keys and ju
 The launch options below are phalanx run's, with these differences: --nnodes is the number of
 hosts (another number is refused); --rdzv-endpoint defaults to the first host's own address that
 every host reaches, on port 29400; --rdzv-id defaults to a fresh launch-<random>; --dry-run runs
-the preflight and prints each host's command; --simulate-nodes, --standalone,
---headless-service and --allow-public-endpoint are refused.
+the preflight and prints each host's command; --simulate-nodes, --standalone and
+--headless-service are refused.
 
 Exit codes: those of phalanx run, from the host that failed first (its root cause); 2 settings or
 a host refused before anything started; 130 after Ctrl-C, 143 after SIGTERM.

@@ -144,7 +144,8 @@ class NodeAgent:
             say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
             return 128 + int(error.sigval)
         finally:
-            if self.liveness is not None:
+            if self.liveness is not None:  # however this node ends, its silence from now on is no loss
+                self._post_if_store_up(lambda: self.store.append(f"{self.prefix}ended", f"{self.plan.node_label}\n"))
                 self.liveness.stop()
         return self._check_everyone_joined(logs)
 
@@ -168,10 +169,11 @@ class NodeAgent:
         self.liveness.start()
 
     def _nodes_that_ended(self, store: Any) -> set[str]:
-        """The nodes that said their workers finished or failed: no longer expected to beat."""
-        finished = set(posted(store, self.prefix, "finished"))
+        """The nodes that said their workers finished or failed, or that they ended: no longer
+        expected to beat."""
+        said = set(posted(store, self.prefix, "finished")) | set(posted(store, self.prefix, "ended"))
         failed = {item["node"] for line in posted(store, self.prefix, "failures") for item in json.loads(line)}
-        return finished | failed
+        return said | failed
 
     def _on_lost(self, why: str, store_lost: bool) -> None:
         """From the liveness thread: says so, and kills this node's workers, whose collectives
@@ -185,10 +187,13 @@ class NodeAgent:
         say(f"phalanx: PROBLEM: {self.plan.node_label}: {why}: it is lost (its machine down, or its network cut); "
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
-        for process in psutil.Process().children(recursive=True):
+        if not store_lost:  # for the other nodes, whose workers fail next: the cause comes first in their report
+            self._post_if_store_up(lambda: self.store.append(f"{self.prefix}lost", f"{self.plan.node_label}: {why}\n"))
+        workers = psutil.Process().children(recursive=True)
+        for process in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        if store_lost:
+        if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
 
@@ -340,6 +345,8 @@ class NodeAgent:
         if self.plan.is_simulated:  # the simulating parent merges every node's file and names the root cause once
             return failure.exit_code_for(found)
         everyone = found + self._failures_of_other_nodes(found)
+        for verdict in self._lost_verdicts():
+            say(f"phalanx: a node was lost first, {verdict}; the failures below followed from it")
         say(failure.format_root_cause(everyone))
         silent = self._silent_nodes()
         if silent:
@@ -347,6 +354,16 @@ class NodeAgent:
                 "it may be gone with its workers (killed, or its machine down), and the failures above the "
                 "consequence")  # fmt: skip
         return failure.exit_code_for(everyone)
+
+    def _lost_verdicts(self) -> list[str]:
+        """What the nodes' liveness watches posted: "NODE: node X sent no sign of life for 30 s"."""
+        if self.store is None:
+            return []
+        try:
+            return posted(self.store, self.prefix, "lost")
+        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+            raise_if_signal(error)
+            return []
 
     def _silent_nodes(self) -> list[str]:
         """The nodes of the job that posted neither a finish nor a failure (best effort)."""

@@ -97,6 +97,12 @@ class _Resources:
     notes: tuple[str, ...]  # the decision block's lines: the backend, and a warning if any
 
 
+def usable_cpus() -> int:
+    """The CPU cores this process may run on (its affinity: SLURM's or a container's limit), not
+    every core of the machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 #: CPU workers per core above which the decision block warns (the 2-core test machine runs 4).
 CPU_OVERSUBSCRIPTION = 4
 
@@ -104,7 +110,7 @@ CPU_OVERSUBSCRIPTION = 4
 def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
     gpu_count = gpus.visible_gpu_count()
     wanted = spec.nproc_per_node
-    cpu_count = os.cpu_count() or 1
+    cpu_count = usable_cpus()
     if wanted == "gpu" and gpu_count == 0:
         raise SettingsRefused(
             "--nproc-per-node gpu, but this host has no GPU that CUDA can see",
@@ -228,7 +234,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         if choice.is_host:
             lines.append(f"           listening on {store_address} only" if store_address else
                          f"           listening on every address: {choice.endpoint.host!r} is {choice.endpoint_ip} here, "
-                         "which the other nodes do not dial")  # fmt: skip
+                         "not an address of this host's that the other nodes dial")  # fmt: skip
         loopback = network.hostname_loopback_address()
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
@@ -255,10 +261,12 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
 def _store_address(choice: network.NetworkChoice) -> str | None:
     """Where the host node's store listens: the endpoint's address, which every node dials, when
     this host owns it; every address when the endpoint's name resolves to loopback here (the
-    /etc/hosts trap), since the other nodes dial another address of this host."""
+    /etc/hosts trap) or to an address this host does not have (a Kubernetes Service's, a NAT's),
+    since the other nodes then dial another address of this host."""
     if not choice.is_host or ipaddress.ip_address(choice.endpoint_ip).is_loopback:
         return None
-    return choice.endpoint_ip
+    owner = network.interface_owning(choice.endpoint_ip, network.local_interfaces())
+    return choice.endpoint_ip if owner is not None else None  # a service's or a NAT's address: not bindable here
 
 
 def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:

@@ -38,14 +38,16 @@ def second_signal_kills(on_first: Callable[[signal.Signals], None]) -> Iterator[
     received: list[int] = []
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if not received:
-            on_first(signal.Signals(signum))
-        else:
-            for process in psutil.Process().children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-        received.append(signum)
-        original(signum, frame)
+        try:
+            if not received:
+                on_first(signal.Signals(signum))
+            else:
+                for process in psutil.Process().children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.kill()
+        finally:  # torch's exception, whatever the message did
+            received.append(signum)
+            original(signum, frame)
 
     api._terminate_process_handler = handler
     try:

@@ -54,13 +54,16 @@ class Simulation:
             plan_path.parent.mkdir(parents=True, exist_ok=True)
             plan_path.write_text(plan.to_json())
             env = {**os.environ, **WorkerEnv(launcher_pid=os.getpid()).to_env()}
-            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)], env=env))
+            # A session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on
+            # once (an agent that got it twice would take the second for "kill at once").
+            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)], env=env,
+                                               start_new_session=True))  # fmt: skip
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signalled = signum
         for node in self.nodes:
             if node.poll() is None:
-                node.send_signal(signal.SIGTERM)
+                node.send_signal(signum)
 
     def _supervise(self) -> list[int]:
         failed_at: float | None = None

@@ -32,8 +32,7 @@ _SET_HERE = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id", "dry_run")
 #: Launch options that describe a run on this machine alone.
 _NOT_FOR_HOSTS = {"simulate_nodes": "rehearses several nodes on this machine",
                   "standalone": "means one node with a private rendezvous",
-                  "headless_service": "is for the pods of a Kubernetes Indexed Job",
-                  "allow_public_endpoint": "does not apply: the preflight finds the first host's own address"}  # fmt: skip
+                  "headless_service": "is for the pods of a Kubernetes Indexed Job"}  # fmt: skip
 
 
 @dataclass(frozen=True)

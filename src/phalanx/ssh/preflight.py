@@ -11,6 +11,7 @@ connection that reaches some other program does not count.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import secrets
 import select
@@ -274,8 +275,15 @@ def _candidates(first: SshHost, ssh: Ssh, facts: dict[str, Any], endpoint_host: 
     else the address ssh reaches it by, then the addresses it has."""
     if endpoint_host:
         return [endpoint_host]
-    found = [ssh.resolved_hostname(first.name) or first.label, *facts.get("addresses", [])]
-    return list(dict.fromkeys(found))
+    found = list(dict.fromkeys([ssh.resolved_hostname(first.name) or first.label, *facts.get("addresses", [])]))
+    return sorted(found, key=_is_global)  # private addresses first: phalanx run refuses a public endpoint
+
+
+def _is_global(candidate: str) -> bool:
+    try:
+        return ipaddress.ip_address(candidate).is_global
+    except ValueError:
+        return False  # a name: where it resolves is the hosts' business
 
 
 def _read_reach(checks: list[HostCheck], answers: list[_Answer], candidates: list[str], port: int) -> str | None:
