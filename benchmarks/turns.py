@@ -29,21 +29,23 @@ GO, DONE, END = b"g", b"d", b"e"
 
 class BlockClock:
     """Rank 0's clock per block of optimizer steps: wall and process CPU seconds (all threads),
-    boundary to boundary, less the wait for a turn when there are turns."""
+    boundary to boundary, less the wait for a turn when there are turns. ``wall`` is the clock
+    read at each boundary (a test hands one that records when it was read)."""
 
-    def __init__(self, samples_per_step: int, turns: Turns | None = None) -> None:
-        self._per_step, self._turns = samples_per_step, turns
+    def __init__(self, samples_per_step: int, turns: Turns | None = None, *,
+                 wall: Callable[[], float] = time.perf_counter) -> None:  # fmt: skip
+        self._per_step, self._turns, self._wall = samples_per_step, turns, wall
         self._step: int | None = None
         self._started = self._cpu_started = 0.0
         self.blocks: list[tuple[int, float, float]] = []  # (global samples, seconds, CPU seconds)
 
     def boundary(self, step: int) -> None:
-        now, cpu_now = time.perf_counter(), time.process_time()
+        now, cpu_now = self._wall(), time.process_time()
         if self._step is not None:
             self.blocks.append(((step - self._step) * self._per_step, now - self._started, cpu_now - self._cpu_started))
         if self._turns is not None:
             self._turns.wait()
-        self._step, self._started, self._cpu_started = step, time.perf_counter(), time.process_time()
+        self._step, self._started, self._cpu_started = step, self._wall(), time.process_time()
 
 
 class Turns:

@@ -77,7 +77,11 @@ def ended_within(process: psutil.Process, seconds: float) -> bool:
 
 
 def test_a_worker_dies_within_a_second_of_its_launcher(tmp_path):
-    script = write(tmp_path, "sleep.py", "import time\ntime.sleep(120)\n")
+    # The script runs once the worker asked the kernel to end it with its launcher; the launcher
+    # is killed after that. (One killed before that is the next test's case: the worker ends as
+    # it gets there, which takes as long as python's start on a loaded machine.)
+    ready = tmp_path / "running"
+    script = write(tmp_path, "sleep.py", f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(120)\n")
     parent = write(tmp_path, "parent.py", f"""
         import os, subprocess, sys, time
         child = subprocess.Popen({BOOT!r} + [{script!r}],
@@ -88,7 +92,10 @@ def test_a_worker_dies_within_a_second_of_its_launcher(tmp_path):
     launcher = subprocess.Popen([sys.executable, parent], stdout=subprocess.PIPE, text=True)
     try:
         child = psutil.Process(int(launcher.stdout.readline()))
-        time.sleep(0.5)  # whether or not it has reached its prctl by now, it must end
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.is_running() and time.monotonic() < deadline, "the worker's script did not start"
+            time.sleep(0.02)
         launcher.kill()
         launcher.wait()
         assert ended_within(child, 1.0), "the worker outlived its SIGKILLed launcher by more than a second"

@@ -4,12 +4,16 @@ loopback. The other node is played by this test: it posts on the store what its 
 The end-to-end runs (tests/e2e/test_simulated.py, tests/netns/test_two_hosts.py) show the common
 endings; these cover the ones a launch cannot stage on time: the other node's workers still
 running at the wait's timeout, and a node found waiting in the rendezvous to restart.
+
+The agent's clock is the test's (:class:`Clock`): its waits take no time, and the other node's
+posts happen at the moments the test names, in between two of the agent's looks at the store. The
+waits' lengths are then exact, whatever the machine's load.
 """
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -21,6 +25,43 @@ from phalanx.launch.failure import RankFailure
 from tests.unit.node_plans import node
 
 NOBODY_WAITS = lambda: 0  # noqa: E731 - nodes waiting in the rendezvous to restart
+
+
+class Clock:
+    """Stands in for the agent module's ``time``: ``monotonic()`` reads a clock that only
+    ``sleep()`` moves, and each action scheduled with :meth:`at` runs in the sleep that reaches
+    its time, in the agent's own thread."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._due: list[tuple[float, int, Callable[[], object]]] = []
+
+    def at(self, when: float, action: Callable[[], object]) -> None:
+        self._due.append((when, len(self._due), action))
+        self._due.sort()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        while self._due and self._due[0][0] <= self.now + 1e-9:
+            self._due.pop(0)[2]()
+
+    def __getattr__(self, name: str) -> object:  # anything else the module reads of time
+        return getattr(time, name)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(agent_module, "time", clock)
+    return clock
+
+
+def waited(clock: Clock, at_least: float) -> bool:
+    """Whether the agent's wait ended at its first look at the store (every 0.1 s) from ``at_least`` on."""
+    return at_least - 1e-9 <= clock.now <= at_least + 0.1 + 1e-9
 
 
 @pytest.fixture
@@ -40,49 +81,36 @@ def crash(node_label: str) -> RankFailure:
                        log="logs/rank1.log", tail=("terminate called without an active exception",))  # fmt: skip
 
 
-def later(seconds: float, action) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
-    thread.start()
-    return thread
-
-
-def test_it_passes_as_soon_as_the_other_node_finishes(store):
-    other = later(0.5, lambda: store.append("phalanx/lobbytest/finished", "node0\n"))
-    started = time.monotonic()
+def test_it_passes_as_soon_as_the_other_node_finishes(store, clock):
+    clock.at(0.5, lambda: store.append("phalanx/lobbytest/finished", "node0\n"))
     assert agent_of(1, store)._workers_finished(10.0, NOBODY_WAITS) is True
-    assert 0.5 <= time.monotonic() - started < 5.0
-    other.join()
+    assert waited(clock, 0.5)
 
 
-def test_it_gives_up_on_nodes_still_running_at_its_timeout(store, capsys):
-    started = time.monotonic()
+def test_it_gives_up_on_nodes_still_running_at_its_timeout(store, clock, capsys):
     assert agent_of(1, store)._workers_finished(1.0, NOBODY_WAITS) is False
-    assert 1.0 <= time.monotonic() - started < 5.0
+    assert waited(clock, 1.0)
     assert "node1: its workers finished; the other nodes' workers did not finish within 1 s" in capsys.readouterr().err
 
 
-def test_it_stops_waiting_for_a_node_that_waits_to_restart(store, capsys):
+def test_it_stops_waiting_for_a_node_that_waits_to_restart(store, clock, capsys):
     waiting = iter([0, 0, 1])  # the other node's agent enters the rendezvous during the wait
-    started = time.monotonic()
     assert agent_of(1, store)._workers_finished(10.0, lambda: next(waiting, 1)) is False
-    assert time.monotonic() - started < 5.0
+    assert waited(clock, 0.2)  # at its third look
     assert "since another node waits to restart the workers, and these cannot join it" in capsys.readouterr().err
 
 
-def test_it_stops_waiting_for_a_failed_node_and_names_its_root_cause(store, capsys):
-    later(0.5, lambda: agent_of(0, store)._post_failures([crash("node0")]))
-    started = time.monotonic()
+def test_it_stops_waiting_for_a_failed_node_and_names_its_root_cause(store, clock, capsys):
+    clock.at(0.5, lambda: agent_of(0, store)._post_failures([crash("node0")]))
     assert agent_of(1, store)._workers_finished(10.0, NOBODY_WAITS) is False
-    assert time.monotonic() - started < 5.0
+    assert waited(clock, 0.5)
     said = capsys.readouterr().err
     assert "since node0's workers failed: rank 1 was killed by SIGABRT: terminate called" in said
 
 
-def test_the_store_host_stays_until_the_failed_node_could_read_the_reports(store, monkeypatch):
+def test_the_store_host_stays_until_the_failed_node_could_read_the_reports(store, clock):
     # The store goes down with the host's agent: it waits until every node posted how it ended,
     # then as long as a failed node takes to gather the reports.
-    monkeypatch.setattr(agent_module, "FAILURE_GATHER_S", 1.0)
-    later(0.5, lambda: agent_of(1, store)._post_failures([crash("node1")]))
-    started = time.monotonic()
+    clock.at(0.5, lambda: agent_of(1, store)._post_failures([crash("node1")]))
     assert agent_of(0, store)._workers_finished(10.0, NOBODY_WAITS) is False
-    assert 1.5 <= time.monotonic() - started < 6.0
+    assert waited(clock, 0.5 + agent_module.FAILURE_GATHER_S)

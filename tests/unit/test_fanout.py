@@ -94,7 +94,8 @@ def test_ctrl_c_asks_every_host_and_a_second_one_kills_at_once(tmp_path):
     remote command ignores SIGINT and SIGTERM, so only the second Ctrl-C ends it."""
     from tests.conftest import REPO
 
-    deaf = "import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (2, 15)]; time.sleep(300)  # marker-g"
+    deaf = ("import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (2, 15)]; print('deaf', flush=True); "
+            "time.sleep(300)  # marker-g")  # fmt: skip
     script = tmp_path / "launcher.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -108,7 +109,8 @@ def test_ctrl_c_asks_every_host_and_a_second_one_kills_at_once(tmp_path):
                                 text=True, start_new_session=True)  # fmt: skip
     try:
         assert launcher.stdout.readline() == "started\n"
-        time.sleep(2)  # the guards and their commands are up
+        # both commands ignore the signals now (a Ctrl-C before that would end them at once)
+        assert sorted(launcher.stdout.readline() for _ in HOSTS) == ["a: deaf\n", "b: deaf\n"]
         launcher.send_signal(signal.SIGINT)
         time.sleep(1)
         assert launcher.poll() is None  # the commands ignore it, and the grace is 60 s

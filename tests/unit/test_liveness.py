@@ -1,6 +1,9 @@
 """The node agents' liveness watch (phalanx.launch.liveness) on a real TCPStore, with beats of
 0.1 s: a node that stops beating is lost, one that said it ended is not, and a store that stops
-answering is its host lost."""
+answering is its host lost.
+
+A node is lost after 2 s without a beat here: 20 missed beats, as the real bound's 30 s are six,
+so that a thread the loaded machine does not run for a while is not taken for a lost node."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from torch.distributed import TCPStore
 from phalanx.launch.liveness import Liveness
 
 PREFIX = "phalanx/job/"
-BEAT_S, LOST_AFTER_S = 0.1, 0.6
+BEAT_S, LOST_AFTER_S = 0.1, 2.0
 
 
 @pytest.fixture
@@ -45,12 +48,14 @@ class Watch:
 def test_a_node_that_stops_beating_is_lost_within_the_bound_and_named(store):
     a, b = Watch(store.port, "a", ["a", "b"]), Watch(store.port, "b", ["a", "b"])
     try:
-        time.sleep(3 * LOST_AFTER_S)
+        time.sleep(LOST_AFTER_S + 5 * BEAT_S)
         assert not a.lost.is_set() and not b.lost.is_set()  # both beat: nobody is lost
         stopped = time.monotonic()
         b.liveness.stop()
-        assert a.lost.wait(timeout=LOST_AFTER_S + 3 * BEAT_S + 1)
-        assert LOST_AFTER_S - BEAT_S <= time.monotonic() - stopped
+        assert a.lost.wait(timeout=LOST_AFTER_S + 10)
+        # not at its next look: b's last beat may have come a while before it stopped, if the
+        # machine left b's thread waiting, hence half the bound
+        assert LOST_AFTER_S / 2 <= time.monotonic() - stopped
         assert a.why[0].startswith("node b sent no sign of life for ") and not a.store_lost
     finally:
         a.liveness.stop()
@@ -60,7 +65,7 @@ def test_a_node_that_stops_beating_is_lost_within_the_bound_and_named(store):
 def test_a_node_that_said_it_ended_is_not_lost(store):
     a = Watch(store.port, "a", ["a", "b"], ended={"b"})  # b never beats: its workers finished
     try:
-        assert not a.lost.wait(timeout=3 * LOST_AFTER_S)
+        assert not a.lost.wait(timeout=LOST_AFTER_S + 5 * BEAT_S)
     finally:
         a.liveness.stop()
 

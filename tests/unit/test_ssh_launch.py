@@ -164,15 +164,19 @@ def gone(pids: list[int], within: float) -> bool:
 def test_the_end_of_the_guards_input_ends_its_process_group(stubborn):
     """The launcher or its ssh connection gone: SIGTERM, and SIGKILL after the grace for a
     process that ignores SIGTERM; the grandchild goes too."""
-    process = guard(sys.executable, "-c", FAMILY, "stubborn" if stubborn else "polite")
+    # The grace applies only to the stubborn one: it ends no sooner than its 2 s; the polite one
+    # ends well within its 60 s, with no bound a loaded machine could stretch it past.
+    grace = 2 if stubborn else 60
+    process = guard(sys.executable, "-c", FAMILY, "stubborn" if stubborn else "polite", grace=grace)
     pids = []
     try:
         pids = family(process)
         started = time.monotonic()
         process.stdin.close()
-        assert process.wait(timeout=10) == (128 + signal.SIGKILL if stubborn else 128 + signal.SIGTERM)
+        assert process.wait(timeout=30) == (128 + signal.SIGKILL if stubborn else 128 + signal.SIGTERM)
         assert gone(pids, within=5)
-        assert (time.monotonic() - started >= 2) == stubborn  # the grace applies only to the stubborn one
+        if stubborn:
+            assert time.monotonic() - started >= grace
     finally:
         kill_all(process, pids)
 
