@@ -12,7 +12,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _RUNTIME = (
-    "init", "DistributedContext", "ResumableSampler", "ResumableLoader", "GlobalMean", "SharedReduction",
+    "Run", "Stateful", "init", "DistributedContext", "ResumableSampler", "ResumableLoader", "GlobalMean", "SharedReduction",
     "CheckpointManager", "accumulate", "no_backward_sync", "clip_gradients", "MixedPrecision",
     "StepMeter", "StepReport", "ProgressReporter", "MetricsLog",
 )  # fmt: skip

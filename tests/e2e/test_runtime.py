@@ -157,7 +157,7 @@ def interrupt_after_first_checkpoint(
                                start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not list(checkpoints.glob("step-*.pt")):
+        while not list(checkpoints.glob("step-*[0-9]")):
             assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
             time.sleep(0.02)
         interrupt(process)
@@ -195,7 +195,7 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     assert code == 128 + signal.SIGTERM, output
     stopped = re.search(r"preempted by SIGTERM after step (\d+); checkpoint saved", output)
     assert stopped, output
-    assert (workdir / "ck" / f"step-{int(stopped.group(1)):09d}.pt").exists()
+    assert (workdir / "ck" / f"step-{int(stopped.group(1)):09d}" / "phalanx.json").exists()
     assert not out.exists()
 
     relaunch = run_command(
@@ -256,7 +256,7 @@ def test_a_finished_run_can_be_run_again_for_nothing_or_continued_with_more_epoc
     --epochs continues from there to the parameters of a run that had that many from the start."""
     ck = ("--checkpoint-dir", str(workdir / "ck"))
     first = train(workdir, "first", "--epochs", "2", *ck)
-    assert (workdir / "ck" / f"step-{first['steps']:09d}.pt").exists()
+    assert (workdir / "ck" / f"step-{first['steps']:09d}" / "phalanx.json").exists()
     again = train(workdir, "again", "--epochs", "2", *ck)
     assert "the training had finished: nothing is left to train" in again["output"], again["output"]
     assert "no step trained in this run" in again["output"]
@@ -400,7 +400,7 @@ def test_a_preemption_after_the_last_step_finishes_the_run(workdir, signal_step)
     argv = [sys.executable, str(worker), str(signal_step), "--samples", "448", "--batch-size", "16", "--epochs", "1",
             "--checkpoint-dir", str(workdir / "ck"), "--metrics-json", str(out)]  # fmt: skip
     result = run_command(argv, timeout=120, cwd=workdir)
-    assert (workdir / "ck" / f"step-{signal_step:09d}.pt").exists(), result.output
+    assert (workdir / "ck" / f"step-{signal_step:09d}" / "phalanx.json").exists(), result.output
     if signal_step < 28:
         assert result.returncode == 75, result.output
         assert f"preempted by SIGTERM after step {signal_step}; checkpoint saved" in result.output

@@ -61,7 +61,7 @@ def start_both(bed, folder: Path) -> list[subprocess.Popen[str]]:
 
 def wait_for_a_checkpoint(folder: Path, processes, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
-    while not list((folder / "ck").glob("step-*.pt")):
+    while not list((folder / "ck").glob("step-*[0-9]")):
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
             pytest.fail("no checkpoint: " + "\n".join(p.communicate()[0][-2000:] for p in processes if p.poll() is not None))
         time.sleep(0.1)

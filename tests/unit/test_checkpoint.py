@@ -1,7 +1,11 @@
-"""Checkpoints in one process: atomic files, checksums, fallback, pruning, weights-only loading."""
+"""Checkpoints in one process: commit marker, CRC check, fallback, pruning, safe loading.
+
+Several ranks (DCP's spread of the replicated state, node-local folders, async saves) run in
+tests/e2e/test_checkpoints.py with real processes.
+"""
 
 import contextlib
-import hashlib
+import json
 import os
 import subprocess
 
@@ -9,95 +13,130 @@ import pytest
 import torch
 
 from phalanx.errors import CheckpointNotSaved, SettingsRefused
-from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state
+from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
+from phalanx.runtime.checkpoint.encoding import NotStorable
 from phalanx.runtime.context import init
 
 
+def names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def data_file(folder, step):
+    return folder / f"step-{step:09d}" / "__0_0.distcp"
+
+
 def test_save_load_prune_and_fall_back(tmp_path, capsys):
-    context = init()  # no torchrun variables: one process, no process group
-    manager = CheckpointManager(tmp_path, context, keep=2)
+    manager = CheckpointManager(tmp_path, init(), keep=2)
     for step in (10, 20, 30):
         manager.save(step, {"model": {"w": torch.full((3,), float(step))}, "epoch": step // 10})
-    assert [step for step, _ in manager.checkpoints()] == [30, 20]  # the oldest was pruned
-    assert not list(tmp_path.glob(".*"))  # no temporary files left
+    assert names(tmp_path) == ["step-000000020", "step-000000030"]  # the oldest was pruned, no staging left
 
     latest = manager.load_latest()
     assert latest.step == 30 and torch.equal(latest.state["model"]["w"], torch.full((3,), 30.0))
 
-    newest = manager.path_for(30)
+    newest = data_file(tmp_path, 30)
     newest.write_bytes(newest.read_bytes()[:100])  # truncated, as by a crash mid-copy
     fallback = manager.load_latest()
     assert fallback.step == 20 and fallback.state["epoch"] == 2
-    assert "is damaged (checksum mismatch" in capsys.readouterr().err
+    assert "is damaged (__0_0.distcp is truncated or altered" in capsys.readouterr().err
+    assert names(tmp_path) == ["step-000000020", "step-000000030.damaged"]
 
 
-def test_a_file_without_its_checksum_is_not_trusted(tmp_path):
+def test_plain_values_round_trip_as_they_were(tmp_path):
+    """Int dict keys (an optimizer's state), tuples, None, nan: JSON alone would change them."""
     manager = CheckpointManager(tmp_path, init())
-    manager.save(5, {"x": 1})
-    manager.path_for(5).with_suffix(".sha256").unlink()
-    assert manager.load_latest() is None
+    state = {"opt": {"state": {0: {"step": torch.tensor(3.0)}}, "groups": [{"params": [0], "lr": 0.1}]},
+             "pos": (1, 2), "none": None, "nan": float("nan"), "text": "é"}  # fmt: skip
+    manager.save(1, state)
+    loaded = manager.load_latest().state
+    assert loaded["opt"]["state"][0]["step"].item() == 3.0 and loaded["opt"]["groups"] == [{"params": [0], "lr": 0.1}]
+    assert loaded["pos"] == (1, 2) and loaded["none"] is None and loaded["nan"] != loaded["nan"] and loaded["text"] == "é"
+
+
+def test_a_value_that_is_not_plain_is_refused_with_its_path(tmp_path):
+    manager = CheckpointManager(tmp_path, init())
+    with pytest.raises(NotStorable, match=r"state/model/fn: a builtins.function"):
+        manager.save(1, {"model": {"fn": lambda: None}})
+    assert names(tmp_path) == []
+
+
+def test_loading_fills_the_given_tensors_in_place(tmp_path):
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(1, {"model": {"w": torch.arange(4.0)}})
+    target = torch.zeros(4)
+    loaded = manager.load_latest(into={"model": {"w": target}})
+    assert loaded.state["model"]["w"] is target and torch.equal(target, torch.arange(4.0))
 
 
 def test_rng_states_come_back(tmp_path):
     manager = CheckpointManager(tmp_path, init())
     torch.manual_seed(1)
-    manager.save(1, {})
+    manager.save(1, {}, {"rng": rng_state()})
     expected = torch.rand(4)
     torch.rand(100)
-    restore_rng_state(manager.load_latest().rng)
+    restore_rng_state(manager.load_latest().rank_state["rng"])
     assert torch.equal(torch.rand(4), expected)
 
 
-def test_loading_cannot_run_code(tmp_path, capsys):
-    class Payload:
-        def __reduce__(self):
-            return (print, ("code ran",))
-
+def test_a_folder_without_its_marker_is_not_a_checkpoint(tmp_path):
     manager = CheckpointManager(tmp_path, init())
-    manager.save(1, {"x": 1})
-    path = manager.path_for(1)
-    torch.save({"format": 1, "step": 1, "state": Payload()}, path)
-    path.with_suffix(".sha256").write_text(hashlib.sha256(path.read_bytes()).hexdigest())
-    assert manager.load_latest() is None  # refused, and set aside: never loaded
-    out, err = capsys.readouterr()
-    assert "code ran" not in out
-    assert "is damaged (it holds objects that are not tensors or plain values)" in err
+    manager.save(5, {"x": 1})
+    (tmp_path / "step-000000005" / "phalanx.json").unlink()
+    assert manager.load_latest() is None
 
 
-def test_garbage_with_a_matching_checksum_falls_back_without_advising_unsafe_loading(tmp_path, capsys):
+def test_garbage_of_the_right_size_falls_back(tmp_path, capsys):
     manager = CheckpointManager(tmp_path, init())
     manager.save(1, {"x": 1})
     manager.save(2, {"x": 2})
-    newest = manager.path_for(2)
-    newest.write_bytes(b"not a checkpoint at all" * 100)
-    newest.with_suffix(".sha256").write_text(hashlib.sha256(newest.read_bytes()).hexdigest())
+    newest = data_file(tmp_path, 2)
+    newest.write_bytes(b"\0" * newest.stat().st_size)
     assert manager.load_latest().state == {"x": 1}
-    err = capsys.readouterr().err
-    assert f"checkpoint {newest} is damaged (it does not load" in err and "weights_only=False" not in err
+    assert "step-000000002 is damaged (__0_0.distcp is truncated or altered" in capsys.readouterr().err
+
+
+def test_a_marker_of_another_format_is_refused_plainly(tmp_path, capsys):
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(1, {"x": 1})
+    marker = tmp_path / "step-000000001" / "phalanx.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": 1}))
+    assert manager.load_latest() is None
+    assert "its marker phalanx.json is not readable: format 1, this version reads 2" in capsys.readouterr().err
 
 
 def test_pruning_never_counts_a_damaged_checkpoint(tmp_path):
     """The newest was damaged and the run fell back: with keep=2, the next saves must keep the
-    valid ones they made and the one fallen back to, never the damaged file."""
+    valid ones they made and the one fallen back to, never the damaged one."""
     manager = CheckpointManager(tmp_path, init(), keep=2)
     for step in (10, 20):
         manager.save(step, {"step": step})
-    damaged = manager.path_for(20)
+    damaged = data_file(tmp_path, 20)
     damaged.write_bytes(damaged.read_bytes()[:50])
     assert manager.load_latest().step == 10
-    assert (tmp_path / "step-000000020.pt.damaged").exists()  # kept for a look, out of the count
     manager.save(11, {"step": 11})
-    assert [step for step, _ in manager.checkpoints()] == [11, 10]
+    assert names(tmp_path) == ["step-000000010", "step-000000011", "step-000000020.damaged"]
     manager.save(12, {"step": 12})
-    assert [step for step, _ in manager.checkpoints()] == [12, 11]
+    assert names(tmp_path) == ["step-000000011", "step-000000012", "step-000000020.damaged"]
 
 
-def test_temporaries_of_a_crashed_save_are_removed(tmp_path):
+def test_the_staging_folder_of_a_crashed_save_is_removed(tmp_path):
+    (tmp_path / ".step-000000005.staging").mkdir()
+    (tmp_path / ".step-000000005.staging" / "__0_0.distcp").write_bytes(b"partial")
     manager = CheckpointManager(tmp_path, init())
-    for name in (".step-000000005.pt.staging-1", "..step-000000005.pt.staging-1.tmp-1", ".step-000000005.sha256.tmp-1"):
-        (tmp_path / name).write_bytes(b"partial")
+    assert names(tmp_path) == []  # at the start, before anything could be trained
     manager.save(6, {})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000000006.pt", "step-000000006.sha256"]
+    assert names(tmp_path) == ["step-000000006"]
+
+
+def test_an_async_save_commits_by_the_next_wait(tmp_path):
+    manager = CheckpointManager(tmp_path, init(), async_save=True)
+    weights = torch.zeros(1000)
+    manager.save(1, {"w": weights})
+    weights += 1  # the training goes on: the save wrote the copy it took
+    manager.wait()
+    assert torch.equal(manager.load_latest().state["w"], torch.zeros(1000))
+    manager.close()
 
 
 @pytest.fixture
@@ -114,14 +153,16 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(folder)], timeout=10)
 
 
-def test_a_full_disk_is_said_plainly_and_loses_nothing(small_disk):
-    manager = CheckpointManager(small_disk, init())
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_full_disk_is_said_plainly_and_loses_nothing(small_disk, async_save):
+    manager = CheckpointManager(small_disk, init(), async_save=async_save)
     manager.save(1, {"w": torch.zeros(1000)})
     with pytest.raises(CheckpointNotSaved) as refused:
         manager.save(2, {"w": torch.zeros(300_000)})  # 1.2 MB: more than the disk holds
-    assert "the disk is full" in refused.value.what and "step-000000001.pt) is intact" in refused.value.why
+        manager.wait()
+    assert "the disk is full" in refused.value.what and "step-000000001) is intact" in refused.value.why
     assert refused.value.hint and refused.value.exit_code == 1
-    assert sorted(p.name for p in small_disk.iterdir()) == ["step-000000001.pt", "step-000000001.sha256"]
+    assert names(small_disk) == ["step-000000001"]
     assert manager.load_latest().step == 1
 
 

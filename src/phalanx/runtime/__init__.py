@@ -12,10 +12,11 @@ from phalanx.runtime.metrics import GlobalMean
 from phalanx.runtime.metrics_log import MetricsLog
 from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
+from phalanx.runtime.run import Run, Stateful
 from phalanx.runtime.shared_reduction import SharedReduction
 
 __all__ = [
     "CheckpointManager", "DistributedContext", "GlobalMean", "MetricsLog", "MixedPrecision", "ProgressReporter",
-    "ResumableLoader", "ResumableSampler", "SharedReduction", "StepMeter", "StepReport", "accumulate",
+    "ResumableLoader", "ResumableSampler", "Run", "SharedReduction", "Stateful", "StepMeter", "StepReport", "accumulate",
     "clip_gradients", "init", "no_backward_sync",
 ]  # fmt: skip

@@ -365,51 +365,43 @@ class GradientCompression:
     # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The choice, the trial so far and the candidates' memories; a collective.
-
-        Call it on every rank, as CheckpointManager.save is: PowerSGD's residual differs per
-        rank, so rank 0 gathers all of them (the returned dict is complete on rank 0 only).
-        """
+        """The choice, the trial so far and the candidates' shared memories: the same on every
+        rank. PowerSGD's error feedback differs per rank: :meth:`rank_state_dict`."""
         self._finish_decision()
-        mine = {name: c.rank_state() for name, c in self.candidates.items()}
-        ranks: list[Any] = [mine]
-        if self.context.is_distributed and dist.is_initialized():
-            ranks = [None] * self.context.world_size if self.context.is_main else None  # type: ignore[assignment]
-            dist.gather_object(mine, ranks, dst=0)
         return {
             "format": STATE_FORMAT, "mode": self.mode, "candidates": list(self.candidates), "steps": self.steps,
             "chosen": self.chosen, "timings_ms": self.timings_ms, "samples_s": self._samples,
             "schedule": [list(step) for step in self._schedule], "phases": self._phases,
-            "world_size": self.context.world_size,
-            "shared": {name: c.shared_state() for name, c in self.candidates.items()}, "ranks": ranks,
+            "shared": {name: c.shared_state() for name, c in self.candidates.items()},
         }  # fmt: skip
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def rank_state_dict(self) -> dict[str, Any]:
+        """This rank's own memories (PowerSGD's error feedback), checkpointed per rank."""
+        self._finish_decision()
+        return {name: c.rank_state() for name, c in self.candidates.items()}
+
+    def load_state_dict(self, state: dict[str, Any], rank_state: dict[str, Any] | None = None) -> None:
         """Continues where ``state`` stopped: the same choice, or the trial at the same step.
 
-        A state from another mode is ignored (said on rank 0); with another world size the
-        choice is kept but PowerSGD's error feedback starts from zero.
+        A state from another mode is ignored (said on rank 0). Without ``rank_state`` (a
+        checkpoint of another world size) the choice is kept but PowerSGD's error feedback
+        starts from zero.
         """
         if state.get("mode") != self.mode or state.get("candidates") != list(self.candidates):
             self._announce_main(f"phalanx: the checkpoint's gradient compression is {state.get('mode')!r} with "
                                 f"{state.get('candidates')}; this run uses {self.mode!r} with {list(self.candidates)}, "
                                 "so it starts afresh (not an exact continuation)")  # fmt: skip
             return
-        same_world = state["world_size"] == self.context.world_size and state["ranks"] is not None
         for name, candidate in self.candidates.items():
-            errors = state["ranks"][self.context.rank][name] if same_world else None
-            candidate.load(state["shared"][name], errors, self.context.device)
-        if not same_world and "powersgd" in self.candidates:
-            self._announce_main(f"phalanx: the checkpoint was written by {state['world_size']} processes, this run has "
-                                f"{self.context.world_size}: PowerSGD's error feedback restarts from zero")  # fmt: skip
+            candidate.load(state["shared"][name], rank_state[name] if rank_state is not None else None, self.context.device)
+        if rank_state is None and "powersgd" in self.candidates:
+            self._announce_main("phalanx: the checkpoint was written by another number of processes: PowerSGD's error "
+                                "feedback restarts from zero")  # fmt: skip
         self.steps = state["steps"]
         self._samples = {name: list(values) for name, values in state["samples_s"].items()}
         self.chosen, self.timings_ms = state["chosen"], state["timings_ms"]
-        if "schedule" in state:
-            self._schedule = tuple((name, timed) for name, timed in state["schedule"])
-            self._phases = [list(names) for names in state["phases"]]
-        elif self.chosen is not None or self.steps > len(self._schedule):  # from before phases: one phase
-            self._schedule += ((next(iter(self.candidates)), False),)  # and its decision's plain step
+        self._schedule = tuple((name, timed) for name, timed in state["schedule"])
+        self._phases = [list(names) for names in state["phases"]]
         self._step_started, self._timed_step, self._pending, self._fresh = None, None, None, True
         if self.trial and self.chosen is not None:
             self.from_checkpoint = True

@@ -188,6 +188,12 @@ class ResumableLoader(DataLoader):
         return progress.epoch, stop
 
     @property
+    def pass_start(self) -> int:
+        """The sample position where the pass in progress began (or the next one begins): not 0
+        in an epoch resumed from a checkpoint."""
+        return self._pass.start if self._pass is not None else self.resume_point[1]
+
+    @property
     def real_delivered(self) -> int:
         """Real samples delivered since the loader was made (or its state loaded)."""
         progress = self._pass

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import phalanx
 from phalanx.exit_codes import exit_quickly
-from phalanx.runtime.checkpoint import restore_rng_state
+from phalanx.runtime.checkpoint import restore_rng_state, rng_state
 from phalanx.runtime.compression import AutoTrial
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
 
@@ -90,9 +90,9 @@ def main() -> None:
     if latest is not None:
         unwrap(model).load_state_dict(latest.state["model"])
         optimizer.load_state_dict(latest.state["optimizer"])
-        if "compression" in latest.state and not args.no_compression_state:
-            compression.load_state_dict(latest.state["compression"])
-        restore_rng_state(latest.rng)
+        if not args.no_compression_state:
+            compression.load_state_dict(latest.state["compression"], latest.rank_state["compression"])
+        restore_rng_state(latest.rank_state["rng"])
         step = resumed_from = latest.step
 
     record: dict = {"rank": context.rank, "used": {}, "sha_after": {}, "worst_error": {}, "biases_exact": True, "losses": []}
@@ -119,8 +119,8 @@ def main() -> None:
         step += 1
         if checkpoints and step == args.save_at:
             state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                     "compression": compression.state_dict()}  # a collective: every rank calls it
-            checkpoints.save(step, state)
+                     "compression": compression.state_dict()}  # fmt: skip
+            checkpoints.save(step, state, {"compression": compression.rank_state_dict(), "rng": rng_state()})
             if args.stop:
                 break
     record.update(summary=compression.summary(), resumed_from=resumed_from, steps=step,

@@ -1,4 +1,4 @@
-"""examples/train.py's Reporter on one process: when epoch losses and logged steps are shown.
+"""The Reporter of phalanx.Run on one process: when epoch losses and logged steps are shown.
 
 The all-reduce of a logging point and of the epoch ends riding on it runs in the e2e tests
 (tests/e2e/test_runtime.py); here the world is one process, so every sum is this process's.
@@ -6,7 +6,6 @@ The all-reduce of a logging point and of the epoch ends riding on it runs in the
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import re
@@ -16,16 +15,17 @@ import torch
 
 import phalanx
 from phalanx.runtime.progress import StepMeter
+from phalanx.runtime.reporter import Reporter
 
 
 @pytest.fixture
-def new_reporter(train_example, context, tmp_path):
+def new_reporter(context, tmp_path):
     """Reporters of a run of 9 steps in 3 epochs, from ``step`` on, with the metrics file in ``name``."""
     made = []
 
     def make(step: int = 0, name: str = "m.jsonl"):
-        args = argparse.Namespace(epochs=3, metrics_jsonl=tmp_path / name, tensorboard=None)
-        reporter = train_example.Reporter(args, context, total_steps=9, step=step, boundary=phalanx.SharedReduction(context))
+        reporter = Reporter(context, epochs=3, total_steps=9, step=step, boundary=phalanx.SharedReduction(context),
+                            metrics_jsonl=tmp_path / name)
         reporter.progress = phalanx.ProgressReporter(9, stream=io.StringIO())  # plain lines, as in a log
         made.append(reporter)
         return reporter
@@ -59,10 +59,10 @@ def records(path) -> list[dict]:
 
 def test_an_epoch_end_is_shown_with_the_next_logging_point_and_logged_steps_are_not_moved(reporter, tmp_path):
     add_steps(reporter, [1.0, 2.0, 3.0])
-    reporter.end_epoch(epoch=0, step=3, first_sample=0)
+    reporter.end_epoch(epoch=0, step=3)
     assert "epoch 1/3" not in shown(reporter)  # no collective of its own: nothing to show yet
     add_steps(reporter, [5.0])
-    reporter.start(step=4, epoch=1, grad_norm=None)
+    reporter.start(step=4, epoch=1)
     reporter.finish()
     out = shown(reporter)
     assert "epoch 1/3  step 3  loss 2.0000" in out  # the epoch's mean, not the window's
@@ -74,18 +74,17 @@ def test_settle_shows_the_epochs_ended_since_the_last_point_without_logging_a_st
     """Before a checkpoint or a stop: an epoch that ended after the last logging point would
     otherwise never be shown, because a resumed run starts after it."""
     add_steps(reporter, [1.0, 3.0])
-    reporter.start(step=2, epoch=0, grad_norm=None)
+    reporter.start(step=2, epoch=0)
     add_steps(reporter, [10.0])
-    reporter.end_epoch(epoch=0, step=3, first_sample=8)
+    reporter.end_epoch(epoch=0, step=3)
     reporter.settle()
     out = shown(reporter)
-    # (1 + 3 + 10) / 3 over its 12 samples; no sums were carried from a checkpoint, so the note
-    assert "epoch 1/3  step 3  loss 4.6667 (resumed at sample 8; the loss covers the samples from there)" in out
+    assert "epoch 1/3  step 3  loss 4.6667\n" in out  # (1 + 3 + 10) / 3 over its 12 samples
     assert [r["step"] for r in records(tmp_path / "m.jsonl")] == [2]  # the metrics file has the logged steps only
     reporter.settle()
     assert shown(reporter) == ""  # nothing waits any more
     add_steps(reporter, [7.0, 9.0])
-    reporter.end_epoch(epoch=1, step=5, first_sample=0)
+    reporter.end_epoch(epoch=1, step=5)
     reporter.close()
     assert "epoch 2/3  step 5  loss 8.0000" in shown(reporter)  # the second epoch from the first's end
 
@@ -97,12 +96,9 @@ def train_steps(reporter, first: int, last: int, losses: dict[int, float]) -> No
         reporter.finish()
         add_steps(reporter, [losses[step]], samples=step)
         if step % 3 == 0:
-            began = step - 2
-            # where the epoch began on this rank: not 0 when this run started in its middle
-            first_sample = sum(range(began, first)) if first > began else 0
-            reporter.end_epoch(epoch=step // 3 - 1, step=step, first_sample=first_sample)
+            reporter.end_epoch(epoch=step // 3 - 1, step=step)
         if step % 2 == 0 or step == 9:
-            reporter.start(step=step, epoch=(step - 1) // 3, grad_norm=None)
+            reporter.start(step=step, epoch=(step - 1) // 3)
 
 
 LOSSES = {step: float(step * step % 7) for step in range(1, 10)}
@@ -170,7 +166,7 @@ def test_a_logging_point_adds_its_sums_to_the_boundary_s_all_reduce(reporter, mo
     """No collective of its own: the loop starts the boundary's, which the preemption vote joins."""
     calls = count_collectives(reporter, monkeypatch)
     add_steps(reporter, [1.0, 3.0])
-    reporter.start(step=2, epoch=0, grad_norm=None)
+    reporter.start(step=2, epoch=0)
     assert calls == [] and reporter.boundary.pending
     reporter.boundary.start()
     reporter.finish()
@@ -179,7 +175,7 @@ def test_a_logging_point_adds_its_sums_to_the_boundary_s_all_reduce(reporter, mo
 
 def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):
     add_steps(reporter, [1.0, 3.0])
-    reporter.start(step=2, epoch=0, grad_norm=None)
+    reporter.start(step=2, epoch=0)
     calls = count_collectives(reporter, monkeypatch)
     assert reporter.checkpoint_state(2) == {"running": (16.0, 8.0), "logged": (16.0, 8.0), "epoch_logged": (0.0, 0.0)}
     assert calls == []  # the sums at a logging point are known: no all-reduce
@@ -187,9 +183,9 @@ def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):
 
 def test_the_state_between_logging_steps_takes_one_collective_with_the_epoch_ends(reporter, monkeypatch):
     add_steps(reporter, [1.0, 3.0])
-    reporter.start(step=2, epoch=0, grad_norm=None)
+    reporter.start(step=2, epoch=0)
     add_steps(reporter, [5.0])
-    reporter.end_epoch(epoch=0, step=3, first_sample=0)
+    reporter.end_epoch(epoch=0, step=3)
     calls = count_collectives(reporter, monkeypatch)
     state = reporter.checkpoint_state(3)
     assert calls == [1]  # the epoch end and the sums now, in one all-reduce

@@ -1,0 +1,363 @@
+"""Checkpoints on torch.distributed.checkpoint: every rank writes its part, none is half-written.
+
+A save is a collective. The state every rank holds alike (DDP's replicated model and optimizer,
+the data position) is written once, spread over the ranks by DCP's planner; each rank's own
+state (its RNG, PowerSGD's error feedback) under its rank. Non-tensor values travel as JSON
+(:mod:`.encoding`), so loading runs no code. The files land in a staging folder; the commit
+marker (sizes and CRC-32s) is written last and the folder renamed (:mod:`.folder`): a crash
+leaves the previous checkpoints and a staging folder that the next start removes. A load reads
+each rank's own keys from the files directly (no rank sends another anything), after the ranks
+checked the files between them; a damaged checkpoint is set aside and the previous one used.
+
+On several nodes whose checkpoint folders are not one shared folder (each node sees only what
+it wrote), every node keeps a whole copy: its first process writes the replicated state and
+every rank's own state, so a node that holds rank 0 after a restart resumes like the others.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.errors import CheckpointNotSaved, SettingsRefused
+from phalanx.runtime.checkpoint import encoding, folder
+from phalanx.runtime.checkpoint.errors import describe, not_saved
+from phalanx.runtime.context import DistributedContext
+
+_SHARED, _SHARED_SKELETON = "state", "skeleton.state"
+# DCP warns at every save and load in one process (or with node-local folders) that it assumes so: it is meant.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized, assuming")
+
+
+def _rank_prefix(rank: int) -> str:
+    return f"rank{rank}"
+
+
+def _rank_skeleton(rank: int) -> str:
+    return f"skeleton.rank{rank}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint.
+
+    Attributes:
+        step: the step it was saved after.
+        path: its folder.
+        state: the state every rank saved alike (``state`` of :meth:`CheckpointManager.save`).
+        rank_state: this rank's own part, or None when the checkpoint was written by another
+            number of processes (a rank's own state has no owner then).
+        world_size: the number of processes that wrote it.
+    """
+
+    step: int
+    path: Path
+    state: dict[str, Any]
+    rank_state: dict[str, Any] | None
+    world_size: int
+
+
+class CheckpointManager:
+    """Saves and loads sharded checkpoints in one folder, keeping the newest ``keep``.
+
+    Args:
+        directory: the checkpoint folder; made if missing. Refused (SettingsRefused, exit 2) when
+            it is a file, cannot be made or written, or its disk is full: before the first step.
+        context: the job (:func:`phalanx.init`). Every rank makes the manager: a collective.
+        keep: complete checkpoints kept; older ones are removed after each save.
+        async_save: write in a background thread; :meth:`save` returns once the state is copied
+            to host memory, and the next save (or :meth:`wait`) finishes the previous one.
+
+    Example::
+
+        checkpoints = CheckpointManager("ckpt", context)
+        latest = checkpoints.load_latest(into={"model": model.state_dict()})
+        ...
+        checkpoints.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    """
+
+    def __init__(self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
+        self.directory, self.context, self.keep, self.async_save = Path(directory), context, keep, async_save
+        self._distributed = context.is_distributed and dist.is_initialized()
+        # Checkpoint collectives run in a group of their own: an async save's thread uses it
+        # while the training uses the default group (and gloo works for CPU and CUDA tensors).
+        self._group = dist.new_group(backend="gloo") if self._distributed else None
+        refusal = self._check_folder() if context.local_rank == 0 else None
+        refused = next((r for r in self._all(refusal) if r is not None), None)
+        if refused is not None:  # on every rank: the one that found it says why
+            raise SettingsRefused(*(refusal or refused)) from None
+        self.node_local = self._distributed and context.local_world_size < context.world_size and not self._one_folder()
+        if self._writes_files:
+            folder.remove_staging(self.directory)
+        self._barrier()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint") if async_save else None
+        self._pending: Future[None] | None = None
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any] | None = None) -> None:
+        """Saves a checkpoint after ``step``; a collective.
+
+        Args:
+            step: the step it is saved after (its name).
+            state: what every rank holds alike (state_dicts, plain values); written once.
+            rank_state: this rank's own part (its RNG states, per-rank buffers).
+
+        Raises:
+            CheckpointNotSaved: it could not be written (a full disk...): nothing of it is
+                kept and the previous checkpoints are intact. With ``async_save``, the error of
+                the previous save is raised here or by :meth:`wait`.
+            encoding.NotStorable: a value that is neither a tensor nor a plain value.
+        """
+        self.wait()
+        flat = self._flatten(state, rank_state or {})
+        if self._executor is None:
+            self._write(step, flat)
+            return
+        staged = {key: _host_copy(tensor) for key, tensor in flat.items()}  # the training stalls for this copy only
+        self._pending = self._executor.submit(self._write, step, staged)
+
+    def wait(self) -> None:
+        """Waits for an async save to be committed; raises its error (CheckpointNotSaved)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Waits for an async save, then stops the writing thread."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+
+    def _flatten(self, state: dict[str, Any], rank_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        shared, skeleton = encoding.flatten(state, _SHARED)
+        flat = {**shared, _SHARED_SKELETON: skeleton}
+        rank = self.context.rank
+        own, own_skeleton = encoding.flatten(rank_state, _rank_prefix(rank))
+        ranks = {rank: {**own, _rank_skeleton(rank): own_skeleton}}
+        if self.node_local:  # every node keeps every rank's own state
+            gathered: list[Any] = [None] * self.context.world_size
+            dist.all_gather_object(gathered, {key: _host_copy(t) for key, t in ranks[rank].items()}, group=self._group)
+            ranks = dict(enumerate(gathered))
+        for part in ranks.values():
+            flat.update(part)
+        return flat
+
+    def _write(self, step: int, flat: dict[str, torch.Tensor]) -> None:
+        """Writes, verifies and commits; on every rank (in the writing thread with async_save)."""
+        dcp = _dcp()
+        staging = self.directory / folder.staging_name(step)
+        error: BaseException | None = None
+        try:
+            if self._writes_files:
+                folder.remove_staging(self.directory)
+                staging.mkdir()
+            self._barrier()
+            if self._writes_files or not self._alone:
+                dcp.save(flat, storage_writer=dcp.FileSystemWriter(staging), process_group=self._group, no_dist=self._alone)
+        except (Exception, dcp.api.CheckpointException) as caught:  # noqa: BLE001 - a BaseException; said below
+            error = caught
+        failures = self._all(describe(error, self.directory))
+        if not any(failures):
+            failures = self._all(describe(self._commit(step, staging), self.directory))
+        failed = next((f for f in failures if f is not None), None)
+        if failed is not None:
+            if self._writes_files:
+                folder.remove_staging(self.directory)
+            kept = folder.committed(self.directory)
+            raise not_saved(self.directory / folder.committed_name(step), failed, self.keep, kept[0][1] if kept else None)
+        if self._writes_files:
+            folder.prune(self.directory, self.keep)
+        self._barrier()
+
+    def _commit(self, step: int, staging: Path) -> Exception | None:
+        """Checks the files between the ranks, then the writing rank writes the marker and renames."""
+        try:
+            facts = self._facts(staging)
+            if self._writes_files:
+                marker = {"step": step, "world_size": self.context.world_size, "node_local": self.node_local, "files": facts}
+                folder.write_marker(staging, marker)
+                folder.commit(staging, step)
+        except Exception as error:  # noqa: BLE001 - returned: every rank must learn of it
+            return error
+        return None
+
+    def _facts(self, checkpoint: Path) -> dict[str, dict[str, int]]:
+        """Size and CRC-32 of every file: each reader of the folder takes its share of the files."""
+        readers, me = self._readers()
+        mine = {}
+        if me is not None:
+            mine = {name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]}
+        facts: dict[str, dict[str, int]] = {}
+        for part in self._all(mine):
+            facts.update(part)
+        return facts
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def load_latest(self, into: dict[str, Any] | None = None) -> Checkpoint | None:
+        """The newest checkpoint that checks out, or None when there is none; a collective.
+
+        Args:
+            into: the state as :meth:`save` takes it, or part of it, whose tensors the saved
+                values are loaded into in place (a model's ``state_dict()``): no second copy of
+                the model is made. Tensors it lacks (an optimizer's, before its first step) are
+                made.
+
+        Returns:
+            The checkpoint, the same step on every rank. A damaged one (missing or truncated
+            files, a CRC mismatch, a marker of another format) is said, renamed ``*.damaged``
+            and the previous one tried.
+
+        Raises:
+            SettingsRefused: node-local folders that share no complete checkpoint while some
+                node has one (a node's folder was emptied or is new): resuming there would start
+                that node over.
+        """
+        self.wait()
+        steps = sorted({step for found in self._all([s for s, _ in folder.committed(self.directory)]) for step in found},
+                       reverse=True)  # fmt: skip
+        leaders = self._all(self._readers()[1] == 0)
+        somewhere = None
+        for step in steps:
+            path = self.directory / folder.committed_name(step)
+            mine = self._problem_with(path)
+            problems = self._all(mine)
+            if not any(problems):
+                return self._load(step, path, into)
+            copies = [p for p, leader in zip(problems, leaders) if leader] if self.node_local else [next(filter(None, problems))]
+            if any(p is None for p in copies):
+                somewhere = somewhere or step  # whole on some nodes, not on all
+            damaged = mine if self.node_local else copies[0]
+            if self._writes_files and damaged not in (None, _MISSING):
+                where = folder.set_aside(path)
+                print(f"phalanx: checkpoint {path} is damaged ({damaged}); {where}, trying the previous one",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            self._barrier()
+        if somewhere is not None:
+            raise SettingsRefused(
+                f"checkpoint step {somewhere} is in the checkpoint folder {self.directory} of some nodes but not of others",
+                "the nodes do not share that folder, so each keeps a copy; a node without one cannot resume with the "
+                "others.",
+                "copy the newest step-* folder to the nodes that lack it, or give a folder every node sees",
+            )
+        return None
+
+    def _problem_with(self, path: Path) -> str | None:
+        """Why this rank's share of a checkpoint does not check out, or None."""
+        readers, me = self._readers()
+        if me is None:
+            return None
+        if not (path / folder.MARKER).is_file():
+            return _MISSING
+        try:
+            marker = folder.read_marker(path)
+        except (ValueError, OSError) as error:
+            return f"its marker {folder.MARKER} is not readable: {error}"
+        if set(marker["files"]) != set(folder.data_files(path)):
+            return "its files are not those its marker lists"
+        for name in sorted(marker["files"])[me::readers]:
+            if folder.file_facts(path / name) != marker["files"][name]:
+                return f"{name} is truncated or altered (size or CRC-32 differs from its marker)"
+        return None
+
+    def _load(self, step: int, path: Path, into: dict[str, Any] | None) -> Checkpoint:
+        dcp = _dcp()
+        marker = folder.read_marker(path)
+        rank, same_world = self.context.rank, marker["world_size"] == self.context.world_size
+        stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        wanted = [key for key in stored if key.startswith((_SHARED + "/", _SHARED_SKELETON))]
+        if same_world:
+            wanted += [key for key in stored if key.startswith((_rank_prefix(rank) + "/", _rank_skeleton(rank)))]
+        template = encoding.flatten(into, _SHARED)[0] if into else {}
+        flat = {key: _destination(template.get(key), stored[key]) for key in wanted}
+        dcp.load(flat, storage_reader=dcp.FileSystemReader(path), process_group=self._group, no_dist=self._alone)
+        state = encoding.unflatten(flat[_SHARED_SKELETON], flat.__getitem__)
+        own = encoding.unflatten(flat[_rank_skeleton(rank)], flat.__getitem__) if same_world else None
+        return Checkpoint(step, path, state, own, marker["world_size"])
+
+    # -- who does what ------------------------------------------------------------------------
+
+    @property
+    def _alone(self) -> bool:
+        """Whether DCP runs in this process alone: one process, or node-local folders."""
+        return self.node_local or not self._distributed
+
+    @property
+    def _writes_files(self) -> bool:
+        """This rank commits, prunes and sets aside: rank 0, or each node's first with node-local folders."""
+        return self.context.local_rank == 0 if self.node_local else self.context.rank == 0
+
+    def _readers(self) -> tuple[int, int | None]:
+        """(how many ranks check a folder's files, this rank's index among them or None)."""
+        if self.node_local:
+            return 1, 0 if self.context.local_rank == 0 else None
+        return self.context.world_size, self.context.rank
+
+    def _check_folder(self) -> tuple[str, str, str] | None:
+        try:
+            folder.check_folder(self.directory)
+        except SettingsRefused as refused:
+            return refused.what, refused.why, refused.hint
+        return None
+
+    def _one_folder(self) -> bool:
+        """Whether every rank sees the same folder: rank 0 leaves a file, the others look for it."""
+        token = self._all(uuid.uuid4().hex)[0]
+        probe = self.directory / f".phalanx-shared-{token}"
+        if self.context.rank == 0:
+            probe.touch()
+        self._barrier()
+        seen = self._all(probe.exists())
+        if self.context.rank == 0:
+            probe.unlink(missing_ok=True)
+        return all(seen)
+
+    def _all(self, value: Any) -> list[Any]:
+        """``value`` of every rank, in rank order (over the checkpoint group)."""
+        if not self._distributed:
+            return [value]
+        gathered: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(gathered, value, group=self._group)
+        return gathered
+
+    def _barrier(self) -> None:
+        if self._distributed:
+            dist.barrier(group=self._group)
+
+
+_MISSING = "missing"
+
+
+def _dcp() -> Any:
+    """torch.distributed.checkpoint, imported at the first save or load: it imports DTensor,
+    which a process that only imports phalanx.runtime (a worker's exit handler) should not pay for."""
+    import torch.distributed.checkpoint
+    import torch.distributed.checkpoint.api
+
+    return torch.distributed.checkpoint
+
+
+def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    copy = tensor.detach().to("cpu", copy=True)
+    return copy.pin_memory() if tensor.is_cuda else copy
+
+
+def _destination(tensor: torch.Tensor | None, stored: Any) -> torch.Tensor:
+    """Where a stored tensor is loaded: the template's own tensor when it fits, else a new one."""
+    properties = stored.properties
+    if tensor is not None and tuple(tensor.shape) == tuple(stored.size) and tensor.dtype == properties.dtype:
+        return tensor
+    return torch.empty(tuple(stored.size), dtype=properties.dtype)

@@ -1,0 +1,36 @@
+"""Every random number generator a training step may draw from: saved and restored per rank."""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import torch
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (torch, CUDA, Python's random, numpy's global one when loaded),
+    as tensors and plain values that a checkpoint stores."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [kind, keys.tolist(), pos, has_gauss, cached]
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Sets the RNG states :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))

@@ -1,0 +1,174 @@
+"""A run's logging points and epoch lines: global losses that cost one shared all-reduce.
+
+:class:`Reporter` is what :class:`phalanx.Run` shows and logs; it is not part of the public API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.metrics import GlobalMean, PendingMeans
+from phalanx.runtime.metrics_log import MetricsLog
+from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
+from phalanx.runtime.shared_reduction import SharedReduction
+
+
+class EpochEnd(NamedTuple):
+    """An epoch that ended since the last logging point: its global loss comes with the next one."""
+
+    epoch: int
+    step: int
+    totals: torch.Tensor  # this rank's running totals when it ended (GlobalMean.snapshot)
+
+
+class LoggingPoint(NamedTuple):
+    """A logging point whose all-reduce is in flight."""
+
+    totals: PendingMeans
+    epoch_ends: tuple[EpochEnd, ...]  # reduced in the same collective, shown first
+    step: int | None = None  # None: it only reduces epoch ends (before a checkpoint or a stop)
+    epoch: int = 0
+    ended_at: float = 0.0  # the meter's clock when the step ended
+    values: dict[str, torch.Tensor | float] | None = None  # the loop's own (Run.log), grad_norm among them
+
+
+class Reporter:
+    """The logging points: every ``log_every`` steps and at the last, the global loss of the steps
+    since the previous one, rates, the progress display and the metrics files; and the global
+    loss of each epoch.
+
+    One running sum for the whole run; adding to it is the only per-batch cost. A logging point
+    adds its sums to the boundary's shared all-reduce (:meth:`start`; the preemption vote joins
+    it, and the loop starts it) and is shown at the next step boundary (:meth:`finish`), so the
+    round trip overlaps a step instead of holding every rank. Consecutive sums differ by
+    the window's loss, the sums at two epoch ends by the epoch's. An epoch's end only keeps this
+    rank's sums aside (:meth:`end_epoch`); they are reduced with the next logging point's, in the
+    same collective: on a small model with short epochs, a collective per epoch was a measurable
+    share of the step time.
+
+    A checkpoint carries the global running sums (:meth:`checkpoint_state`), so that a resumed
+    run's first report and epoch line cover the same steps, with the same loss, as an
+    uninterrupted run's, also after a stop between two logging points.
+    """
+
+    def __init__(
+        self, context: DistributedContext, *, epochs: int, total_steps: int, step: int, boundary: SharedReduction,
+        metrics_jsonl: str | Path | None = None, tensorboard: str | Path | None = None,
+    ) -> None:  # fmt: skip
+        self.context, self.epochs, self.total_steps, self.boundary = context, epochs, total_steps, boundary
+        self.totals = GlobalMean(context, "loss")
+        self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
+        self._logged_step: int | None = None
+        self._carried: tuple[float, float] | None = None  # the running sums of the run resumed from, when it stopped
+        self._measured = 0.0  # the running sample count at the meter's last reading
+        self._pending: LoggingPoint | None = None
+        self._epoch_ends: list[EpochEnd] = []
+        self.meter = StepMeter(total_steps, start_step=step)
+        self.progress = ProgressReporter(total_steps, enabled=context.is_main)
+        self.files = MetricsLog(jsonl=metrics_jsonl, tensorboard=tensorboard, continue_from_step=step,
+                                enabled=context.is_main)  # fmt: skip
+
+    def end_epoch(self, epoch: int, step: int) -> None:
+        """No collective: the epoch's loss is shown with the next logging point."""
+        self._epoch_ends.append(EpochEnd(epoch, step, self.totals.snapshot()))
+
+    def start(self, step: int, epoch: int, values: dict[str, torch.Tensor | float] | None = None) -> None:
+        """Adds the sums to the boundary's all-reduce (every rank reaches the same logging points)."""
+        self.finish()
+        ended_at = self.meter.clock()
+        point = self._reduce(self.boundary)
+        self._pending = point._replace(step=step, epoch=epoch, ended_at=ended_at, values=values)
+
+    def _reduce(self, shared: SharedReduction | None = None) -> LoggingPoint:
+        """The sums now and at the epoch ends since the last point, in ``shared`` or reduced at once."""
+        ends, self._epoch_ends = tuple(self._epoch_ends), []
+        return LoggingPoint(self.totals.compute_async(*(end.totals for end in ends), shared=shared), ends)
+
+    def finish(self) -> None:
+        """Shows the logging point in flight, if any: call it at every step boundary."""
+        if self._pending is None:
+            return
+        point, self._pending = self._pending, None
+        for end, totals in zip(point.epoch_ends, point.totals.snapshot_results()):
+            running = self._running(totals)
+            epoch_loss, _ = mean_between(self._epoch_logged, running)
+            self._epoch_logged = running
+            self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}")
+        if point.step is None:
+            return
+        values = dict(point.values or {})
+        grad_norm = values.pop("grad_norm", None)
+        running = self._running(point.totals.result())
+        loss, samples = mean_between(self._logged, running)
+        self._logged, self._logged_step = running, point.step
+        # the rate counts only the samples this run trained, not those carried from a checkpoint
+        rates = self.meter.measure(point.step, running[1] - self._measured, at=point.ended_at)
+        self._measured = running[1]
+        report = StepReport(
+            step=point.step, total_steps=self.total_steps, epoch=point.epoch + 1, epochs=self.epochs, loss=loss,
+            samples=int(samples), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
+            eta_s=rates.eta_s, grad_norm=None if grad_norm is None else float(grad_norm),
+        )  # fmt: skip
+        self.progress.update(report)
+        self.files.write({**report.record(), "world_size": self.context.world_size, **_plain(values)})
+
+    def settle(self) -> None:
+        """Shows everything up to now, before a checkpoint or a stop: the logging point in flight,
+        then the epochs ended since (a collective of their own, on every rank alike)."""
+        self._settle(reduce_totals=False)
+
+    def _settle(self, reduce_totals: bool) -> tuple[float, float] | None:
+        """:meth:`settle`; with ``reduce_totals`` always a collective. The running sums now, when reduced."""
+        self.finish()
+        if not (self._epoch_ends or reduce_totals):
+            return None
+        point = self._pending = self._reduce()
+        self.finish()
+        return self._running(point.totals.result())
+
+    def checkpoint_state(self, step: int) -> dict[str, tuple[float, float]]:
+        """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
+        last logging point and at the last epoch end. One collective (the settling's, when epoch
+        ends wait), none at a logging point, whose sums are known: the same on every rank, which
+        step in lockstep."""
+        self.finish()
+        now = self._settle(reduce_totals=step != self._logged_step)
+        return {"running": self._logged if now is None else now, "logged": self._logged, "epoch_logged": self._epoch_logged}
+
+    def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
+        """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
+        steps since the last ones before the checkpoint."""
+        self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
+        self._measured = self._carried[1]
+
+    def _running(self, totals: dict[str, float]) -> tuple[float, float]:
+        """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
+        loss_sum, samples = running_sums(totals)
+        carried_loss, carried_samples = self._carried or (0.0, 0.0)
+        return carried_loss + loss_sum, carried_samples + samples
+
+    def close(self) -> None:
+        """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
+        self.settle()
+        self.progress.close()
+        self.files.close()
+
+
+def running_sums(totals: dict[str, float]) -> tuple[float, float]:
+    """(loss sum, samples) from a GlobalMean result."""
+    return (totals["loss"] * totals["samples"] if totals["samples"] else 0.0), totals["samples"]
+
+
+def mean_between(earlier: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
+    """The mean loss and the sample count between two running (loss sum, samples) totals."""
+    samples = later[1] - earlier[1]
+    return ((later[0] - earlier[0]) / samples if samples else float("nan")), samples
+
+
+def _plain(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """The loop's values as numbers for the metrics files (a tensor is read here, at a logging point)."""
+    return {name: float(value) for name, value in values.items()}

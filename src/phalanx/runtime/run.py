@@ -1,0 +1,437 @@
+"""``phalanx.Run``: one object that sets up, logs, checkpoints and resumes a training loop.
+
+It composes the runtime's parts (context, DDP wrapping, resumable data, shared all-reduce of the
+logging points and the preemption vote, sharded checkpoints) behind a few calls, so that a
+plain DDP script gains exact mid-epoch resume, agreed preemption and global metrics with about
+ten changed lines. Each part stays public for loops that need another shape.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+
+from phalanx.exit_codes import ExitCode
+from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
+from phalanx.runtime.consistency import check_consistency
+from phalanx.runtime.context import DistributedContext, init
+from phalanx.runtime.data import ResumableLoader, ResumableSampler
+from phalanx.runtime.gradients import MicroStep, accumulate
+from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
+from phalanx.runtime.preemption import PreemptionGuard
+from phalanx.runtime.reporter import Reporter
+from phalanx.runtime.shared_reduction import SharedReduction
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a checkpoint can hold: an object with ``state_dict()`` and ``load_state_dict()``.
+
+    Models, optimizers, LR schedulers and GradScalers are Stateful; so is any object of yours
+    with the two methods. ``state_dict()`` returns tensors and plain values (numbers, strings,
+    lists, tuples, dicts); ``load_state_dict(state)`` restores them in place.
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+class Run:
+    """A training run: the model in DDP, resumable data, global metrics, checkpoints, preemption.
+
+    Args:
+        checkpoint_dir: where checkpoints go and the run resumes from (the newest complete one).
+            None: no checkpoints; a preemption still stops every rank after the same step.
+        checkpoint_every: a checkpoint every this many optimizer steps; also at a preemption
+            and after the last step.
+        keep: complete checkpoints kept.
+        async_checkpoints: write checkpoints in the background; the step waits only for a copy
+            of the state to host memory.
+        log_every: a logging point every this many steps, and at the last: the global mean
+            loss since the previous one, throughput, step time and ETA, shown on rank 0 and
+            written to ``metrics_jsonl`` and ``tensorboard``.
+        metrics_jsonl: a file of one JSON object per logging point (rank 0 writes it; a
+            resumed run continues it).
+        tensorboard: a folder for TensorBoard events (needs the tensorboard package).
+        accumulate: micro-batches per optimizer step (see :meth:`accumulate`).
+        context: the job; default :func:`phalanx.init` (it joins the process group, or uses the
+            one the script created).
+
+    Example::
+
+        run = phalanx.Run(checkpoint_dir="ckpt")
+        model = run.setup_model(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        run.track(optimizer=optimizer)
+        loader = run.setup_dataloader(dataset, batch_size=32)
+        for epoch in run.epochs(5):
+            for images, labels in loader:
+                loss = F.cross_entropy(model(images.to(run.device)), labels.to(run.device))
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                run.step(loss)
+        run.close()
+    """
+
+    def __init__(
+        self, checkpoint_dir: str | Path | None = None, *, checkpoint_every: int = 50, keep: int = 3,
+        async_checkpoints: bool = False, log_every: int = 10, metrics_jsonl: str | Path | None = None,
+        tensorboard: str | Path | None = None, accumulate: int = 1, context: DistributedContext | None = None,
+    ) -> None:  # fmt: skip
+        for name, value in (("checkpoint_every", checkpoint_every), ("log_every", log_every), ("accumulate", accumulate)):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name}={value!r}: a number of steps of at least 1")
+        self._owns_context = context is None
+        self.context = context or init()
+        self.checkpoint_every, self.log_every, self.micro_batches = checkpoint_every, log_every, accumulate
+        self._files = {"metrics_jsonl": metrics_jsonl, "tensorboard": tensorboard}
+        self.checkpoints = (CheckpointManager(checkpoint_dir, self.context, keep=keep, async_save=async_checkpoints)
+                            if checkpoint_dir is not None else None)  # fmt: skip
+        self._tracked: dict[str, Stateful] = {}
+        self._model: torch.nn.Module | None = None
+        self._loader: ResumableLoader | None = None
+        self._boundary = SharedReduction(self.context)
+        self._preemption = PreemptionGuard(self.context)  # SIGTERM, SIGUSR1: every rank stops after the same step
+        self._reporter: Reporter | None = None
+        self._values: dict[str, torch.Tensor | float] = {}
+        self.global_step = 0
+        self.resumed_from: int | None = None
+        self.total_steps = 0
+        self._restored = self._closed = self._stop = False
+        self._epoch, self._epochs, self._saved_step = 0, 0, 0
+        self._real_seen = self._trained = 0
+        self._started = 0.0
+        self._carried_reporter: dict[str, Any] | None = None
+        self._resumed_path: Path | None = None
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: its GPU (LOCAL_RANK), or the CPU."""
+        return self.context.device
+
+    @property
+    def rank(self) -> int:
+        return self.context.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.context.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the rank that prints and writes files."""
+        return self.context.is_main
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def setup_model(self, module: torch.nn.Module, *, compression: str = "none") -> torch.nn.Module:
+        """The model on this rank's device, in DDP with more than one process, and checkpointed.
+
+        The ranks first compare their models (structure and parameter shapes) and stop with a
+        report that names the ones that differ, where DDP would hang or fail obscurely.
+
+        Args:
+            module: the model.
+            compression: the gradients' compression in the all-reduce: none, fp16, bf16,
+                powersgd, or auto (times them on the first steps and keeps the fastest).
+
+        Returns:
+            The module to train (DDP's wrapper with more than one process).
+
+        Example::
+
+            model = run.setup_model(torch.nn.Linear(10, 2), compression="fp16")
+        """
+        check_consistency(self.context, model=module)
+        self._model = wrap_model(module, self.context, compression=compression)
+        self._tracked["model"] = unwrap(self._model)
+        return self._model
+
+    def setup_dataloader(self, data: Dataset | DataLoader, batch_size: int | None = None, *, shuffle: bool = True,
+                         seed: int = 0, drop_last: bool = False, **loader_options: Any) -> ResumableLoader:  # fmt: skip
+        """A loader over this rank's shard that resumes at the exact next batch.
+
+        Args:
+            data: a Dataset, or a DataLoader whose dataset, batch size, shuffling (with a
+                DistributedSampler: its seed), drop_last and workers are taken over.
+            batch_size: samples per batch and process (required with a Dataset).
+            shuffle, seed, drop_last: as torch's DistributedSampler.
+            loader_options: other DataLoader arguments (num_workers, collate_fn, pin_memory...).
+
+        Returns:
+            A :class:`~phalanx.ResumableLoader`; its position is checkpointed, and each epoch
+            reshuffles by itself (no ``set_epoch`` needed).
+
+        Example::
+
+            loader = run.setup_dataloader(dataset, batch_size=32, num_workers=2)
+        """
+        if isinstance(data, DataLoader):
+            sampler = data.sampler
+            shuffle = isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
+            seed = sampler.seed if isinstance(sampler, DistributedSampler) else seed
+            taken = {"num_workers": data.num_workers, "collate_fn": data.collate_fn, "pin_memory": data.pin_memory,
+                     "drop_last": data.drop_last}  # fmt: skip
+            batch_size, drop_last, loader_options = batch_size or data.batch_size, data.drop_last, {**taken, **loader_options}
+            data = data.dataset
+        else:
+            loader_options["drop_last"] = drop_last
+        if batch_size is None:
+            raise ValueError("batch_size: how many samples per batch and process (a Dataset has no batch size)")
+        check_consistency(self.context, dataset=data)
+        sampler = ResumableSampler(len(data), rank=self.rank, world_size=self.world_size, seed=seed, shuffle=shuffle,
+                                   drop_last=drop_last)  # type: ignore[arg-type]  # fmt: skip
+        self._loader = ResumableLoader(data, sampler, batch_size=batch_size, **loader_options)
+        self._tracked["data"] = self._loader
+        return self._loader
+
+    def track(self, **objects: Stateful) -> None:
+        """Adds objects to the checkpoint, each under its name; restored in place on resume.
+
+        Args:
+            objects: Stateful objects: an optimizer, an LR scheduler, a GradScaler, a
+                :class:`~phalanx.MixedPrecision`, or your own (see :class:`Stateful`).
+
+        Example::
+
+            run.track(optimizer=optimizer, scheduler=scheduler, ema=ema)
+        """
+        if self._restored:
+            raise RuntimeError("track() after the run was restored: call it before run.epochs() or run.restore()")
+        for name, value in objects.items():
+            if not isinstance(value, Stateful):
+                raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
+            self._tracked[name] = value
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def restore(self) -> int | None:
+        """Restores every tracked object, the RNGs and the logging from the newest checkpoint.
+
+        :meth:`epochs` calls it first; call it yourself to know the step before the loop.
+
+        Returns:
+            The step resumed from, or None for a fresh start. Once per run.
+        """
+        if self._restored:
+            return self.resumed_from
+        self._restored = True
+        latest = self.checkpoints.load_latest(into=self._state_to_save()) if self.checkpoints else None
+        if latest is None:
+            return None
+        for name, target in self._tracked.items():
+            if name in latest.state:
+                target.load_state_dict(latest.state[name])
+        own = latest.rank_state
+        if self._model is not None:
+            compression_of(self._model).load_state_dict(latest.state["compression"], own and own["compression"])
+        if own is not None:
+            restore_rng_state(own["rng"])
+        self._carried_reporter = latest.state.get("reporter")
+        self.global_step = self.resumed_from = self._saved_step = latest.step
+        self._resumed_path = latest.path
+        return latest.step
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """The epochs left to train, from where the newest checkpoint stopped.
+
+        Restores first (:meth:`restore`). After the last epoch it saves a final checkpoint, so
+        the same command again trains nothing and a larger ``count`` continues.
+
+        Args:
+            count: the number of epochs of the whole training.
+
+        Yields:
+            Epoch numbers from 0; a resumed epoch continues at its next batch.
+        """
+        if self._loader is None:
+            raise RuntimeError("run.epochs() needs the loader from run.setup_dataloader()")
+        self.restore()
+        self._epochs = count
+        micro_batches = math.ceil(self._loader.sampler.num_samples / self._loader.batch_size)
+        self.total_steps = count * math.ceil(micro_batches / self.micro_batches)
+        self._reporter = Reporter(self.context, epochs=count, total_steps=self.total_steps, step=self.global_step,
+                                  boundary=self._boundary, **self._files)  # fmt: skip
+        if self._carried_reporter is not None:
+            self._reporter.load_checkpoint_state(self._carried_reporter)
+        if self.resumed_from is not None:
+            done = "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
+            self.print(f"resumed from step {self.resumed_from} ({self._resumed_path}){done}")
+        self._real_seen, self._started = self._loader.real_delivered, time.perf_counter()
+        while not self._finished:
+            self._epoch = self._loader.resume_point[0]
+            yield self._epoch
+        self._end()
+
+    def accumulate(self, model: torch.nn.Module, index: int) -> Any:
+        """A context for a micro-batch's forward and backward: DDP all-reduces only on the last
+        micro-batch of a window of ``accumulate`` (and of an epoch).
+
+        Args:
+            model: the model from :meth:`setup_model`.
+            index: the batch's index in this pass over the loader (``enumerate(loader)``).
+
+        Returns:
+            A context manager giving a :class:`~phalanx.runtime.gradients.MicroStep`: ``sync``
+            (call :meth:`step` after the optimizer's step only then) and ``loss_scale``.
+        """
+        assert self._loader is not None
+        left = self._loader.sampler.num_samples - self._loader.pass_start
+        return accumulate(model, index, self.micro_batches, total=math.ceil(left / self._loader.batch_size))
+
+    def record(self, loss: torch.Tensor) -> None:
+        """Adds a batch's loss to the global mean loss of the logging points and epochs.
+
+        Args:
+            loss: the batch's mean loss, or its per-sample losses (``reduction="none"``): then
+                the padding samples that even out an epoch's last batches count exactly zero
+                times. Weighted by the batch's real samples. No device sync, no collective.
+        """
+        assert self._reporter is not None and self._loader is not None, "call record() inside run.epochs()"
+        real = self._loader.real_delivered - self._real_seen
+        self._real_seen += real
+        loss = loss.detach()
+        if loss.dim() == 0:
+            self._trained += real
+            self._reporter.totals.add_mean(real, loss=loss)
+            return
+        self._trained += len(loss)
+        self._reporter.totals.add_mean(real, loss=loss.mean() if real == len(loss) or real == 0 else loss[:real].mean())
+
+    def log(self, **values: torch.Tensor | float) -> None:
+        """Values of this rank (a learning rate, a gradient norm) for the next logging point's
+        line and metrics files; a tensor is read only there. ``grad_norm`` is also shown."""
+        self._values.update(values)
+
+    def step(self, loss: torch.Tensor | None = None) -> None:
+        """Marks an optimizer step done: the logging point, the preemption vote, the checkpoint.
+
+        Call it on every rank after each optimizer step. At a preemption (SIGTERM or SIGUSR1
+        to any rank) every rank saves after the same step and the process exits with code 5
+        (PREEMPTED), which ``phalanx run`` reports as a stop to relaunch, not a failure.
+
+        Args:
+            loss: the last batch's loss, recorded as by :meth:`record` (leave it out when you
+                call :meth:`record` for each micro-batch yourself).
+        """
+        reporter, loader = self._reporter, self._loader
+        assert reporter is not None and loader is not None, "call step() inside run.epochs()"
+        if loss is not None:
+            self.record(loss)
+        self.global_step += 1
+        step = self.global_step
+        self.context.mark_step(step)
+        reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
+        if loader.resume_point[0] > self._epoch:
+            reporter.end_epoch(self._epoch, step)
+        if step % self.log_every == 0 or step == self.total_steps:
+            reporter.start(step, self._epoch, self._values)
+            self._values = {}
+        # A stop agreed on after the last step finds the training complete: it ends as a finished run does.
+        self._stop = self._preemption.should_stop(self._boundary)
+        self._boundary.start()  # the logging point's all-reduce and the vote run during the next step
+        preempted = self._stop and not self._finished
+        if self.checkpoints and (preempted or step % self.checkpoint_every == 0):
+            self.save()
+        if preempted:
+            reporter.settle()
+            saved = "checkpoint saved" if self.checkpoints else "no checkpoint folder, nothing saved"
+            received = self._preemption.received
+            self.print(f"preempted by {received.name if received else 'another rank'} after step {step}; {saved}")
+            self.close()
+            raise SystemExit(ExitCode.PREEMPTED)
+
+    def save(self) -> None:
+        """A checkpoint of everything tracked, after the current step; a collective."""
+        if self.checkpoints is None:
+            raise RuntimeError("run.save() without a checkpoint folder: give Run(checkpoint_dir=...)")
+        state = self._state_to_save()
+        own = {"rng": rng_state()}
+        if self._model is not None:
+            own["compression"] = compression_of(self._model).rank_state_dict()
+        self.checkpoints.save(self.global_step, state, own)
+        self._saved_step = self.global_step
+
+    def print(self, line: str) -> None:
+        """Prints a line on rank 0, above the progress bar on a terminal."""
+        if self._reporter is not None:
+            self._reporter.progress.write(line)
+        elif self.is_main:
+            print(line, flush=True)
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures for a metrics file; a collective (the throughput is summed).
+
+        Returns:
+            world_size, steps, resumed_from_step; samples_per_second: every rank's samples per
+            second in this run's loop, added up (None when it trained no step); with a model
+            from :meth:`setup_model`, params_sha256 (its parameters' SHA-256: equal across
+            runs means bit-identical) and compression (what ran; for auto, what it measured).
+        """
+        elapsed = time.perf_counter() - self._started
+        rate = torch.tensor([self._trained / elapsed if elapsed > 0 else 0.0], device=self.device)
+        if self.context.is_distributed:
+            torch.distributed.all_reduce(rate)
+        trained = self.global_step != (self.resumed_from or 0)
+        summary = {"world_size": self.world_size, "steps": self.global_step, "resumed_from_step": self.resumed_from,
+                   "samples_per_second": rate.item() if trained else None}  # fmt: skip
+        if self._model is not None:
+            summary.update(params_sha256=parameters_sha256(self._model), compression=compression_of(self._model).summary())
+        return summary
+
+    def close(self) -> None:
+        """Ends the run: the logging, a checkpoint still being written, the process group it made.
+
+        Also readies the process for a quick exit: the objects alive now are exempted from
+        the interpreter's last garbage collection, which with torch loaded costs seconds.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._reporter is not None:
+            self._reporter.close()
+        try:
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+        finally:
+            if self._owns_context:
+                self.context.close()
+            gc.freeze()
+
+    # -- inside -------------------------------------------------------------------------------
+
+    @property
+    def _finished(self) -> bool:
+        assert self._loader is not None
+        return self._loader.resume_point[0] >= self._epochs
+
+    def _state_to_save(self) -> dict[str, Any]:
+        state = {name: target.state_dict() for name, target in self._tracked.items()}
+        if self._model is not None:
+            state["compression"] = compression_of(self._model).state_dict()
+        if self._reporter is not None:
+            state["reporter"] = self._reporter.checkpoint_state(self.global_step)  # settles: all shown up to here
+        return state
+
+    def _end(self) -> None:
+        """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
+        if self.checkpoints and self._saved_step != self.global_step:
+            self.save()
+        received = self._preemption.received
+        if self._stop or received is not None:
+            name = received.name if received else "a preemption signal (to another rank)"
+            self.print(f"{name} came after the last step: the training is complete, so it finishes instead of stopping")
+        assert self._reporter is not None
+        self._reporter.close()  # before the script's own final lines
+        self._reporter = None
