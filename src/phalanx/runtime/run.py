@@ -318,7 +318,7 @@ class Run:
         """Marks an optimizer step done: the logging point, the preemption vote, the checkpoint.
 
         Call it on every rank after each optimizer step. At a preemption (SIGTERM or SIGUSR1
-        to any rank) every rank saves after the same step and the process exits with code 5
+        to any rank) every rank saves after the same step and the process exits with code 75
         (PREEMPTED), which ``phalanx run`` reports as a stop to relaunch, not a failure.
 
         Args:

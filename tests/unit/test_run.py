@@ -1,0 +1,66 @@
+"""phalanx.Run in one process: what a checkpoint restores, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import phalanx
+
+
+class Counter:
+    """A user's own Stateful object."""
+
+    def __init__(self) -> None:
+        self.seen, self.history = 0, (0, "start")
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen, "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen, self.history = state["seen"], state["history"]
+
+
+def train(folder, epochs: int, counter: Counter, context) -> tuple[phalanx.Run, torch.nn.Module]:
+    run = phalanx.Run(folder, checkpoint_every=3, log_every=100, context=context)
+    torch.manual_seed(0)
+    model = run.setup_model(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+    run.track(optimizer=optimizer, scheduler=scheduler, counter=counter)
+    loader = run.setup_dataloader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=8)
+    for _ in run.epochs(epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()
+            counter.seen += len(y)
+            counter.history = (run.global_step + 1, f"step {run.global_step + 1}")
+            run.step(loss)
+    return run, model
+
+
+def test_a_registered_stateful_object_and_the_scheduler_round_trip(tmp_path, context):
+    first, model = train(tmp_path, 2, Counter(), context)
+    first.close()
+    restored = Counter()
+    again, resumed = train(tmp_path, 2, restored, context)  # finished: restores, trains nothing
+    assert again.resumed_from == 10 and again.global_step == 10
+    assert (restored.seen, restored.history) == (80, (10, "step 10"))  # the tuple comes back a tuple
+    assert torch.equal(resumed.weight, model.weight)
+    more, _ = train(tmp_path, 3, restored, context)  # one epoch more, from there
+    assert more.global_step == 15 and restored.seen == 120
+    for run in (again, more):
+        run.close()
+
+
+def test_tracking_after_the_restore_is_refused(tmp_path, context):
+    run = phalanx.Run(tmp_path, context=context)
+    run.restore()
+    with pytest.raises(RuntimeError, match="before run.epochs"):
+        run.track(counter=Counter())
+    with pytest.raises(TypeError, match="has no state_dict"):
+        phalanx.Run(context=context).track(thing=object())
