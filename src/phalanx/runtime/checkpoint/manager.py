@@ -200,6 +200,8 @@ class CheckpointManager:
         mine = {}
         if me is not None:
             mine = {name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]}
+        if self.node_local:  # each node's copy is its first process's alone
+            return mine
         facts: dict[str, dict[str, int]] = {}
         for part in self._all(mine):
             facts.update(part)
@@ -248,7 +250,8 @@ class CheckpointManager:
             self._barrier()
         if somewhere is not None:
             raise SettingsRefused(
-                f"checkpoint step {somewhere} is in the checkpoint folder {self.directory} of some nodes but not of others",
+                f"checkpoint step {somewhere} is complete in the checkpoint folders of some nodes but not of others "
+                f"(this node's: {self.directory})",
                 "the nodes do not share that folder, so each keeps a copy; a node without one cannot resume with the "
                 "others.",
                 "copy the newest step-* folder to the nodes that lack it, or give a folder every node sees",
