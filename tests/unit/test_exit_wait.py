@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from torch.distributed import TCPStore
+from torch.distributed import PrefixStore, TCPStore
 
 from phalanx.launch import agent as agent_module
 from phalanx.launch.agent import NodeAgent
@@ -70,9 +70,11 @@ def store():
     return store  # its socket closes when the test lets go of it
 
 
-def agent_of(index: int, store: TCPStore) -> NodeAgent:
+def agent_of(index: int, store: TCPStore, round_number: int = 0) -> NodeAgent:
+    """Node ``index``'s agent, after rendezvous round ``round_number`` of a job of two nodes."""
     agent = NodeAgent(node(index, store.port))
     agent.store, agent.nodes_in_job = store, 2
+    agent._new_round(PrefixStore(f"torch.rendezvous.lobbytest.{round_number}", store))  # what torch's agent hands it
     return agent
 
 
@@ -82,7 +84,7 @@ def crash(node_label: str) -> RankFailure:
 
 
 def test_it_passes_as_soon_as_the_other_node_finishes(store, clock):
-    clock.at(0.5, lambda: store.append("phalanx/lobbytest/finished", "node0\n"))
+    clock.at(0.5, lambda: store.append(f"{agent_of(0, store).round_prefix}finished", "node0\n"))
     assert agent_of(1, store)._workers_finished(10.0, NOBODY_WAITS) is True
     assert waited(clock, 0.5)
 
@@ -114,3 +116,24 @@ def test_the_store_host_stays_until_the_failed_node_could_read_the_reports(store
     clock.at(0.5, lambda: agent_of(1, store)._post_failures([crash("node1")]))
     assert agent_of(0, store)._workers_finished(10.0, NOBODY_WAITS) is False
     assert waited(clock, 0.5 + agent_module.FAILURE_GATHER_S)
+
+
+def test_a_node_that_failed_in_an_earlier_round_is_neither_blamed_nor_counted_in_a_later_one(store, clock, capsys):
+    # An elastic job: node1's workers failed in round 0 and it left the job; node0 went on in
+    # round 1 with node2, which joined later. node0's workers finish: it waits for node2's.
+    agent_of(1, store, round_number=0)._post_failures([crash("node1")])
+    node0 = agent_of(0, store, round_number=1)
+    node2 = agent_of(2, store, round_number=1)
+    assert node0.round_prefix == node2.round_prefix
+    node2_finished: list[bool] = []
+    clock.at(0.5, lambda: node2_finished.append(node2._workers_finished(10.0, NOBODY_WAITS)))
+    assert node0._workers_finished(10.0, NOBODY_WAITS) is True
+    assert waited(clock, 0.5) and node2_finished == [True]
+    assert "node1" not in capsys.readouterr().err
+    assert node0._failures_of_other_nodes([]) == []  # its root cause would not name node1 either
+
+
+def test_a_later_round_does_not_restart_for_an_end_of_job_said_in_an_earlier_one(store):
+    agent_of(1, store, round_number=0)._post_end_of_job("node1 ends the job: rank 1 refused its settings")
+    assert agent_of(1, store, round_number=0)._end_of_job_posted() == "node1 ends the job: rank 1 refused its settings"
+    assert agent_of(0, store, round_number=1)._end_of_job_posted() is None

@@ -35,6 +35,7 @@ from phalanx.launch.lobby import Lobby
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
+from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
@@ -61,7 +62,12 @@ class NodeAgent:
         self.plan = plan
         self.store: Any = None  # the rendezvous store, shared with torchrun's c10d backend
         self.board: RankPlanBoard | None = None
+        #: Keys of the whole job on the store: the lobby's, the liveness watch's (alive, ended, lost).
         self.prefix = f"phalanx/{plan.rdzv_id}/"
+        #: Keys of the rendezvous round the workers run in (failures, finished, ends, the rank plan):
+        #: what a node said in an earlier round holds for that round only (:mod:`.rounds`).
+        self.round_prefix = f"{self.prefix}round/none/"
+        self.rounds = 0  # the rendezvous rounds this node's agent took part in
         self.nodes_in_job = plan.nnodes_min
         self.nodes: list[str] = [plan.node_label]  # the labels of the nodes that met in the lobby
         self.liveness: Liveness | None = None
@@ -80,7 +86,6 @@ class NodeAgent:
                 self.nodes_in_job = len(joined)
                 self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
-                self.board = RankPlanBoard(self.store, self.prefix)
             return self._launch()
         except PhalanxError as error:
             say(error.render())
@@ -112,7 +117,7 @@ class NodeAgent:
         wait_s = getattr(config, "shutdown_timeout", None) or 30
         try:
             with (
-                restarts_only_when_they_can_help(judge, finished=self._workers_finished),
+                restarts_only_when_they_can_help(judge, finished=self._workers_finished, new_round=self._new_round),
                 second_signal_kills(lambda sig: self._say_stopping(sig, wait_s)),
             ):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
@@ -154,6 +159,17 @@ class NodeAgent:
         say(f"phalanx: {self.plan.node_label}: {sig.name}: stopping the workers; they get up to {wait_s} s to end, "
             f"then SIGKILL ({again} again kills them now)")  # fmt: skip
 
+    # -- rounds ----------------------------------------------------------------------------
+    def _new_round(self, round_store: Any) -> None:
+        """After each rendezvous round: from now on, what this node posts and reads about the
+        workers is the new round's (the nodes of a round agree on its name)."""
+        self.rounds += 1
+        if self.store is None:
+            return
+        name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.plan.node_label}-{self.rounds}")
+        self.round_prefix = f"{self.prefix}round/{name}/"
+        self.board = RankPlanBoard(self.store, self.round_prefix)
+
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
         """Starts the liveness watch of a multi-node job of a fixed size (see
@@ -171,8 +187,9 @@ class NodeAgent:
     def _nodes_that_ended(self, store: Any) -> set[str]:
         """The nodes that said their workers finished or failed, or that they ended: no longer
         expected to beat."""
-        said = set(posted(store, self.prefix, "finished")) | set(posted(store, self.prefix, "ended"))
-        failed = {item["node"] for line in posted(store, self.prefix, "failures") for item in json.loads(line)}
+        this_round = self.round_prefix
+        said = set(posted(store, this_round, "finished")) | set(posted(store, self.prefix, "ended"))
+        failed = {item["node"] for line in posted(store, this_round, "failures") for item in json.loads(line)}
         return said | failed
 
     def _on_lost(self, why: str, store_lost: bool) -> None:
@@ -233,14 +250,14 @@ class NodeAgent:
 
     def _post_end_of_job(self, why: str) -> None:
         # without it the other nodes restart, and find the rendezvous closed
-        self._post_if_store_up(lambda: self.store.set(f"{self.prefix}ends", why))
+        self._post_if_store_up(lambda: self.store.set(f"{self.round_prefix}ends", why))
 
     def _end_of_job_posted(self) -> str | None:
         """Another node's word that the job ends, or that its workers finished (they cannot join a
         restart: it would wait for them in vain), waiting briefly for it; or None."""
         if self.store is None:
             return None
-        ends, deadline = f"{self.prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
+        ends, deadline = f"{self.round_prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
         try:
             while not self.store.check([ends]):
                 finished = self._posted("finished")
@@ -263,7 +280,7 @@ class NodeAgent:
             return True  # a single node: torch's barrier waits for nobody else
         node, deadline = self.plan.node_label, time.monotonic() + timeout
         try:
-            self.store.append(f"{self.prefix}finished", f"{node}\n")
+            self.store.append(f"{self.round_prefix}finished", f"{node}\n")
             while time.monotonic() < deadline:
                 failed = self._posted("failures")
                 if failed or nodes_waiting() > 0:
@@ -299,13 +316,13 @@ class NodeAgent:
         return len(self._posted("finished")) + len(self._posted("failures")) >= self.nodes_in_job
 
     def _posted(self, name: str) -> list[str]:
-        """The lines the nodes appended to the store's key ``name``."""
-        return posted(self.store, self.prefix, name)
+        """The lines the nodes of this round appended to the store's key ``name``."""
+        return posted(self.store, self.round_prefix, name)
 
     def _post_failures(self, found: list[failure.RankFailure]) -> None:
         """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
         self._post_if_store_up(
-            lambda: self.store.append(f"{self.prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
+            lambda: self.store.append(f"{self.round_prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
         )
 
     def _post_if_store_up(self, post: Callable[[], object]) -> None:
@@ -333,7 +350,7 @@ class NodeAgent:
             self.board.post(row)
         if 0 not in row["ranks"]:
             return
-        rows = [row] if self.board is None else self.board.gather(row["attempt"], row["nodes"])
+        rows = [row] if self.board is None else self.board.gather(row["nodes"])
         if rows is None:
             say("phalanx: rank plan: not every node posted its ranks within 30 s; continuing without the table")
             return
@@ -366,15 +383,19 @@ class NodeAgent:
             return []
 
     def _silent_nodes(self) -> list[str]:
-        """The nodes of the job that posted neither a finish nor a failure (best effort)."""
-        if self.store is None or self.nodes_in_job > len(self.nodes):
-            return []  # an elastic job's later nodes are not known by label
+        """The nodes of this round that posted neither a finish nor a failure (best effort). The
+        round's nodes are those that posted their row of its rank plan: in an elastic job, not
+        the nodes that met in the lobby (one of them may have left in an earlier round, and one
+        that joined later never met the others there)."""
+        if self.store is None or self.board is None:
+            return []
         try:
+            nodes = self.board.labels(self.nodes_in_job)
             ended = self._nodes_that_ended(self.store)
         except Exception as error:  # noqa: BLE001 - the store may be gone with its host
             raise_if_signal(error)
             return []
-        return [node for node in self.nodes if node != self.plan.node_label and node not in ended]
+        return [node for node in nodes if node != self.plan.node_label and node not in ended]
 
     def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
         """Best effort: the other nodes' failure reports (this node's is posted), waiting briefly."""

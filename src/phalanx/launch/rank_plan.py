@@ -46,23 +46,30 @@ def format_rank_plan(rows: list[dict[str, Any]]) -> str:
 
 
 class RankPlanBoard:
-    """Rows of the rank plan posted on the rendezvous store, one per node and attempt."""
+    """Rows of the rank plan posted on the rendezvous store, one per node, under a rendezvous
+    round's prefix (a node that joined later counts its attempts from 0: the round names the
+    plan on every node alike)."""
 
     def __init__(self, store: Any, prefix: str) -> None:
         self.store = store
         self.prefix = prefix
 
-    def _key(self, attempt: int, node: int) -> str:
-        return f"{self.prefix}rank_plan/{attempt}/{node}"
+    def _key(self, node: int) -> str:
+        return f"{self.prefix}rank_plan/{node}"
 
     def post(self, row: dict[str, Any]) -> None:
-        self.store.set(self._key(row["attempt"], row["node"]), json.dumps(row))
+        self.store.set(self._key(row["node"]), json.dumps(row))
 
-    def gather(self, attempt: int, nodes: int, timeout: float = GATHER_TIMEOUT_S) -> list[dict[str, Any]] | None:
-        keys = [self._key(attempt, node) for node in range(nodes)]
+    def gather(self, nodes: int, timeout: float = GATHER_TIMEOUT_S) -> list[dict[str, Any]] | None:
+        keys = [self._key(node) for node in range(nodes)]
         deadline = time.monotonic() + timeout
         while not self.store.check(keys):
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.02)
         return [json.loads(value) for value in self.store.multi_get(keys)]
+
+    def labels(self, nodes: int) -> list[str]:
+        """The labels of the nodes (of ``nodes``) that posted their row: the nodes of the round."""
+        keys = [key for key in (self._key(node) for node in range(nodes)) if self.store.check([key])]
+        return [json.loads(value)["label"] for value in self.store.multi_get(keys)] if keys else []

@@ -14,8 +14,9 @@ asks ``finished`` instead, which tells the other nodes (so that none restarts fo
 
 torch's launcher has no setting for either, so the agent it starts is a subclass of its own
 (:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
-before each restart and at the exit barrier. Everything else (rendezvous, worker processes,
-logs, signals) is torch's.
+before each restart and at the exit barrier, and hands each rendezvous round's store to
+``new_round`` (what the nodes tell each other holds for one round: :mod:`.rounds`). Everything
+else (rendezvous, worker processes, logs, signals) is torch's.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ Judge = Callable[[dict[int, Any], int], bool]
 #: rendezvous's count of nodes waiting for a new round; returns whether every node's workers
 #: finished (then torch's exit barrier runs, and passes at once).
 Finished = Callable[[float, Callable[[], int]], bool]
+#: Called after each rendezvous round, before the workers start, with the round's store.
+NewRound = Callable[[Any], None]
 
 
 @contextlib.contextmanager
-def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterator[None]:
+def restarts_only_when_they_can_help(
+    judge: Judge, finished: Finished, new_round: NewRound | None = None
+) -> Iterator[None]:
     """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
     failures of every round that failed while restarts are left, and ends the job instead of
-    restarting when it says no; when its workers finished, it asks ``finished``. It swaps the
+    restarting when it says no; when its workers finished, it asks ``finished``; after each
+    rendezvous, it calls ``new_round`` with the round's store. It swaps the
     agent class that the launcher looks up in its module for the duration: phalanx runs one
     agent per process, so nothing else sees it."""
     from torch.distributed.launcher import api
@@ -45,6 +51,13 @@ def restarts_only_when_they_can_help(judge: Judge, finished: Finished) -> Iterat
     torch_agent = api.LocalElasticAgent
 
     class JudgedAgent(torch_agent):  # type: ignore[misc, valid-type]
+        def _rendezvous(self, worker_group: Any) -> None:
+            # torch 2.13: every round (the first, a restart's, a membership change's) comes through
+            # here, and leaves the round's store (RendezvousInfo.store) in worker_group.store
+            super()._rendezvous(worker_group)
+            if new_round is not None:
+                new_round(worker_group.store)
+
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
             # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
