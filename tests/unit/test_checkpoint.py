@@ -180,3 +180,11 @@ def test_a_full_disk_is_refused_before_training(small_disk):
     with pytest.raises(SettingsRefused, match="is full") as refused:
         CheckpointManager(small_disk / "ck", init())
     assert refused.value.exit_code == 2
+
+
+def test_checkpoints_of_the_earlier_format_are_refused_not_ignored(tmp_path):
+    """Ignored, they would let the run start over in a folder the user takes for resumable."""
+    (tmp_path / "step-000000100.pt").write_bytes(b"an earlier phalanx checkpoint")
+    with pytest.raises(SettingsRefused, match="holds checkpoints of an earlier phalanx format") as refused:
+        CheckpointManager(tmp_path, init())
+    assert "step-000000100.pt" in refused.value.what and refused.value.exit_code == 2

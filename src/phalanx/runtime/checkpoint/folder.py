@@ -26,6 +26,7 @@ DAMAGED_SUFFIX = ".damaged"
 MIN_FREE_BYTES = 64 * 1024
 _COMMITTED = re.compile(r"^step-(\d{9})$")
 _STAGING = re.compile(r"^\.step-\d{9}\.staging$")
+_EARLIER_FORMAT = re.compile(r"^step-\d{9}\.pt$")  # phalanx 0.1.0's single files
 
 
 def committed_name(step: int) -> str:
@@ -61,6 +62,14 @@ def check_folder(directory: Path) -> None:
     if free < MIN_FREE_BYTES:
         raise SettingsRefused(f"the disk of the checkpoint folder {directory} is full ({free} bytes free)",
                               "the first save would fail after training up to it.", hint)  # fmt: skip
+    earlier = sorted(path.name for path in directory.iterdir() if _EARLIER_FORMAT.match(path.name))
+    if earlier:
+        raise SettingsRefused(
+            f"the checkpoint folder {directory} holds checkpoints of an earlier phalanx format ({earlier[-1]})",
+            "this version keeps each checkpoint as a torch.distributed.checkpoint folder (step-NNNNNNNNN) and "
+            "cannot resume from those files; it would start the training over.",
+            "give a new checkpoint folder, or move those files away to start over in this one",
+        )
 
 
 def file_facts(path: Path) -> dict[str, int]:
@@ -125,12 +134,12 @@ def prune(directory: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def remove_staging(directory: Path, but: Path | None = None) -> None:
+def remove_staging(directory: Path) -> None:
     """Removes the staging folders of saves that never committed (a crash, a kill, a full disk)."""
     if not directory.is_dir():
         return
     for leftover in directory.iterdir():
-        if _STAGING.match(leftover.name) and leftover != but:
+        if _STAGING.match(leftover.name):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
