@@ -39,10 +39,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-from torch.utils.data import TensorDataset
 
-from phalanx.runtime.data import ResumableLoader, ResumableSampler
 from phalanx.testbed import test_bed
 from tests.conftest import EXAMPLES
 from tests.netns.hosts import skip_unless_namespaces_work
@@ -58,23 +55,9 @@ TRAIN = [str(EXAMPLES / "train.py"), "--epochs", str(EPOCHS), "--batch-size", "1
 TEST_BOUND_S = 300
 
 
-def xfail_unless_a_position_resumes_with_another_world_size() -> None:
-    """At once, before any host is built: whether the runtime resumes a data position saved with
-    another world size (ResumableLoader, as examples/train.py checkpoints it)."""
-    dataset = TensorDataset(torch.arange(60))
-    saved = ResumableLoader(dataset, ResumableSampler(60, rank=0, world_size=2), batch_size=6)
-    next(iter(saved))
-    resumed = ResumableLoader(dataset, ResumableSampler(60, rank=0, world_size=3), batch_size=6)
-    try:
-        resumed.load_state_dict(saved.state_dict())
-    except ValueError as error:
-        pytest.xfail(f"the runtime does not resume a checkpoint of another world size yet: {error}")
-
-
 @pytest.fixture
 def bed():
     skip_unless_namespaces_work()
-    xfail_unless_a_position_resumes_with_another_world_size()
     with test_bed(f"e{os.getpid() % 10000}", ["h1", "h2", "h3"]) as made:
         yield made
 

@@ -5,6 +5,7 @@ import itertools
 import pytest
 from torch.utils.data import DistributedSampler
 
+from phalanx.errors import SettingsRefused
 from phalanx.runtime.data import ResumableSampler
 
 
@@ -41,10 +42,35 @@ def test_a_pass_left_unfinished_continues_where_it_stopped():
     assert (sampler.position, sampler.epoch) == (0, 1)
 
 
-def test_resume_refuses_another_world_size():
-    state = ResumableSampler(10, rank=0, world_size=2).state_dict()
-    with pytest.raises(ValueError, match="world size 2"):
-        ResumableSampler(10, rank=0, world_size=4).load_state_dict(state)
+def epoch_after_a_world_change(length: int, before: int, taken: int, after: int) -> tuple[list[int], int]:
+    """The samples an epoch trains when ``before`` ranks take ``taken`` each and ``after`` ranks
+    go on from their checkpoint; and how many the new ranks hand out again."""
+    ranks = [ResumableSampler(length, rank=r, world_size=before, seed=5) for r in range(before)]
+    trained = [index for sampler in ranks for index in itertools.islice(iter(sampler), taken)]
+    state = ranks[0].state_dict()
+    resumed = [ResumableSampler(length, rank=r, world_size=after, seed=5) for r in range(after)]
+    for sampler in resumed:
+        sampler.load_state_dict(state)
+    return trained + [index for sampler in resumed for index in sampler], resumed[0].replayed
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 2), (4, 2), (2, 4)])
+def test_another_world_size_continues_the_epoch_with_no_sample_twice_or_skipped(before, after):
+    """12 samples taken (6 x 2, 4 x 3...) divide by the new world size: every sample of the
+    epoch once, the padding of the new world's shards apart."""
+    trained, replayed = epoch_after_a_world_change(60, before, 12 // before, after)
+    assert replayed == 0 and sorted(trained) == list(range(60))
+
+
+def test_a_position_that_does_not_divide_trains_the_last_few_again_and_skips_none():
+    trained, replayed = epoch_after_a_world_change(60, 2, 5, 3)  # 10 taken: 9 divide by 3
+    assert replayed == 1 and set(trained) == set(range(60)) and len(trained) == 61
+
+
+def test_resume_refuses_another_seed():
+    state = ResumableSampler(10, rank=0, world_size=2, seed=1).state_dict()
+    with pytest.raises(SettingsRefused, match="drawn with seed 1; this run's seed is 2"):
+        ResumableSampler(10, rank=0, world_size=2, seed=2).load_state_dict(state)
 
 
 def test_padding_is_counted_apart():

@@ -29,6 +29,33 @@ from phalanx.runtime.preemption import PREEMPTION_SIGNALS
 
 
 class ResumableSampler(Sampler[int]):
+    """A DistributedSampler that resumes mid-epoch at the exact next sample.
+
+    It shards as ``torch.utils.data.DistributedSampler`` does (the same permutation from
+    ``seed + epoch``, the same padding and stride), moves to the next epoch by itself when one
+    is exhausted (no ``set_epoch`` to forget), and carries (epoch, position) through
+    :meth:`state_dict`. With DataLoader workers, checkpoint the :class:`ResumableLoader`'s
+    state instead: the sampler runs ahead of the loop by the batches being prepared.
+
+    Args:
+        dataset_length: the number of samples in the dataset.
+        rank: this process's rank.
+        world_size: the number of processes that share the dataset.
+        seed: the shuffling seed, the same on every rank.
+        shuffle: a new permutation every epoch; False: in order.
+        drop_last: drop the tail that does not divide by ``world_size``; False: pad it
+            with repeated samples, as DistributedSampler does.
+
+    Raises:
+        ValueError: ``rank`` is not in ``0..world_size - 1``, or the dataset is empty.
+
+    Example::
+
+        sampler = phalanx.ResumableSampler(len(dataset), rank=context.rank, world_size=context.world_size, seed=0)
+        for index in sampler:  # this rank's shard of epoch 0; iterating again gives epoch 1
+            ...
+    """
+
     def __init__(
         self, dataset_length: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
         shuffle: bool = True, drop_last: bool = False,
@@ -52,6 +79,8 @@ class ResumableSampler(Sampler[int]):
         self._real_positions = min(self.num_samples, max(0, math.ceil((dataset_length - rank) / world_size)))
         self._real_offset = 0  # real_handed_out minus the real samples below the current position
         self._remaining_at_start = self.num_samples
+        #: Samples of the resumed epoch handed out again after a resume with another world size.
+        self.replayed = 0
 
     def _epoch_indices(self) -> list[int]:
         if self.shuffle:
@@ -117,16 +146,33 @@ class ResumableSampler(Sampler[int]):
         return max(0, min(stop, self._real_positions) - min(start, self._real_positions))
 
     def state_dict(self) -> dict[str, int]:
+        """Where this rank is (epoch, position), with the seed and world size it holds for."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["world_size"] != self.world_size or state["seed"] != self.seed:
-            raise ValueError(
-                f"the checkpoint's sampler was for world size {state['world_size']} and seed {state['seed']}; "
-                f"this run has world size {self.world_size} and seed {self.seed}: resuming would not be exact"
+        """Continues the saved epoch at the saved position.
+
+        Saved with another world size (an elastic job whose membership changed), the epoch goes
+        on after the samples the saved world handed out: its ranks took the permutation's first
+        ``position x saved world size`` samples in turn, the same permutation every world size
+        draws. When that count does not divide by the new world size, the position rounds down
+        and the last few samples (fewer than the new world size, counted in :attr:`replayed`)
+        are trained once more; none is skipped.
+
+        Raises:
+            SettingsRefused: the state was saved with another seed: another permutation.
+        """
+        if state["seed"] != self.seed:
+            raise SettingsRefused(
+                f"the checkpoint's data order was drawn with seed {state['seed']}; this run's seed is {self.seed}",
+                "the samples the checkpoint trained this epoch are not those this seed would skip: the resume would "
+                "train some twice and skip others.",
+                f"resume with seed {state['seed']}, or start a new training in another checkpoint folder",
             )
+        consumed = state["position"] * state["world_size"]
+        position, self.replayed = divmod(consumed, self.world_size)
         self.epoch = state["epoch"]
-        self._move_to(state["position"])
+        self._move_to(position)
         self._remaining_at_start = self.num_samples - self.position
 
 
@@ -145,6 +191,23 @@ class ResumableLoader(DataLoader):
     step and save. The workers end with the loader, as they do after a finished epoch; one
     stuck inside the dataset no longer ends on ``terminate()`` either, and is killed with the
     rank by torchrun's agent (SIGKILL after its grace period).
+
+    Args:
+        dataset: the dataset the sampler indexes.
+        sampler: this rank's :class:`ResumableSampler`.
+        batch_size: samples per batch.
+        kwargs: other DataLoader arguments.
+
+    Raises:
+        ValueError: a batch size below 1, or ``in_order=False``.
+
+    Example::
+
+        sampler = phalanx.ResumableSampler(len(dataset), rank=context.rank, world_size=context.world_size)
+        loader = phalanx.ResumableLoader(dataset, sampler, batch_size=32, num_workers=2)
+        loader.load_state_dict(saved)  # an earlier loader.state_dict(), from a checkpoint
+        for inputs, labels in loader:  # the rest of the saved epoch, from the next batch
+            ...
     """
 
     def __init__(self, dataset: Dataset, sampler: ResumableSampler, batch_size: int = 1, **kwargs: Any) -> None:
@@ -205,6 +268,7 @@ class ResumableLoader(DataLoader):
         return self._real_before + self.sampler.real_samples(progress.start, self._delivered_stop(progress))
 
     def state_dict(self) -> dict[str, int]:
+        """Where a resume continues (after the last batch delivered), with the batch size."""
         epoch, position = self.resume_point  # the sampler's own schema, at the delivered position
         return {**self.sampler.state_dict(), "epoch": epoch, "position": position, "batch_size": self.batch_size}
 
@@ -215,6 +279,9 @@ class ResumableLoader(DataLoader):
             SettingsRefused: the state was saved with another batch size. The sample position
                 would carry over, but not the steps counted from it: a loop's step number,
                 schedule and progress would no longer match the data (exit code 2).
+
+        Args:
+            state: what :meth:`state_dict` returned.
         """
         if state.get("batch_size", self.batch_size) != self.batch_size:
             raise SettingsRefused(

@@ -37,11 +37,38 @@ class Stateful(Protocol):
     Models, optimizers, LR schedulers and GradScalers are Stateful; so is any object of yours
     with the two methods. ``state_dict()`` returns tensors and plain values (numbers, strings,
     lists, tuples, dicts); ``load_state_dict(state)`` restores them in place.
+
+    Example::
+
+        class EMA:
+            def __init__(self, decay: float) -> None:
+                self.decay, self.value = decay, torch.zeros(())
+
+            def state_dict(self) -> dict:
+                return {"decay": self.decay, "value": self.value}
+
+            def load_state_dict(self, state: dict) -> None:
+                self.decay, self.value = state["decay"], state["value"]
+
+        assert isinstance(EMA(0.99), phalanx.Stateful)
+        run.track(ema=EMA(0.99))
     """
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """The object's state to checkpoint.
 
-    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+        Returns:
+            A dict of tensors and plain values (numbers, strings, lists, tuples, dicts).
+        """
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        """Restores the object in place from what its :meth:`state_dict` returned.
+
+        Args:
+            state: the dict a checkpoint saved.
+        """
+        ...
 
 
 class Run:
@@ -64,6 +91,10 @@ class Run:
         accumulate: micro-batches per optimizer step (see :meth:`accumulate`).
         context: the job; default :func:`phalanx.init` (it joins the process group, or uses the
             one the script created).
+
+    Raises:
+        SettingsRefused: the checkpoint folder cannot be used (a file, not writable, a full
+            disk), before the first step.
 
     Example::
 
@@ -122,10 +153,12 @@ class Run:
 
     @property
     def rank(self) -> int:
+        """This process's global rank, from 0 to ``world_size - 1``."""
         return self.context.rank
 
     @property
     def world_size(self) -> int:
+        """The number of processes in the job (1 for a plain ``python train.py``)."""
         return self.context.world_size
 
     @property
@@ -148,6 +181,10 @@ class Run:
 
         Returns:
             The module to train (DDP's wrapper with more than one process).
+
+        Raises:
+            SettingsRefused: an unknown compression, or one the backend cannot run.
+            InconsistentRanks: the ranks' models differ (structure, parameter shapes).
 
         Example::
 
@@ -172,6 +209,9 @@ class Run:
         Returns:
             A :class:`~phalanx.ResumableLoader`; its position is checkpointed, and each epoch
             reshuffles by itself (no ``set_epoch`` needed).
+
+        Raises:
+            InconsistentRanks: the ranks' datasets have different lengths.
 
         Example::
 
@@ -223,6 +263,15 @@ class Run:
 
         Returns:
             The step resumed from, or None for a fresh start. Once per run.
+
+        Raises:
+            SettingsRefused: the checkpoint cannot be resumed with these settings (another
+                batch size; node-local folders of which some lack the newest checkpoint).
+
+        Example::
+
+            start = run.restore()
+            print("fresh start" if start is None else f"resuming after step {start}")
         """
         if self._restored:
             return self.resumed_from
@@ -233,6 +282,8 @@ class Run:
         for name, target in self._tracked.items():
             if name in latest.state:
                 target.load_state_dict(latest.state[name])
+        if latest.world_size != self.world_size:
+            self._say_world_changed(latest.world_size)
         own = latest.rank_state
         if self._model is not None:
             compression_of(self._model).load_state_dict(latest.state["compression"], own and own["compression"])
@@ -285,6 +336,18 @@ class Run:
         Returns:
             A context manager giving a :class:`~phalanx.runtime.gradients.MicroStep`: ``sync``
             (call :meth:`step` after the optimizer's step only then) and ``loss_scale``.
+
+        Example::
+
+            for index, (inputs, labels) in enumerate(loader):
+                with run.accumulate(model, index) as micro:
+                    loss = F.cross_entropy(model(inputs.to(run.device)), labels.to(run.device))
+                    (loss * micro.loss_scale).backward()
+                run.record(loss)
+                if micro.sync:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    run.step()
         """
         assert self._loader is not None
         left = self._loader.sampler.num_samples - self._loader.pass_start
@@ -311,7 +374,16 @@ class Run:
 
     def log(self, **values: torch.Tensor | float) -> None:
         """Values of this rank (a learning rate, a gradient norm) for the next logging point's
-        line and metrics files; a tensor is read only there. ``grad_norm`` is also shown."""
+        line and metrics files; a tensor is read only there. ``grad_norm`` is also shown.
+
+        Args:
+            values: numbers or 0-dim tensors, by name; a later value of a name replaces an
+                earlier one until the logging point.
+
+        Example::
+
+            run.log(grad_norm=phalanx.clip_gradients(model, 1.0), lr=scheduler.get_last_lr()[0])
+        """
         self._values.update(values)
 
     def step(self, loss: torch.Tensor | None = None) -> None:
@@ -324,6 +396,9 @@ class Run:
         Args:
             loss: the last batch's loss, recorded as by :meth:`record` (leave it out when you
                 call :meth:`record` for each micro-batch yourself).
+
+        Raises:
+            CheckpointNotSaved: a checkpoint due at this step could not be written.
         """
         reporter, loader = self._reporter, self._loader
         assert reporter is not None and loader is not None, "call step() inside run.epochs()"
@@ -353,7 +428,13 @@ class Run:
             raise SystemExit(ExitCode.PREEMPTED)
 
     def save(self) -> None:
-        """A checkpoint of everything tracked, after the current step; a collective."""
+        """A checkpoint of everything tracked, after the current step; a collective.
+
+        :meth:`step` saves at its cadence already; call it for a checkpoint of your own.
+
+        Raises:
+            CheckpointNotSaved: it could not be written; the previous checkpoints are intact.
+        """
         if self.checkpoints is None:
             raise RuntimeError("run.save() without a checkpoint folder: give Run(checkpoint_dir=...)")
         state = self._state_to_save()
@@ -364,7 +445,11 @@ class Run:
         self._saved_step = self.global_step
 
     def print(self, line: str) -> None:
-        """Prints a line on rank 0, above the progress bar on a terminal."""
+        """Prints a line on rank 0, above the progress bar on a terminal.
+
+        Args:
+            line: the text, without a newline.
+        """
         if self._reporter is not None:
             self._reporter.progress.write(line)
         elif self.is_main:
@@ -415,6 +500,14 @@ class Run:
     def _finished(self) -> bool:
         assert self._loader is not None
         return self._loader.resume_point[0] >= self._epochs
+
+    def _say_world_changed(self, saved: int) -> None:
+        """What a resume with another number of processes keeps (the data position) and what not."""
+        replayed = self._loader.sampler.replayed if self._loader is not None else 0
+        again = f"; the epoch's last {replayed} samples before it are trained once more" if replayed else ""
+        self.print(f"phalanx: the checkpoint was written by {saved} processes, this run has {self.world_size}: the epoch "
+                   f"goes on after the samples it trained{again}. Each rank's random state starts from the seed, so the "
+                   "parameters are not those of a run without the change")  # fmt: skip
 
     def _state_to_save(self) -> dict[str, Any]:
         state = {name: target.state_dict() for name, target in self._tracked.items()}
