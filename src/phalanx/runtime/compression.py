@@ -161,19 +161,24 @@ class HookCandidate:
         return self._hook(None, bucket)
 
     def shared_state(self) -> dict[str, Any]:
+        """Nothing: a stateless hook has no state to checkpoint."""
         return {}
 
     def rank_state(self) -> dict[str, Any]:
+        """Nothing: a stateless hook has no state of its own per rank."""
         return {}
 
     def load(self, shared: dict[str, Any], rank_state: dict[str, Any] | None, device: torch.device) -> None:
+        """Nothing to restore."""
         pass
 
     def release(self) -> None:
+        """Nothing to free."""
         pass
 
 
 def make_candidate(name: str, names: dict[int, str], powersgd_rank: int) -> HookCandidate | PowerSGD:
+    """The candidate that runs compression ``name``: PowerSGD, or one of torch's stateless hooks."""
     if name == "powersgd":
         return PowerSGD(names, powersgd_rank)
     hooks = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
@@ -217,6 +222,7 @@ class GradientCompression:
         self._plain = False  # see plain_reduction()
 
     def register(self, ddp: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Installs this object as ``ddp``'s communication hook (none when nothing is compressed)."""
         if self.candidates:
             ddp.register_comm_hook(self, _dispatch)
 
@@ -233,6 +239,7 @@ class GradientCompression:
     # -- inside DDP's backward --------------------------------------------------------------
 
     def communicate(self, bucket: Any) -> torch.futures.Future[torch.Tensor]:
+        """The hook DDP calls per gradient bucket: reduces it with this step's candidate."""
         if self._plain:
             return default_hooks.allreduce_hook(None, bucket)
         if self._first_bucket:

@@ -26,6 +26,7 @@ class InconsistentRanks(PhalanxError, RuntimeError):
 
 
 def rank_fingerprint(context: DistributedContext, model: torch.nn.Module | None, dataset: Sized | None) -> dict[str, Any]:
+    """What this rank must agree on with the others: world size, backend, torch, model, dataset."""
     fingerprint: dict[str, Any] = {
         "world size": context.world_size,
         "backend": context.backend,

@@ -47,6 +47,7 @@ class TorchrunEnv:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> TorchrunEnv:
+        """Parsed from ``environ``; one process's defaults when RANK is not set."""
         if "RANK" not in environ:
             return cls()
         return cls(
@@ -60,6 +61,29 @@ class TorchrunEnv:
 
 @dataclass
 class DistributedContext:
+    """Who this process is in the job: its rank, node, device and process-group backend.
+
+    :func:`phalanx.init` makes it and the caller passes it on (to a :class:`~phalanx.CheckpointManager`,
+    a :class:`~phalanx.GlobalMean`...): no module-level state. The same code runs with one
+    process (rank 0 of a world of 1, no process group) and with N.
+
+    Attributes:
+        rank: this process's global rank, from 0 to ``world_size - 1``.
+        local_rank: its rank on its node (LOCAL_RANK), the index of its GPU.
+        node_rank: its node's index in the job (GROUP_RANK).
+        world_size: the number of processes in the job.
+        local_world_size: the number of processes on this node.
+        device: this rank's device: ``cuda:<local_rank>``, or the CPU.
+        backend: the process group's backend, nccl or gloo.
+
+    Example::
+
+        with phalanx.init() as context:
+            model = torch.nn.Linear(10, 2).to(context.device)
+            if context.is_main:
+                print(f"{context.world_size} process(es) on {context.backend}")
+    """
+
     rank: int
     local_rank: int
     node_rank: int
@@ -72,18 +96,25 @@ class DistributedContext:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the rank that prints and writes files."""
         return self.rank == 0
 
     @property
     def is_distributed(self) -> bool:
+        """Whether the job has more than one process (then the collectives run)."""
         return self.world_size > 1
 
     def mark_step(self, step: int) -> None:
-        """Optional: lets a stall report say which training step each rank last finished."""
+        """Optional: lets a stall report say which training step each rank last finished.
+
+        Args:
+            step: the training step this rank just finished.
+        """
         if self._watchdog is not None:
             self._watchdog.step = step
 
     def barrier(self) -> None:
+        """Waits for every rank, in the process group this context created (nothing otherwise)."""
         if self._owns_group:
             if self.backend == "nccl":  # NCCL's barrier runs on a GPU: named, or torch guesses one and warns
                 dist.barrier(device_ids=[self.device.index])
@@ -123,6 +154,7 @@ def destroy_process_group() -> None:
 
 
 def default_backend(device: torch.device) -> str:
+    """nccl for a CUDA device, gloo for any other."""
     return "nccl" if device.type == "cuda" else "gloo"
 
 
@@ -138,6 +170,29 @@ def init(
     With more than one process it is a collective: every rank calls it (it ends with a barrier).
     Under ``phalanx run`` it takes off the "[rankN]: " that torch's process group adds to every
     line of a traceback: the console already names the node and rank, and each rank has its own log.
+
+    Args:
+        backend: the process group's backend; default the launcher's choice
+            (PHALANX_BACKEND), else nccl with CUDA and gloo without.
+        timeout: how long the process group may take to form, in seconds.
+        stall_timeout: seconds a collective may stay pending before the job ends with a
+            report naming the stalled ranks; default PHALANX_STALL_TIMEOUT, else 300.
+
+    Returns:
+        The :class:`~phalanx.DistributedContext`. A process group that already exists (made
+        by the script) is used as it is; one made here is destroyed by its
+        :meth:`~phalanx.DistributedContext.close`, or at interpreter exit.
+
+    Raises:
+        SettingsRefused: nccl for a process without a GPU, or a stall timeout that is not a
+            positive number of seconds.
+
+    Example::
+
+        context = phalanx.init()
+        model = torch.nn.Linear(10, 2).to(context.device)
+        ...
+        context.close()
     """
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)

@@ -31,6 +31,8 @@ from phalanx.errors import SettingsRefused
 
 @dataclass(frozen=True)
 class MicroStep:
+    """Where a micro-batch falls in its accumulation window: whether it syncs, and its loss scale."""
+
     #: The last micro-batch of its window: its backward all-reduces, the optimizer steps after it.
     sync: bool
     #: 1 / the micro-batches in this window: the accumulated gradient is then their mean.
@@ -68,6 +70,15 @@ def no_backward_sync(model: torch.nn.Module, enabled: bool = True) -> Iterator[N
 
     One code path for 1 and N processes (Fabric's ``no_backward_sync``): a model that is not
     wrapped has nothing to synchronise.
+
+    Args:
+        model: the model (DDP's wrapper, or a plain module).
+        enabled: False: the backward all-reduces as usual (a loop's switch).
+
+    Example::
+
+        with phalanx.no_backward_sync(model, enabled=not last_micro_batch):
+            loss.backward()
     """
     if enabled and isinstance(model, DistributedDataParallel):
         with model.no_sync():
@@ -79,7 +90,38 @@ def no_backward_sync(model: torch.nn.Module, enabled: bool = True) -> Iterator[N
 def accumulate(
     model: torch.nn.Module, index: int, every: int, total: int | None = None
 ) -> contextlib.AbstractContextManager[MicroStep]:
-    """Runs a micro-batch's backward inside: all-reduces only when the window ends there."""
+    """Runs a micro-batch's backward inside: all-reduces only when the window ends there.
+
+    Accumulating ``every`` micro-batches per optimizer step, only each window's last
+    backward all-reduces (the others run under DDP's ``no_sync()``): the result equals one
+    batch ``every`` times as large, with a fraction of the traffic. Scaling the loss is the
+    caller's: multiply it by ``micro.loss_scale``.
+
+    Args:
+        model: the model (DDP's wrapper, or a plain module: then nothing is synchronised).
+        index: the micro-batch's index in the pass, from 0 (``enumerate(loader)``).
+        every: micro-batches per optimizer step (1: no accumulation).
+        total: micro-batches in the pass; when it does not divide by ``every``, the last
+            window is shorter and still ends in a sync, with its own loss scale.
+
+    Returns:
+        A context manager giving a :class:`~phalanx.runtime.gradients.MicroStep`: ``sync``
+        (step the optimizer after this micro-batch) and ``loss_scale`` (1 / the micro-batches
+        of its window).
+
+    Raises:
+        SettingsRefused: ``every`` is not a whole number of at least 1.
+        ValueError: ``index`` is outside the pass of ``total``.
+
+    Example::
+
+        for index, (inputs, labels) in enumerate(loader):
+            with phalanx.accumulate(model, index, every=4, total=len(loader)) as micro:
+                (F.cross_entropy(model(inputs), labels) * micro.loss_scale).backward()
+            if micro.sync:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
     micro = micro_step(index, every, total)
     if micro is _WHOLE_STEP:  # every step without accumulation: nothing to enter, so nothing to pay
         return _WHOLE_STEP_CONTEXT
@@ -102,6 +144,23 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, norm_type: float = 2
     every rank holds the same gradients, computes the same norm and clips them alike: no
     collective is needed here and the replicas stay identical. With fp16 and a GradScaler,
     unscale first (:meth:`phalanx.runtime.precision.MixedPrecision.unscale`).
+
+    Args:
+        model: the model whose parameters' gradients are clipped.
+        max_norm: the largest global norm allowed; positive.
+        norm_type: the norm's order (``float("inf")``: the largest absolute value).
+
+    Returns:
+        The gradients' global norm before clipping, a 0-dim tensor.
+
+    Raises:
+        SettingsRefused: ``max_norm`` is not positive.
+
+    Example::
+
+        loss.backward()
+        grad_norm = phalanx.clip_gradients(model, max_norm=1.0)
+        optimizer.step()
     """
     if not max_norm > 0:
         raise SettingsRefused(

@@ -23,6 +23,20 @@ class GlobalMean:
     on the context's device, so that nothing before the all-reduce waits for it. So a tensor
     handed over must not be changed in place afterwards (a loss never is). NaN and infinities
     propagate as they would in a tensor sum.
+
+    Args:
+        context: the job (:func:`phalanx.init`).
+        names: the values' names.
+
+    Example::
+
+        losses = phalanx.GlobalMean(context, "loss")
+        for inputs, labels in loader:
+            loss = F.cross_entropy(model(inputs), labels)
+            ...
+            losses.add_mean(len(labels), loss=loss)
+        means = losses.compute()  # the same on every rank: {"loss": ..., "samples": ...}
+        losses.reset()
     """
 
     def __init__(self, context: DistributedContext, *names: str) -> None:
@@ -31,20 +45,31 @@ class GlobalMean:
         self.reset()
 
     def reset(self) -> None:
+        """Forgets every value added: the next means start from nothing (an epoch's start)."""
         self._host_sums = [0.0] * len(self.names)  # the values in host memory
         self._device_sums: torch.Tensor | None = None  # the values on an accelerator, once there is one
         self._pending: list[tuple[int, list[torch.Tensor | float]]] = []  # (weight, a value per name)
         self._samples = 0.0
 
     def add(self, samples: int, **sums: torch.Tensor | float) -> None:
-        """Adds per-batch sums (for a mean loss: the loss summed over the batch's real samples)."""
+        """Adds per-batch sums (for a mean loss: the loss summed over the batch's real samples).
+
+        Args:
+            samples: the batch's real samples (the count the means divide by).
+            sums: a value per name: a number or a 0-dim tensor.
+        """
         self._keep(1, samples, sums)
 
     def add_mean(self, samples: int, **means: torch.Tensor | float) -> None:
         """Adds per-batch means over ``samples`` samples (a loss with reduction="mean"), each
         weighted by its sample count. In a training loop this is the cheaper call: it keeps the
         mean the gradient came from, with no operation of its own per step. A batch of no
-        samples adds nothing: its mean is not defined (and would be NaN)."""
+        samples adds nothing: its mean is not defined (and would be NaN).
+
+        Args:
+            samples: the batch's real samples, the weight of its means.
+            means: a value per name: a number or a 0-dim tensor.
+        """
         if samples:
             self._keep(samples, samples, means)
 
@@ -95,7 +120,11 @@ class GlobalMean:
         self._device_sums[index] += (_float64_column([value for _, value in kept], device) * weights).sum()
 
     def compute(self) -> dict[str, float]:
-        """Global means (identical on every rank) and the global sample count; a collective."""
+        """Global means (identical on every rank) and the global sample count; a collective.
+
+        Returns:
+            A mean per name (NaN when no sample was added) and ``samples``, the global count.
+        """
         return self.compute_async().result()
 
     def snapshot(self) -> torch.Tensor:
@@ -104,6 +133,9 @@ class GlobalMean:
         Hand it to a later :meth:`compute_async`, which reduces it in the same collective as
         the totals then: the global mean up to a point between two logging points (the end of
         an epoch) at no round trip of its own.
+
+        Returns:
+            A float64 tensor on the context's device.
         """
         self._fold()
         totals = _to_device(torch.tensor([*self._host_sums, self._samples], dtype=torch.float64), self.context.device)
@@ -123,6 +155,19 @@ class GlobalMean:
         and read at the next, it overlaps the step's compute. It is a collective: every rank
         starts it at the same point, with as many snapshots, in the same order as its other
         collectives.
+
+        Args:
+            snapshots: earlier :meth:`snapshot` results of this object, reduced alongside.
+            shared: a :class:`~phalanx.SharedReduction` to add the totals to (the caller starts it).
+
+        Returns:
+            A :class:`~phalanx.runtime.metrics.PendingMeans`: ``.result()``, ``.snapshot_results()``.
+
+        Example::
+
+            pending = losses.compute_async()
+            ...  # the next step's forward and backward
+            print(pending.result()["loss"])
         """
         now = self.snapshot()
         for snapshot in snapshots:

@@ -18,6 +18,8 @@ from typing import Any
 
 
 class JsonlMetrics:
+    """A JSON Lines metrics file, one object per record; a resumed run continues it."""
+
     def __init__(self, path: str | Path, continue_from_step: int = 0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,12 +30,14 @@ class JsonlMetrics:
         self._file = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
+        """Appends ``record`` as one line, flushed; NaN and infinities become null."""
         # NaN/inf are not JSON: null keeps every line readable by any JSON parser.
         clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value) for key, value in record.items()}
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        """Closes the file."""
         self._file.close()
 
 
@@ -73,12 +77,14 @@ class TensorBoardMetrics:
         self._writer = SummaryWriter(str(directory), purge_step=continue_from_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Writes every number of ``record`` as a scalar at its step, then flushes."""
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._writer.add_scalar(key, value, global_step=record["step"])
         self._writer.flush()
 
     def close(self) -> None:
+        """Closes the event writer."""
         self._writer.close()
 
 
@@ -87,6 +93,20 @@ class MetricsLog:
 
     TensorBoard asked for but not installed is a notice, not a failure: training goes on and
     the JSON Lines file (when asked for) has the same numbers.
+
+    Args:
+        jsonl: a JSON Lines file to write; None: none.
+        tensorboard: a folder for TensorBoard events; None: none.
+        continue_from_step: the step a resumed run continues from: the records after it
+            (which the interrupted run wrote, and this one logs again) are dropped; 0 for a
+            fresh run.
+        enabled: False on every rank but 0: it writes nothing.
+
+    Example::
+
+        metrics = phalanx.MetricsLog(jsonl="metrics.jsonl", enabled=context.is_main)
+        metrics.write({"step": 10, "loss": 0.42})
+        metrics.close()
     """
 
     def __init__(
@@ -107,10 +127,16 @@ class MetricsLog:
                       "HINT: pip install tensorboard, then run again", file=sys.stderr)  # fmt: skip
 
     def write(self, record: dict[str, Any]) -> None:
+        """Writes ``record`` to every file.
+
+        Args:
+            record: a ``step`` and values by name (TensorBoard takes the numbers).
+        """
         for sink in self._sinks:
             sink.write(record)
 
     def close(self) -> None:
+        """Closes the files; a later :meth:`write` writes nothing."""
         for sink in self._sinks:
             sink.close()
         self._sinks = []

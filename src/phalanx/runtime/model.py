@@ -79,6 +79,7 @@ def compression_of(model: torch.nn.Module) -> GradientCompression:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP's wrapper, or ``model`` itself when it is not wrapped."""
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

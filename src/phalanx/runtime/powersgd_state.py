@@ -46,6 +46,7 @@ class Slot:
 
     @property
     def shape(self) -> tuple[int, int]:
+        """The gradient's (rows, cols) as a matrix."""
         return self.rows, self.cols
 
 
@@ -90,15 +91,19 @@ class _SavedBucket:
         self._index, self._layout, self._buffer, self._last = index, layout, buffer, last
 
     def index(self) -> int:
+        """The bucket's index in DDP's order."""
         return self._index
 
     def buffer(self) -> torch.Tensor:
+        """The bucket's flat gradient buffer."""
         return self._buffer
 
     def is_last(self) -> bool:
+        """Whether it is the step's last bucket."""
         return self._last
 
     def gradients(self) -> list[torch.Tensor]:
+        """Each parameter's gradient, as a (rows, cols) view of the buffer."""
         return [piece.view(slot.rows, slot.cols) for slot, piece in
                 zip(self._layout, self._buffer.split([s.numel for s in self._layout]))]  # fmt: skip
 

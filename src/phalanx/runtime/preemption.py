@@ -49,6 +49,12 @@ MAX_STEPS_BETWEEN_VOTES = 10_000
 
 
 class PreemptionGuard:
+    """Stops every rank after the same step once any rank got a preemption signal.
+
+    It handles ``signals`` (SIGTERM, SIGUSR1) in this process; :meth:`should_stop` holds the
+    vote, started about every ``period_s`` seconds.
+    """
+
     def __init__(
         self, context: DistributedContext, signals: tuple[signal.Signals, ...] = PREEMPTION_SIGNALS,
         period_s: float = VOTE_PERIOD_S,

@@ -22,6 +22,25 @@ Clock = Callable[[], float]
 
 @dataclass(frozen=True)
 class StepReport:
+    """One logging point: where the run is, the global loss and the rates since the previous one.
+
+    Attributes:
+        step, total_steps: the optimizer step reached, of the run's.
+        epoch, epochs: the epoch (from 1), of the run's.
+        loss: the global mean loss over the samples since the previous report.
+        samples: the real samples of every rank since the previous report.
+        samples_per_second, step_time_s: the global throughput and the mean step time since then.
+        eta_s: the time left, estimated.
+        grad_norm: the gradients' norm before clipping, when the loop clips.
+
+    Example::
+
+        report = phalanx.StepReport(step=10, total_steps=100, epoch=1, epochs=5, loss=0.42, samples=640,
+                                    samples_per_second=3200.0, step_time_s=0.02, eta_s=1.8)
+        progress.update(report)
+        metrics.write(report.record())
+    """
+
     step: int
     total_steps: int
     epoch: int  # 1-based, as the epoch lines print it
@@ -34,7 +53,11 @@ class StepReport:
     grad_norm: float | None = None  # before clipping, when the loop clips
 
     def record(self) -> dict[str, Any]:
-        """The fields a metrics file keeps per logged step (the totals are the run's, not the step's)."""
+        """The fields a metrics file keeps per logged step (the totals are the run's, not the step's).
+
+        Returns:
+            A dict of the report's fields without the totals (and without ``grad_norm`` when None).
+        """
         # Not dataclasses.asdict: its deep copy costs more than the rest of a report.
         kept = {field.name: getattr(self, field.name) for field in fields(self) if field.name not in ("total_steps", "epochs")}
         if kept["grad_norm"] is None:
@@ -44,6 +67,8 @@ class StepReport:
 
 @dataclass(frozen=True)
 class Rates:
+    """What :meth:`StepMeter.measure` returns: throughput, step time and ETA."""
+
     samples_per_second: float
     step_time_s: float
     eta_s: float
@@ -54,6 +79,18 @@ class StepMeter:
 
     The ETA uses the whole span (first steps included, whose warm-up then fades out), not the
     last interval: one slow interval on a shared machine should not make the estimate jump.
+
+    Args:
+        total_steps: the run's steps, for the ETA.
+        start_step: the step it starts at (a resumed run's).
+        clock: a monotonic clock in seconds (a test passes its own).
+
+    Example::
+
+        meter = phalanx.StepMeter(total_steps=1000, start_step=run.global_step)
+        ...
+        rates = meter.measure(step, samples=means["samples"])
+        print(f"{rates.samples_per_second:.0f} samples/s, ETA {rates.eta_s:.0f} s")
     """
 
     def __init__(self, total_steps: int, start_step: int = 0, clock: Clock = time.perf_counter) -> None:
@@ -64,7 +101,17 @@ class StepMeter:
 
     def measure(self, step: int, samples: float, at: float | None = None) -> Rates:
         """``samples``: global samples trained since the previous call (or the start). ``at``: the
-        clock's reading when ``step`` ended, for a report completed later (default: now)."""
+        clock's reading when ``step`` ended, for a report completed later (default: now).
+
+        Args:
+            step: the step reached.
+            samples: global samples trained since the previous call (or the start).
+            at: the clock's reading when ``step`` ended; default now.
+
+        Returns:
+            The :class:`~phalanx.runtime.progress.Rates` since the previous call (NaN where
+            nothing has passed).
+        """
         now = self.clock() if at is None else at
         interval, steps = now - self._last_time, step - self._last_step
         self._last_time, self._last_step = now, step
@@ -87,6 +134,7 @@ def format_duration(seconds: float) -> str:
 
 
 def format_report(report: StepReport) -> str:
+    """The report as one line: step, epoch, loss, throughput, step time, (grad norm,) ETA."""
     percent = 100 * report.step / report.total_steps if report.total_steps else 100.0
     parts = [
         f"step {report.step}/{report.total_steps} ({percent:.0f}%)",
@@ -102,6 +150,7 @@ def format_report(report: StepReport) -> str:
 
 
 def progress_bar(fraction: float, width: int) -> str:
+    """A bar of ``width`` characters between brackets, filled to ``fraction``."""
     filled = min(width, max(0, int(fraction * width)))
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
@@ -113,6 +162,22 @@ class ProgressReporter:
     with a bar. Otherwise a plain line is printed for the first report, then whenever
     ``every_steps`` steps (default: a twentieth of the run) or ``every_seconds`` have passed
     since the last printed one, and for the last step. No colour codes either way.
+
+    Args:
+        total_steps: the run's steps (the bar's end; the last step is always shown).
+        stream: where it writes; default stdout.
+        enabled: False on every rank but 0: it shows nothing.
+        interactive: redraw one line; default whether ``stream`` is a terminal.
+        every_steps: plain lines this many steps apart; default a twentieth of the run.
+        every_seconds: or this many seconds apart, whichever comes first.
+        clock: a monotonic clock in seconds (a test passes its own).
+
+    Example::
+
+        progress = phalanx.ProgressReporter(total_steps=1000, enabled=context.is_main)
+        progress.update(report)  # a StepReport
+        progress.write("epoch 1: loss 0.42")
+        progress.close()
     """
 
     BAR_WIDTH = 20
@@ -133,6 +198,11 @@ class ProgressReporter:
         self._bar = ""  # the line on screen now (interactive), to clear and redraw
 
     def update(self, report: StepReport) -> None:
+        """Shows ``report``: redraws the bar, or prints a plain line when one is due.
+
+        Args:
+            report: the logging point's :class:`~phalanx.StepReport`.
+        """
         if not self.enabled:
             return
         if self.interactive:
@@ -146,7 +216,11 @@ class ProgressReporter:
             self.stream.flush()
 
     def write(self, line: str) -> None:
-        """Prints a line of its own (an epoch summary, a notice) without breaking the bar."""
+        """Prints a line of its own (an epoch summary, a notice) without breaking the bar.
+
+        Args:
+            line: the text, without a newline.
+        """
         if not self.enabled:
             return
         bar = self._bar
@@ -159,6 +233,7 @@ class ProgressReporter:
         self.stream.flush()
 
     def close(self) -> None:
+        """Ends the bar's line, so that what is printed next starts a line of its own."""
         if self.enabled and self._bar:
             self._finish_bar()
 

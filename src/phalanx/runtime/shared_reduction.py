@@ -23,7 +23,20 @@ from phalanx.runtime.context import DistributedContext
 
 
 class SharedReduction:
-    """The vectors added since the last :meth:`start`, summed across the ranks in one all-reduce."""
+    """The vectors added since the last :meth:`start`, summed across the ranks in one all-reduce.
+
+    Args:
+        context: the job (:func:`phalanx.init`).
+
+    Example::
+
+        shared = phalanx.SharedReduction(context)
+        pending = losses.compute_async(shared=shared)  # a GlobalMean's totals
+        part = shared.add(torch.tensor([1.0 if stop_here else 0.0]))  # and a vector of one's own
+        shared.start()  # one all-reduce for both, which runs during the next step
+        ...
+        means, stops = pending.result(), part.wait()
+    """
 
     def __init__(self, context: DistributedContext) -> None:
         self.context = context
@@ -36,7 +49,14 @@ class SharedReduction:
 
     def add(self, values: torch.Tensor) -> ReducedPart:
         """Adds ``values`` (flattened, as float64 on the context's device: a copy is reduced, not
-        ``values`` itself) to the next all-reduce; the part returned reads its global sum."""
+        ``values`` itself) to the next all-reduce; the part returned reads its global sum.
+
+        Args:
+            values: a tensor of any shape and dtype; every rank adds one of the same size.
+
+        Returns:
+            A :class:`~phalanx.runtime.shared_reduction.ReducedPart`: its ``wait()`` gives the sum.
+        """
         batch = self._batch = self._batch or _Batch()
         # non_blocking: from pageable host memory CUDA stages the copy at once, without waiting
         # for the work queued on the device, as a blocking copy would (a sync at every vote)
@@ -84,12 +104,14 @@ class _Batch:
         return offset
 
     def start(self, distributed: bool) -> None:
+        """Concatenates the parts and starts their all-reduce (or keeps them as they are, alone)."""
         self.summed = torch.cat(self._parts)  # (a copy even of one part: the caller's tensor stays as it was)
         self._parts = []
         if distributed:
             self._work = dist.all_reduce(self.summed, async_op=True)
 
     def wait(self) -> torch.Tensor:
+        """The summed vector, once its all-reduce is done."""
         assert self.summed is not None  # started: ReducedPart.wait sees to it
         if self._work is not None:
             self._work.wait()

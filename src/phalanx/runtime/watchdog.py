@@ -125,6 +125,9 @@ def stood_still(previous: Counts | None, now: Counts | None) -> bool:
 
 
 def flight_recorder_progress(rank: int, node: str, step: int | None, backend: str) -> Progress:
+    """This rank's progress as torch's flight recorder shows it: per group, the collectives
+    issued and completed, and the one pending longest.
+    """
     trace = pickle.loads(_dump_flight_recorder(backend))
     # One pass: this runs while training holds the other share of the GIL.
     issued: dict[str, int] = {}
@@ -270,6 +273,10 @@ def poll_failed_notice(rank: int, action: str, error: Exception, poll_s: float, 
 
 
 class StallWatchdog:
+    """A thread that posts this rank's progress on the job's store and, when a collective
+    stays pending past ``stall_timeout``, ends the job with a report of the stalled ranks.
+    """
+
     def __init__(self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.stall_timeout = stall_timeout
@@ -290,6 +297,7 @@ class StallWatchdog:
         self._progress: Progress | None = None  # from the last poll that read every entry
 
     def start(self) -> None:
+        """Connects to the job's store and starts the polling thread."""
         from torch.distributed import TCPStore
 
         # A connection of its own: the training thread's store traffic is never interleaved with ours.
@@ -301,6 +309,7 @@ class StallWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the polling thread, waiting for it at most a poll period and 5 s."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.poll_s + 5)

@@ -30,10 +30,12 @@ _EARLIER_FORMAT = re.compile(r"^step-\d{9}\.pt$")  # phalanx 0.1.0's single file
 
 
 def committed_name(step: int) -> str:
+    """The folder name of the checkpoint saved after ``step``: ``step-`` and nine digits."""
     return f"step-{step:09d}"
 
 
 def staging_name(step: int) -> str:
+    """The hidden folder a checkpoint is written in before its commit."""
     return f".{committed_name(step)}.staging"
 
 
@@ -144,6 +146,7 @@ def remove_staging(directory: Path) -> None:
 
 
 def fsync_folder(folder: Path) -> None:
+    """Flushes a folder's entries (a rename, a new file in it) to the disk."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -82,6 +82,9 @@ class CheckpointManager:
         latest = checkpoints.load_latest(into={"model": model.state_dict()})
         ...
         checkpoints.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+
+    Raises:
+        SettingsRefused: the folder cannot be used (see ``directory``).
     """
 
     def __init__(self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False) -> None:
