@@ -188,3 +188,13 @@ def test_checkpoints_of_the_earlier_format_are_refused_not_ignored(tmp_path):
     with pytest.raises(SettingsRefused, match="holds checkpoints of an earlier phalanx format") as refused:
         CheckpointManager(tmp_path, init())
     assert "step-000000100.pt" in refused.value.what and refused.value.exit_code == 2
+
+
+def test_a_step_saved_again_replaces_it_and_a_crash_between_puts_the_old_one_back(tmp_path):
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(4, {"x": 1})
+    manager.save(4, {"x": 2})
+    assert names(tmp_path) == ["step-000000004"] and manager.load_latest().state == {"x": 2}
+    (tmp_path / "step-000000004").rename(tmp_path / ".step-000000004.replaced")  # a crash between the renames
+    manager = CheckpointManager(tmp_path, init())
+    assert names(tmp_path) == ["step-000000004"] and manager.load_latest().state == {"x": 2}

@@ -64,3 +64,12 @@ def test_tracking_after_the_restore_is_refused(tmp_path, context):
         run.track(counter=Counter())
     with pytest.raises(TypeError, match="has no state_dict"):
         phalanx.Run(context=context).track(thing=object())
+
+
+def test_set_up_after_the_restore_and_loop_calls_outside_the_loop_are_refused(tmp_path, context):
+    run = phalanx.Run(tmp_path, context=context)
+    with pytest.raises(RuntimeError, match=r"run.step\(\) belongs inside the loop over run.epochs\(\)"):
+        run.step()
+    run.restore()
+    with pytest.raises(RuntimeError, match=r"run.setup_dataloader\(\) after the run was restored"):
+        run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)

@@ -138,7 +138,8 @@ class Run:
         self.resumed_from: int | None = None
         self.total_steps = 0
         self._restored = self._closed = self._stop = False
-        self._epoch, self._epochs, self._saved_step = 0, 0, 0
+        self._epoch, self._epochs = 0, 0
+        self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
         self._started = 0.0
         self._carried_reporter: dict[str, Any] | None = None
@@ -190,6 +191,7 @@ class Run:
 
             model = run.setup_model(torch.nn.Linear(10, 2), compression="fp16")
         """
+        self._refuse_after_restore("setup_model")
         check_consistency(self.context, model=module)
         self._model = wrap_model(module, self.context, compression=compression)
         self._tracked["model"] = unwrap(self._model)
@@ -217,6 +219,7 @@ class Run:
 
             loader = run.setup_dataloader(dataset, batch_size=32, num_workers=2)
         """
+        self._refuse_after_restore("setup_dataloader")
         if isinstance(data, DataLoader):
             sampler = data.sampler
             shuffle = isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
@@ -247,8 +250,7 @@ class Run:
 
             run.track(optimizer=optimizer, scheduler=scheduler, ema=ema)
         """
-        if self._restored:
-            raise RuntimeError("track() after the run was restored: call it before run.epochs() or run.restore()")
+        self._refuse_after_restore("track")
         for name, value in objects.items():
             if not isinstance(value, Stateful):
                 raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
@@ -349,9 +351,9 @@ class Run:
                     optimizer.zero_grad()
                     run.step()
         """
-        assert self._loader is not None
-        left = self._loader.sampler.num_samples - self._loader.pass_start
-        return accumulate(model, index, self.micro_batches, total=math.ceil(left / self._loader.batch_size))
+        _, loader = self._in_loop("accumulate")
+        left = loader.sampler.num_samples - loader.pass_start
+        return accumulate(model, index, self.micro_batches, total=math.ceil(left / loader.batch_size))
 
     def record(self, loss: torch.Tensor) -> None:
         """Adds a batch's loss to the global mean loss of the logging points and epochs.
@@ -361,16 +363,16 @@ class Run:
                 the padding samples that even out an epoch's last batches count exactly zero
                 times. Weighted by the batch's real samples. No device sync, no collective.
         """
-        assert self._reporter is not None and self._loader is not None, "call record() inside run.epochs()"
-        real = self._loader.real_delivered - self._real_seen
+        reporter, loader = self._in_loop("record")
+        real = loader.real_delivered - self._real_seen
         self._real_seen += real
         loss = loss.detach()
         if loss.dim() == 0:
             self._trained += real
-            self._reporter.totals.add_mean(real, loss=loss)
+            reporter.totals.add_mean(real, loss=loss)
             return
         self._trained += len(loss)
-        self._reporter.totals.add_mean(real, loss=loss.mean() if real == len(loss) or real == 0 else loss[:real].mean())
+        reporter.totals.add_mean(real, loss=loss.mean() if real == len(loss) or real == 0 else loss[:real].mean())
 
     def log(self, **values: torch.Tensor | float) -> None:
         """Values of this rank (a learning rate, a gradient norm) for the next logging point's
@@ -400,8 +402,7 @@ class Run:
         Raises:
             CheckpointNotSaved: a checkpoint due at this step could not be written.
         """
-        reporter, loader = self._reporter, self._loader
-        assert reporter is not None and loader is not None, "call step() inside run.epochs()"
+        reporter, loader = self._in_loop("step")
         if loss is not None:
             self.record(loss)
         self.global_step += 1
@@ -437,6 +438,8 @@ class Run:
         """
         if self.checkpoints is None:
             raise RuntimeError("run.save() without a checkpoint folder: give Run(checkpoint_dir=...)")
+        if self._saved_step == self.global_step:
+            return  # this step is saved already (the end of run.epochs(), or the checkpoint resumed from)
         state = self._state_to_save()
         own = {"rng": rng_state()}
         if self._model is not None:
@@ -496,6 +499,17 @@ class Run:
 
     # -- inside -------------------------------------------------------------------------------
 
+    def _refuse_after_restore(self, what: str) -> None:
+        """What is set up after the restore would start afresh, silently: refused."""
+        if self._restored:
+            raise RuntimeError(f"run.{what}() after the run was restored: call it before run.epochs() or run.restore()")
+
+    def _in_loop(self, what: str) -> tuple[Reporter, ResumableLoader]:
+        """The logging and the loader, which exist inside :meth:`epochs`; a clear error elsewhere."""
+        if self._reporter is None or self._loader is None:
+            raise RuntimeError(f"run.{what}() belongs inside the loop over run.epochs(), which needs run.setup_dataloader()")
+        return self._reporter, self._loader
+
     @property
     def _finished(self) -> bool:
         assert self._loader is not None
@@ -519,7 +533,7 @@ class Run:
 
     def _end(self) -> None:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
-        if self.checkpoints and self._saved_step != self.global_step:
+        if self.checkpoints and (self._saved_step or 0) != self.global_step:
             self.save()
         received = self._preemption.received
         if self._stop or received is not None:

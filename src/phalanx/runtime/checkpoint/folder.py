@@ -26,6 +26,7 @@ DAMAGED_SUFFIX = ".damaged"
 MIN_FREE_BYTES = 64 * 1024
 _COMMITTED = re.compile(r"^step-(\d{9})$")
 _STAGING = re.compile(r"^\.step-\d{9}\.staging$")
+_REPLACED = re.compile(r"^\.(step-\d{9})\.replaced$")
 _EARLIER_FORMAT = re.compile(r"^step-\d{9}\.pt$")  # phalanx 0.1.0's single files
 
 
@@ -109,12 +110,19 @@ def read_marker(folder: Path) -> dict[str, Any]:
 
 
 def commit(staging: Path, step: int) -> Path:
-    """Renames a staging folder whose marker is written to its final name."""
+    """Renames a staging folder whose marker is written to its final name.
+
+    The same step saved again replaces the earlier copy, which is first renamed
+    ``.step-N.replaced``: a crash between the two renames leaves it, and the next start
+    (:func:`remove_staging`) puts it back.
+    """
     final = staging.with_name(committed_name(step))
-    if final.exists():  # the same step saved again (a relaunch that trained nothing): the new one wins
-        shutil.rmtree(final)
+    replaced = staging.with_name(f".{final.name}.replaced")
+    if final.exists():
+        os.replace(final, replaced)
     os.replace(staging, final)
     fsync_folder(final.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
     return final
 
 
@@ -137,11 +145,15 @@ def prune(directory: Path, keep: int) -> None:
 
 
 def remove_staging(directory: Path) -> None:
-    """Removes the staging folders of saves that never committed (a crash, a kill, a full disk)."""
+    """Removes the staging folders of saves that never committed (a crash, a kill, a full disk),
+    and puts back a checkpoint whose replacement never landed (:func:`commit`)."""
     if not directory.is_dir():
         return
     for leftover in directory.iterdir():
-        if _STAGING.match(leftover.name):
+        replaced = _REPLACED.match(leftover.name)
+        if replaced and not (directory / replaced.group(1)).exists():
+            os.replace(leftover, directory / replaced.group(1))
+        elif replaced or _STAGING.match(leftover.name):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
