@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import kill_group, phalanx_argv, run_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # fault tests: the second stage
 WORKER = str(Path(__file__).parent / "workers" / "run_checkpoints.py")
 
 
