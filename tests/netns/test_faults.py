@@ -125,3 +125,27 @@ def test_a_link_cut_for_5_s_is_ridden_out(bed, reference, tmp_path):
     assert [code for code, _, _ in outcomes] == [0, 0], [output[-3000:] for _, output, _ in outcomes]
     finished = json.loads((tmp_path / "h1.json").read_text())
     assert finished["params_sha256"] == reference["params_sha256"]
+
+
+def test_sigterm_to_every_launcher_saves_and_a_relaunch_falls_back_over_a_damaged_newest(bed, reference, tmp_path):
+    """A scheduler's preemption of the whole job: both launchers get SIGTERM, the workers agree
+    on a step and save. Then the newest checkpoint is damaged (a file cut short, as by a copy
+    that failed): the relaunch says so, resumes from the one before, and still ends exactly."""
+    processes = start_both(bed, tmp_path)
+    wait_for_a_checkpoint(tmp_path, processes)
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    outcomes = [ended_within(process, 60) for process in processes]
+    assert [code for code, _, _ in outcomes] == [128 + signal.SIGTERM] * 2, [out[-3000:] for _, out, _ in outcomes]
+    said = "".join(out for _, out, _ in outcomes)  # rank 0 says it, on the host that holds it
+    stopped = int(said.split("preempted by SIGTERM after step ")[1].split(";")[0])
+    newest = tmp_path / "ck" / f"step-{stopped:09d}"
+    assert (newest / "phalanx.json").exists(), said[-3000:]
+    damaged = sorted(newest.glob("*.distcp"))[-1]
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    h1 = bed.hosts[0]
+    relaunched = run_on_both([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+    assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
+    assert f"checkpoint {newest} is damaged ({damaged.name} is truncated" in "".join(o.output for o in relaunched)
+    resumed = json.loads((tmp_path / "h1.json").read_text())
+    assert resumed["resumed_from_step"] < stopped and resumed["params_sha256"] == reference["params_sha256"]
