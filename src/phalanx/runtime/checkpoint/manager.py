@@ -200,13 +200,17 @@ class CheckpointManager:
     def _facts(self, checkpoint: Path) -> dict[str, dict[str, int]]:
         """Size and CRC-32 of every file: each reader of the folder takes its share of the files."""
         readers, me = self._readers()
-        mine = {}
-        if me is not None:
-            mine = {name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]}
-        if self.node_local:  # each node's copy is its first process's alone
-            return mine
+        mine: dict[str, dict[str, int]] | OSError = {}
+        try:
+            if me is not None:
+                mine = {name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]}
+        except OSError as error:  # still joins the collective below: no rank is left waiting in it
+            mine = error
+        parts = [mine] if self.node_local else self._all(mine)  # node-local: each node's copy is its first process's
         facts: dict[str, dict[str, int]] = {}
-        for part in self._all(mine):
+        for part in parts:
+            if isinstance(part, OSError):
+                raise part
             facts.update(part)
         return facts
 
@@ -272,11 +276,14 @@ class CheckpointManager:
             marker = folder.read_marker(path)
         except (ValueError, OSError) as error:
             return f"its marker {folder.MARKER} is not readable: {error}"
-        if set(marker["files"]) != set(folder.data_files(path)):
-            return "its files are not those its marker lists"
-        for name in sorted(marker["files"])[me::readers]:
-            if folder.file_facts(path / name) != marker["files"][name]:
-                return f"{name} is truncated or altered (size or CRC-32 differs from its marker)"
+        try:
+            if set(marker["files"]) != set(folder.data_files(path)):
+                return "its files are not those its marker lists"
+            for name in sorted(marker["files"])[me::readers]:
+                if folder.file_facts(path / name) != marker["files"][name]:
+                    return f"{name} is truncated or altered (size or CRC-32 differs from its marker)"
+        except OSError as error:  # returned, not raised: every rank joins the collective that compares
+            return f"it cannot be read: {error.strerror or error}"
         return None
 
     def _load(self, step: int, path: Path, into: dict[str, Any] | None) -> Checkpoint:
