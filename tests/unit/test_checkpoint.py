@@ -7,13 +7,14 @@ tests/e2e/test_checkpoints.py with real processes.
 import contextlib
 import json
 import os
+import pickle
 import subprocess
 
 import pytest
 import torch
 
 from phalanx.errors import CheckpointNotSaved, SettingsRefused
-from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
+from phalanx.runtime.checkpoint import CheckpointManager, folder, restore_rng_state, rng_state
 from phalanx.runtime.checkpoint.encoding import NotStorable
 from phalanx.runtime.context import init
 
@@ -198,3 +199,38 @@ def test_a_step_saved_again_replaces_it_and_a_crash_between_puts_the_old_one_bac
     (tmp_path / "step-000000004").rename(tmp_path / ".step-000000004.replaced")  # a crash between the renames
     manager = CheckpointManager(tmp_path, init())
     assert names(tmp_path) == ["step-000000004"] and manager.load_latest().state == {"x": 2}
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def test_a_crafted_metadata_file_cannot_run_code_even_with_its_crc_updated(tmp_path, capsys):
+    """torch's own reader unpickles .metadata as it is; a file made to run code falls back."""
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(1, {"x": 1})
+    manager.save(2, {"x": 2})
+    newest = tmp_path / "step-000000002"
+    (newest / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    marker = json.loads((newest / "phalanx.json").read_text())
+    marker["files"][".metadata"] = folder.file_facts(newest / ".metadata")  # the check passes: the unpickling must refuse
+    (newest / "phalanx.json").write_text(json.dumps(marker))
+    assert manager.load_latest().state == {"x": 1}
+    out, err = capsys.readouterr()
+    assert "code ran" not in out and "its .metadata is not DCP's metadata (builtins.print is not something" in err
+
+
+def test_a_checkpoint_that_cannot_be_read_is_refused_not_set_aside(tmp_path, monkeypatch):
+    """An I/O error (mocked: a failing disk cannot be made here) is not damage: setting the
+    checkpoint aside would start the training over from an older one, or from nothing."""
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(1, {"x": 1})
+
+    def failing_read(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(folder, "file_facts", failing_read)
+    with pytest.raises(SettingsRefused, match="it cannot be read: Input/output error") as refused:
+        manager.load_latest()
+    assert "permissions" in refused.value.hint and names(tmp_path) == ["step-000000001"]

@@ -73,3 +73,53 @@ def test_set_up_after_the_restore_and_loop_calls_outside_the_loop_are_refused(tm
     run.restore()
     with pytest.raises(RuntimeError, match=r"run.setup_dataloader\(\) after the run was restored"):
         run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+
+
+class Stop(Exception):
+    """A crash, raised after a step."""
+
+
+def train_with_dropout(folder, context, crash_after: int | None = None) -> torch.Tensor:
+    """Dropout draws from the global RNG every step: a resume is exact only if nothing else
+    (a DataLoader iterator's seed draw) moved that RNG differently in the resumed run."""
+    run = phalanx.Run(folder, checkpoint_every=3, log_every=100, context=context)
+    torch.manual_seed(0)
+    model = run.setup_model(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.track(optimizer=optimizer)
+    loader = run.setup_dataloader(TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,))), batch_size=8)
+    try:
+        for _ in run.epochs(3):
+            for x, y in loader:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                run.step()
+                if run.global_step == crash_after:
+                    raise Stop
+    except Stop:
+        pass
+    run.close()
+    return model[0].weight.detach().clone()
+
+
+def test_a_resume_mid_epoch_with_dropout_is_bit_identical(tmp_path, context):
+    whole = train_with_dropout(tmp_path / "whole", context)
+    train_with_dropout(tmp_path / "resumed", context, crash_after=8)  # the checkpoint at step 6, mid-epoch 2
+    assert torch.equal(train_with_dropout(tmp_path / "resumed", context), whole)
+
+
+def test_drop_last_counts_only_whole_batches(tmp_path, context):
+    run = phalanx.Run(tmp_path, accumulate=2, log_every=100, context=context)
+    model = run.setup_model(torch.nn.Linear(1, 1))
+    loader = run.setup_dataloader(TensorDataset(torch.zeros(100, 1)), batch_size=32, drop_last=True)
+    synced = []
+    for _ in run.epochs(1):
+        for index, (x,) in enumerate(loader):
+            with run.accumulate(model, index) as micro:
+                model(x).sum().backward()
+            synced.append(micro.sync)
+            if micro.sync:
+                run.step()
+    assert synced == [False, True, True] and run.total_steps == run.global_step == 2
+    run.close()

@@ -185,6 +185,12 @@ class ResumableLoader(DataLoader):
     the batches still being prepared, which a resume would skip. :attr:`real_delivered` counts
     the real (not padding) samples delivered: a batch's difference is its real count.
 
+    Each pass draws its workers' base seed from a generator seeded by the sampler's seed and the
+    epoch, not from the global RNG as a DataLoader does: a resumed run's random numbers (dropout,
+    augmentation in the main process) then follow the same sequence as an uninterrupted run's.
+    Random streams inside DataLoader workers start again at a resume mid-epoch. A ``generator``
+    given here is used instead, and then a resume is exact only if its state is restored too.
+
     Its workers ignore the preemption signals (SIGTERM, SIGUSR1). torchrun's agent and SLURM
     signal a worker's whole process group; a DataLoader worker that died of it would crash the
     training process ("DataLoader worker is killed by signal") before it could stop after the
@@ -216,6 +222,7 @@ class ResumableLoader(DataLoader):
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False: ResumableLoader resumes after the batches delivered, which must come in order")
         kwargs["worker_init_fn"] = _IgnorePreemptionSignals(kwargs.get("worker_init_fn"))
+        self._own_generator = kwargs.get("generator") is None
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
         self._pass: _Pass | None = None  # the pass in progress
         self._real_before = 0  # real samples delivered before that pass
@@ -228,6 +235,8 @@ class ResumableLoader(DataLoader):
         # Only the positions at the end of an epoch can be padding: below this, every sample is real.
         real_until = sampler.real_samples(0, sampler.num_samples)
         self._pass = progress = _Pass(sampler.epoch, sampler.position, real_until)
+        if self._own_generator:  # the iterator's seed draw: from the epoch, not from the global RNG
+            self.generator = torch.Generator().manual_seed(sampler.seed * 1_000_003 + sampler.epoch)
         for batch in super().__iter__():
             progress.delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
             yield batch

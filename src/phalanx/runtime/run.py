@@ -8,6 +8,7 @@ ten changed lines. Each part stays public for loops that need another shape.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import math
 import time
@@ -287,8 +288,8 @@ class Run:
         if latest.world_size != self.world_size:
             self._say_world_changed(latest.world_size)
         own = latest.rank_state
-        if self._model is not None:
-            compression_of(self._model).load_state_dict(latest.state["compression"], own and own["compression"])
+        if self._model is not None and "compression" in latest.state:
+            compression_of(self._model).load_state_dict(latest.state["compression"], own and own.get("compression"))
         if own is not None:
             restore_rng_state(own["rng"])
         self._carried_reporter = latest.state.get("reporter")
@@ -312,8 +313,7 @@ class Run:
             raise RuntimeError("run.epochs() needs the loader from run.setup_dataloader()")
         self.restore()
         self._epochs = count
-        micro_batches = math.ceil(self._loader.sampler.num_samples / self._loader.batch_size)
-        self.total_steps = count * math.ceil(micro_batches / self.micro_batches)
+        self.total_steps = count * math.ceil(_batches(self._loader, 0) / self.micro_batches)
         self._reporter = Reporter(self.context, epochs=count, total_steps=self.total_steps, step=self.global_step,
                                   boundary=self._boundary, **self._files)  # fmt: skip
         if self._carried_reporter is not None:
@@ -352,8 +352,7 @@ class Run:
                     run.step()
         """
         _, loader = self._in_loop("accumulate")
-        left = loader.sampler.num_samples - loader.pass_start
-        return accumulate(model, index, self.micro_batches, total=math.ceil(left / loader.batch_size))
+        return accumulate(model, index, self.micro_batches, total=_batches(loader, loader.pass_start))
 
     def record(self, loss: torch.Tensor) -> None:
         """Adds a batch's loss to the global mean loss of the logging points and epochs.
@@ -422,6 +421,8 @@ class Run:
             self.save()
         if preempted:
             reporter.settle()
+            if self.checkpoints:
+                self.checkpoints.wait()  # committed before it is said
             saved = "checkpoint saved" if self.checkpoints else "no checkpoint folder, nothing saved"
             received = self._preemption.received
             self.print(f"preempted by {received.name if received else 'another rank'} after step {step}; {saved}")
@@ -440,6 +441,11 @@ class Run:
             raise RuntimeError("run.save() without a checkpoint folder: give Run(checkpoint_dir=...)")
         if self._saved_step == self.global_step:
             return  # this step is saved already (the end of run.epochs(), or the checkpoint resumed from)
+        if self._model is not None and self.context.is_distributed:
+            # Buffers (BatchNorm's statistics) differ per rank until DDP broadcasts rank 0's at the
+            # next forward; saved now, a replicated buffer could come from any rank.
+            for buffer in unwrap(self._model).buffers():
+                torch.distributed.broadcast(buffer, src=0)
         state = self._state_to_save()
         own = {"rng": rng_state()}
         if self._model is not None:
@@ -481,21 +487,23 @@ class Run:
     def close(self) -> None:
         """Ends the run: the logging, a checkpoint still being written, the process group it made.
 
-        Also readies the process for a quick exit: the objects alive now are exempted from
-        the interpreter's last garbage collection, which with torch loaded costs seconds.
+        At exit, once no process group is left, the interpreter's last garbage collection is
+        skipped (it costs seconds of CPU with torch loaded); nothing changes before that.
         """
         if self._closed:
             return
         self._closed = True
-        if self._reporter is not None:
-            self._reporter.close()
         try:
-            if self.checkpoints is not None:
-                self.checkpoints.close()
+            if self._reporter is not None:
+                self._reporter.close()
         finally:
-            if self._owns_context:
-                self.context.close()
-            gc.freeze()
+            try:
+                if self.checkpoints is not None:
+                    self.checkpoints.close()
+            finally:
+                if self._owns_context:
+                    self.context.close()
+                atexit.register(_skip_the_last_collection)
 
     # -- inside -------------------------------------------------------------------------------
 
@@ -542,3 +550,18 @@ class Run:
         assert self._reporter is not None
         self._reporter.close()  # before the script's own final lines
         self._reporter = None
+
+
+def _batches(loader: ResumableLoader, start: int) -> int:
+    """The batches a pass over ``loader`` delivers from sample position ``start`` of its epoch."""
+    left = loader.sampler.num_samples - start
+    return left // loader.batch_size if loader.drop_last else math.ceil(left / loader.batch_size)
+
+
+def _skip_the_last_collection() -> None:
+    """At exit: exempts what is alive from the interpreter's last garbage collection, which with
+    torch loaded costs seconds of CPU per process. Only once no process group is left: a script
+    that never destroys its group has it torn down after this (phalanx run's worker entry
+    point), by a collection that must still find the DDP model's reference cycle."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        gc.freeze()

@@ -21,6 +21,7 @@ from phalanx.errors import SettingsRefused
 
 FORMAT = 2
 MARKER = "phalanx.json"
+DCP_METADATA = ".metadata"
 DAMAGED_SUFFIX = ".damaged"
 #: Below this, a checkpoint folder's disk counts as full before anything is trained.
 MIN_FREE_BYTES = 64 * 1024

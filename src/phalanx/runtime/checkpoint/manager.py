@@ -16,6 +16,7 @@ every rank's own state, so a node that holds rank 0 after a restart resumes like
 
 from __future__ import annotations
 
+import pickle
 import sys
 import uuid
 import warnings
@@ -122,7 +123,10 @@ class CheckpointManager:
                 the previous save is raised here or by :meth:`wait`.
             encoding.NotStorable: a value that is neither a tensor nor a plain value.
         """
-        self.wait()
+        try:
+            self.wait()
+        except CheckpointNotSaved as failed:  # said, and this save is tried all the same (a preemption's)
+            print(failed.render(), file=sys.stderr, flush=True)
         flat = self._flatten(state, rank_state or {})
         if self._executor is None:
             self._write(step, flat)
@@ -161,6 +165,8 @@ class CheckpointManager:
     def _write(self, step: int, flat: dict[str, torch.Tensor]) -> None:
         """Writes, verifies and commits; on every rank (in the writing thread with async_save)."""
         dcp = _dcp()
+        if self.context.device.type == "cuda":  # a thread starts on GPU 0: DCP would make a context there
+            torch.cuda.set_device(self.context.device)
         staging = self.directory / folder.staging_name(step)
         error: BaseException | None = None
         try:
@@ -246,6 +252,12 @@ class CheckpointManager:
             problems = self._all(mine)
             if not any(problems):
                 return self._load(step, path, into)
+            unreadable = next((p for p in problems if p and p.startswith(_UNREADABLE)), None)
+            if unreadable is not None:
+                raise SettingsRefused(f"checkpoint {path}: {unreadable}", "it may be whole: it is left as it is, and "
+                                      "nothing older is tried (that would throw away the newer training).",
+                                      "check the folder's permissions and its file system, then run the same command "
+                                      "again")  # fmt: skip
             copies = [p for p, leader in zip(problems, leaders) if leader] if self.node_local else [next(filter(None, problems))]
             if any(p is None for p in copies):
                 somewhere = somewhere or step  # whole on some nodes, not on all
@@ -282,21 +294,26 @@ class CheckpointManager:
             for name in sorted(marker["files"])[me::readers]:
                 if folder.file_facts(path / name) != marker["files"][name]:
                     return f"{name} is truncated or altered (size or CRC-32 differs from its marker)"
+            _safe_reader(path).read_metadata()
+        except pickle.UnpicklingError as error:
+            return f"its {folder.DCP_METADATA} is not DCP's metadata ({error})"
         except OSError as error:  # returned, not raised: every rank joins the collective that compares
-            return f"it cannot be read: {error.strerror or error}"
+            return f"{_UNREADABLE}: {error.strerror or error}"
+        except (KeyError, TypeError, ValueError) as error:
+            return f"its marker {folder.MARKER} is not one this version writes ({type(error).__name__}: {error})"
         return None
 
     def _load(self, step: int, path: Path, into: dict[str, Any] | None) -> Checkpoint:
         dcp = _dcp()
         marker = folder.read_marker(path)
         rank, same_world = self.context.rank, marker["world_size"] == self.context.world_size
-        stored = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        stored = _safe_reader(path).read_metadata().state_dict_metadata
         wanted = [key for key in stored if key.startswith((_SHARED + "/", _SHARED_SKELETON))]
         if same_world:
             wanted += [key for key in stored if key.startswith((_rank_prefix(rank) + "/", _rank_skeleton(rank)))]
         template = encoding.flatten(into, _SHARED)[0] if into else {}
         flat = {key: _destination(template.get(key), stored[key]) for key in wanted}
-        dcp.load(flat, storage_reader=dcp.FileSystemReader(path), process_group=self._group, no_dist=self._alone)
+        dcp.load(flat, storage_reader=_safe_reader(path), process_group=self._group, no_dist=self._alone)
         state = encoding.unflatten(flat[_SHARED_SKELETON], flat.__getitem__)
         own = encoding.unflatten(flat[_rank_skeleton(rank)], flat.__getitem__) if same_world else None
         return Checkpoint(step, path, state, own, marker["world_size"])
@@ -352,6 +369,15 @@ class CheckpointManager:
 
 
 _MISSING = "missing"
+#: How a problem of a checkpoint that could not be read begins: not damage, so not set aside.
+_UNREADABLE = "it cannot be read"
+
+
+def _safe_reader(path: Path) -> Any:
+    """DCP's reader with a metadata file that cannot run code (:mod:`.reader`), imported with DCP."""
+    from phalanx.runtime.checkpoint.reader import SafeReader
+
+    return SafeReader(path)
 
 
 def _dcp() -> Any:

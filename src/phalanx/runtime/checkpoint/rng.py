@@ -13,8 +13,8 @@ def rng_state() -> dict[str, Any]:
     """This process's RNG states (torch, CUDA, Python's random, numpy's global one when loaded),
     as tensors and plain values that a checkpoint stores."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available():  # this process's own GPU only: after a restart it may see others
+        state["cuda"] = torch.cuda.get_rng_state()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         kind, keys, pos, has_gauss, cached = numpy.random.get_state()
@@ -28,7 +28,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
     if "numpy" in state:
         import numpy
 
