@@ -234,3 +234,9 @@ def test_a_checkpoint_that_cannot_be_read_is_refused_not_set_aside(tmp_path, mon
     with pytest.raises(SettingsRefused, match="it cannot be read: Input/output error") as refused:
         manager.load_latest()
     assert "permissions" in refused.value.hint and names(tmp_path) == ["step-000000001"]
+
+
+def test_two_tensors_that_would_share_a_path_are_refused(tmp_path):
+    manager = CheckpointManager(tmp_path, init())
+    with pytest.raises(NotStorable, match="state/m/1: two tensors of the state would be stored under this one path"):
+        manager.save(1, {"m": {1: torch.zeros(1), "1": torch.ones(1)}})

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import phalanx
+from phalanx.errors import SettingsRefused
 
 
 class Counter:
@@ -123,3 +124,29 @@ def test_drop_last_counts_only_whole_batches(tmp_path, context):
                 run.step()
     assert synced == [False, True, True] and run.total_steps == run.global_step == 2
     run.close()
+
+
+class Holder:
+    """A Stateful object whose state holds something a checkpoint cannot."""
+
+    def state_dict(self) -> dict:
+        return {"dtype": torch.float16}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_what_the_first_save_would_fail_on_is_refused_before_the_first_step(tmp_path, context):
+    run = phalanx.Run(tmp_path, context=context)
+    run.track(holder=Holder())
+    with pytest.raises(SettingsRefused, match="the checkpoint cannot hold state/holder/dtype: a torch.dtype"):
+        run.restore()
+
+
+def test_a_loader_whose_sampling_would_be_dropped_is_refused(tmp_path, context):
+    data = TensorDataset(torch.zeros(8, 1))
+    weighted = torch.utils.data.DataLoader(data, batch_size=2, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8))
+    with pytest.raises(SettingsRefused, match="a DataLoader with a WeightedRandomSampler"):
+        phalanx.Run(context=context).setup_dataloader(weighted)
+    kept = phalanx.Run(context=context).setup_dataloader(torch.utils.data.DataLoader(data, batch_size=2, shuffle=True, timeout=5))
+    assert kept.timeout == 5 and kept.sampler.shuffle and kept.batch_size == 2

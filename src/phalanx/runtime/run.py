@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
+from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
 from phalanx.runtime.consistency import check_consistency
@@ -29,6 +30,13 @@ from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wra
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
+
+
+#: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
+_LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "worker_init_fn", "generator",
+                   "persistent_workers", "prefetch_factor", "timeout", "multiprocessing_context")  # fmt: skip
+#: The names run.track() leaves to the Run itself.
+_RESERVED = ("compression", "reporter")
 
 
 @runtime_checkable
@@ -223,10 +231,19 @@ class Run:
         self._refuse_after_restore("setup_dataloader")
         if isinstance(data, DataLoader):
             sampler = data.sampler
+            if not isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler)) or data.batch_size is None:
+                raise SettingsRefused(
+                    f"a DataLoader with a {type(sampler).__name__}" + (" and a batch_sampler" if data.batch_size is None else ""),
+                    "the loader from run.setup_dataloader() shards the data as DistributedSampler does, shuffled or not, "
+                    "to resume at the exact next batch: another sampling would be dropped without a word.",
+                    "pass the dataset and batch size to run.setup_dataloader(), or keep your loader and checkpoint its "
+                    "position yourself (run.track)",
+                )  # fmt: skip
             shuffle = isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
             seed = sampler.seed if isinstance(sampler, DistributedSampler) else seed
-            taken = {"num_workers": data.num_workers, "collate_fn": data.collate_fn, "pin_memory": data.pin_memory,
-                     "drop_last": data.drop_last}  # fmt: skip
+            taken = {name: getattr(data, name) for name in _LOADER_OPTIONS}
+            if data.num_workers == 0:
+                taken.pop("prefetch_factor")  # DataLoader refuses it without workers
             batch_size, drop_last, loader_options = batch_size or data.batch_size, data.drop_last, {**taken, **loader_options}
             data = data.dataset
         else:
@@ -253,6 +270,8 @@ class Run:
         """
         self._refuse_after_restore("track")
         for name, value in objects.items():
+            if name in _RESERVED or (name in ("model", "data") and name in self._tracked):
+                raise ValueError(f"track({name}=...): the run keeps its own {name!r} in the checkpoint; pick another name")
             if not isinstance(value, Stateful):
                 raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
             self._tracked[name] = value
@@ -279,9 +298,17 @@ class Run:
         if self._restored:
             return self.resumed_from
         self._restored = True
-        latest = self.checkpoints.load_latest(into=self._state_to_save()) if self.checkpoints else None
+        if self.checkpoints is None:
+            return None
+        state = self._state_to_save()
+        self.checkpoints.check(state, self._rank_state())
+        latest = self.checkpoints.load_latest(into=state)
         if latest is None:
             return None
+        missing = [name for name in self._tracked if name not in latest.state]
+        if missing:  # a renamed track() name would start that object afresh without a word
+            self.print(f"phalanx: the checkpoint has no {', '.join(missing)} (it has {', '.join(sorted(latest.state))}): "
+                       f"{'they start' if len(missing) > 1 else 'it starts'} afresh")  # fmt: skip
         for name, target in self._tracked.items():
             if name in latest.state:
                 target.load_state_dict(latest.state[name])
@@ -446,11 +473,7 @@ class Run:
             # next forward; saved now, a replicated buffer could come from any rank.
             for buffer in unwrap(self._model).buffers():
                 torch.distributed.broadcast(buffer, src=0)
-        state = self._state_to_save()
-        own = {"rng": rng_state()}
-        if self._model is not None:
-            own["compression"] = compression_of(self._model).rank_state_dict()
-        self.checkpoints.save(self.global_step, state, own)
+        self.checkpoints.save(self.global_step, self._state_to_save(), self._rank_state())
         self._saved_step = self.global_step
 
     def print(self, line: str) -> None:
@@ -530,6 +553,13 @@ class Run:
         self.print(f"phalanx: the checkpoint was written by {saved} processes, this run has {self.world_size}: the epoch "
                    f"goes on after the samples it trained{again}. Each rank's random state starts from the seed, so the "
                    "parameters are not those of a run without the change")  # fmt: skip
+
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's own part of a checkpoint: its RNG states and PowerSGD's error feedback."""
+        own: dict[str, Any] = {"rng": rng_state()}
+        if self._model is not None:
+            own["compression"] = compression_of(self._model).rank_state_dict()
+        return own
 
     def _state_to_save(self) -> dict[str, Any]:
         state = {name: target.state_dict() for name, target in self._tracked.items()}

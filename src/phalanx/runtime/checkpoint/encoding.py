@@ -51,6 +51,8 @@ def tensor_keys(skeleton: torch.Tensor) -> list[str]:
 
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
+        if path in tensors:  # keys 1 and "1" of one dict, or {"a": {"b": t}} beside "a/b"
+            raise NotStorable(f"{path}: two tensors of the state would be stored under this one path; rename a key")
         tensors[path] = value
         return {_TENSOR: path}
     if value is None or isinstance(value, (bool, int, float, str)):

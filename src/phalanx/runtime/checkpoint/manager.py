@@ -17,6 +17,7 @@ every rank's own state, so a node that holds rank 0 after a restart resumes like
 from __future__ import annotations
 
 import pickle
+import shutil
 import sys
 import uuid
 import warnings
@@ -133,6 +134,33 @@ class CheckpointManager:
             return
         staged = {key: _host_copy(tensor) for key, tensor in flat.items()}  # the training stalls for this copy only
         self._pending = self._executor.submit(self._write, step, staged)
+
+    def check(self, state: dict[str, Any], rank_state: dict[str, Any] | None = None) -> None:
+        """Refuses, before the first step, what the first save would fail on after training to it.
+
+        Args:
+            state, rank_state: what :meth:`save` will be given (its tensors are not copied).
+
+        Raises:
+            SettingsRefused: a value that is neither a tensor nor a plain value, or a disk with
+                less room than one checkpoint needs (checked by the ranks that write the files).
+        """
+        try:
+            shared, _ = encoding.flatten(state, _SHARED)
+            own, _ = encoding.flatten(rank_state or {}, _rank_prefix(self.context.rank))
+        except encoding.NotStorable as refused:
+            raise SettingsRefused(f"the checkpoint cannot hold {refused}", "",
+                                  "give that object a state_dict() of tensors and plain values") from None  # fmt: skip
+        needed = _bytes(shared) + self.context.world_size * _bytes(own)
+        if self._writes_files:
+            free = shutil.disk_usage(self.directory).free
+            if free < needed:
+                raise SettingsRefused(
+                    f"the disk of the checkpoint folder {self.directory} has {free / 2**20:.0f} MiB free; one checkpoint "
+                    f"needs about {needed / 2**20:.0f} MiB",
+                    "the first save would fail after training up to it.",
+                    "free space on that disk, or give a checkpoint folder on another disk",
+                )
 
     def wait(self) -> None:
         """Waits for an async save to be committed; raises its error (CheckpointNotSaved)."""
@@ -389,9 +417,15 @@ def _dcp() -> Any:
     return torch.distributed.checkpoint
 
 
+def _bytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+
+
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    copy = tensor.detach().to("cpu", copy=True)
-    return copy.pin_memory() if tensor.is_cuda else copy
+    """A copy in host memory, one copy: pinned for a tensor on a GPU (a faster transfer)."""
+    if tensor.is_cuda:
+        return torch.empty_like(tensor, device="cpu", pin_memory=True).copy_(tensor.detach())
+    return tensor.detach().clone()
 
 
 def _destination(tensor: torch.Tensor | None, stored: Any) -> torch.Tensor:
