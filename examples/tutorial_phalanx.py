@@ -1,4 +1,4 @@
-"""The tutorial's DDP script (examples/tutorial_ddp.py) on phalanx.Run: ten changed lines.
+"""The tutorial's DDP script (examples/tutorial_ddp.py) on phalanx.Run: eight changed lines.
 
 It gains exact mid-epoch resume (--checkpoint-dir; a relaunch continues at the next batch),
 a stop on SIGTERM/SIGUSR1 after the same step on every rank, with a checkpoint, and global

@@ -3,7 +3,7 @@
 It composes the runtime's parts (context, DDP wrapping, resumable data, shared all-reduce of the
 logging points and the preemption vote, sharded checkpoints) behind a few calls, so that a
 plain DDP script gains exact mid-epoch resume, agreed preemption and global metrics with about
-ten changed lines. Each part stays public for loops that need another shape.
+about ten changed lines. Each part stays public for loops that need another shape.
 """
 
 from __future__ import annotations
