@@ -13,6 +13,7 @@ import gc
 import math
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -354,7 +355,7 @@ class Run:
             yield self._epoch
         self._end()
 
-    def accumulate(self, model: torch.nn.Module, index: int) -> Any:
+    def accumulate(self, model: torch.nn.Module, index: int) -> AbstractContextManager[MicroStep]:
         """A context for a micro-batch's forward and backward: DDP all-reduces only on the last
         micro-batch of a window of ``accumulate`` (and of an epoch).
 
