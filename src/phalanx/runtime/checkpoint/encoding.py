@@ -42,13 +42,6 @@ def unflatten(skeleton: torch.Tensor, tensor: Callable[[str], torch.Tensor]) -> 
     return _decode(json.loads(bytes(skeleton.numpy()).decode()), tensor)
 
 
-def tensor_keys(skeleton: torch.Tensor) -> list[str]:
-    """The tensor keys a skeleton refers to."""
-    keys: list[str] = []
-    unflatten(skeleton, lambda key: keys.append(key))  # type: ignore[func-returns-value]
-    return keys
-
-
 def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, torch.Tensor):
         if path in tensors:  # keys 1 and "1" of one dict, or {"a": {"b": t}} beside "a/b"

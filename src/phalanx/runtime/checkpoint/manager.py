@@ -336,9 +336,9 @@ class CheckpointManager:
         marker = folder.read_marker(path)
         rank, same_world = self.context.rank, marker["world_size"] == self.context.world_size
         stored = _safe_reader(path).read_metadata().state_dict_metadata
-        wanted = [key for key in stored if key.startswith((_SHARED + "/", _SHARED_SKELETON))]
+        wanted = [key for key in stored if key.startswith(_SHARED + "/") or key == _SHARED_SKELETON]
         if same_world:
-            wanted += [key for key in stored if key.startswith((_rank_prefix(rank) + "/", _rank_skeleton(rank)))]
+            wanted += [key for key in stored if key.startswith(_rank_prefix(rank) + "/") or key == _rank_skeleton(rank)]
         template = encoding.flatten(into, _SHARED)[0] if into else {}
         flat = {key: _destination(template.get(key), stored[key]) for key in wanted}
         dcp.load(flat, storage_reader=_safe_reader(path), process_group=self._group, no_dist=self._alone)

@@ -17,7 +17,8 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-_METADATA_FILE = ".metadata"
+from phalanx.runtime.checkpoint.folder import DCP_METADATA
+
 _ALLOWED = {
     "torch.distributed.checkpoint.metadata": {
         "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
@@ -42,7 +43,7 @@ class SafeReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's metadata. Raises pickle.UnpicklingError on anything not allowed."""
-        with (Path(self.path) / _METADATA_FILE).open("rb") as handle:
+        with (Path(self.path) / DCP_METADATA).open("rb") as handle:
             metadata = _MetadataUnpickler(handle).load()
         if not isinstance(metadata, Metadata):
             raise pickle.UnpicklingError(f"the metadata is a {type(metadata).__name__}, not DCP's Metadata")
