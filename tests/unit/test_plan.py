@@ -1,5 +1,6 @@
 """Node plans, and the torchrun command lines they become."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from phalanx.launch.plan import NodePlan, plan_nodes
 from phalanx.launch.spec import Entrypoint, LaunchSpec
 from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
 from phalanx.launch.values import Endpoint, NodeRange
+from tests.unit import node_plans
 
 
 @pytest.fixture
@@ -133,6 +135,14 @@ def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes
 def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
     [node] = plan_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
     assert "--rdzv-conf=is_host=1,join_timeout=91" in torchrun_argv(node)
+
+
+def test_last_call_reaches_torchrun_for_an_elastic_job_only():
+    fixed = node_plans.node(0, 29400, last_call=7.2)
+    assert "--rdzv-conf=is_host=1,join_timeout=5" in torchrun_argv(fixed)
+    elastic = dataclasses.replace(fixed, nnodes_max=3)
+    assert "--rdzv-conf=is_host=1,join_timeout=5,last_call_timeout=8" in torchrun_argv(elastic)
+    assert "--nnodes=2:3" in torchrun_argv(elastic)
 
 
 def test_many_more_cpu_workers_than_cores_are_warned_of(entry, tmp_path, monkeypatch):

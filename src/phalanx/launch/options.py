@@ -125,6 +125,13 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "SECONDS",
     ),
     Option(
+        "last-call",
+        lambda value: values.parse_seconds(value, name="--last-call", example=10),
+        "elastic jobs (--nnodes MIN:MAX): seconds a rendezvous round waits for more nodes once MIN have joined, "
+        "before it starts without them (default 30, as torchrun)",
+        "SECONDS",
+    ),
+    Option(
         "simulate-nodes",
         _int_option("simulate-nodes", 1),
         "run K node agents on this host: rehearse a multi-node launch on one machine",

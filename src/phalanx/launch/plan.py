@@ -44,6 +44,7 @@ class NodePlan:
     rdzv_id: str
     max_restarts: int
     join_timeout: float
+    last_call: float  # elastic jobs: a round's wait for more nodes once the minimum joined
     # this node
     nproc_per_node: int
     backend: str
@@ -350,6 +351,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "rdzv_id": spec.rdzv_id,
         "max_restarts": spec.max_restarts,
         "join_timeout": spec.join_timeout,
+        "last_call": spec.last_call,
         "extra_fingerprint": dict(spec.extra_fingerprint),
         "independent_ranks": spec.independent_ranks,
     }

@@ -89,6 +89,7 @@ class LaunchSpec:
     backend: str = "auto"
     interface: str | None = None
     join_timeout: float = 300.0
+    last_call: float = 30.0
     simulate_nodes: int = 0
     standalone: bool = False
     all_ranks: bool = False

@@ -23,8 +23,10 @@ def torchrun_argv(plan: NodePlan, *, logs_specs_by_name: bool = True) -> list[st
     command must; torchrun looks it up among the installed packages' entry points, which a
     phalanx run from a source tree (PYTHONPATH=src) has none of."""
     nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
-    # torch reads join_timeout as a whole number of seconds
+    # torch reads its timeouts as whole numbers of seconds
     rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={math.ceil(plan.join_timeout)}"
+    if plan.nnodes_min != plan.nnodes_max:
+        rdzv_conf += f",last_call_timeout={math.ceil(plan.last_call)}"
     argv = [
         f"--nnodes={nnodes}",
         f"--nproc-per-node={plan.nproc_per_node}",

@@ -80,14 +80,14 @@ def parse_int(value: object, *, minimum: int, name: str) -> int:
     return number
 
 
-def parse_seconds(value: object, *, name: str) -> float:
+def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
     text = _as_text(value)
     try:
         seconds = float(text)
     except ValueError:
-        raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} 300") from None
+        raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} {example}") from None
     if not seconds > 0 or seconds == float("inf"):
-        raise InvalidValue(f"{name} must be a positive number of seconds, not {text}", f"for example {name} 300")
+        raise InvalidValue(f"{name} must be a positive number of seconds, not {text}", f"for example {name} {example}")
     return seconds
 
 
