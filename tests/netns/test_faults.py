@@ -1,7 +1,8 @@
 """Faults of a real multi-host job on test-bed hosts: a host lost (its processes killed, or its
-link cut for good), and a link cut for 5 s. Each run trains examples/train.py with checkpoints
-on two hosts; after a fault, the same command on both resumes, and the final parameters equal
-an uninterrupted run's (computed once, on two simulated nodes, which train the same model).
+link cut for good), a link cut for 5 s, a preemption of every host, and a full checkpoint disk.
+Each run trains examples/train.py with checkpoints on two hosts; after a fault, the same command
+on both resumes, and the final parameters equal an uninterrupted run's (computed once, on two
+simulated nodes, which train the same model).
 
 Bounds: a lost host is named, and the survivor has stopped, within LOST_BOUND_S (the node
 agents' liveness watch declares a silent node lost after 30 s; a killed host's sockets close,
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.cluster]
 TRAIN = [str(EXAMPLES / "train.py"), "--epochs", "24", "--batch-size", "16", "--checkpoint-every", "20",
          "--log-every", "20"]  # fmt: skip
 LOST_BOUND_S = 90
+#: A tmpfs of this size holds one checkpoint of TRAIN (about 150 KiB in 4 KiB pages), not two.
+ONE_AND_A_HALF_CHECKPOINTS_KIB = 224
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +79,11 @@ def ended_within(process: subprocess.Popen[str], timeout: float) -> tuple[int, s
         output, _ = process.communicate()
         pytest.fail(f"did not end within {timeout} s:\n{output[-4000:]}")
     return process.returncode, output, time.monotonic() - started
+
+
+def mount(argv: list[str]) -> None:
+    done = subprocess.run(["mount", *argv], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"mount {' '.join(argv)}: {done.stderr}"
 
 
 def relaunch_resumes_exactly(bed, folder: Path, reference: dict) -> None:
@@ -149,3 +157,28 @@ def test_sigterm_to_every_launcher_saves_and_a_relaunch_falls_back_over_a_damage
     assert f"checkpoint {newest} is damaged ({damaged.name} is truncated" in "".join(o.output for o in relaunched)
     resumed = json.loads((tmp_path / "h1.json").read_text())
     assert resumed["resumed_from_step"] < stopped and resumed["params_sha256"] == reference["params_sha256"]
+
+
+def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_checkpoint_before(bed, reference, tmp_path):
+    """The checkpoint folder is a tmpfs with room for one checkpoint (about 150 KiB here) and not
+    for two: the first save fits, the second fails on every rank at once. Then the disk is given
+    more room, as a user would free space, and the same command resumes from the first."""
+    (tmp_path / "ck").mkdir()
+    mount(["-t", "tmpfs", "-o", f"size={ONE_AND_A_HALF_CHECKPOINTS_KIB}k", "tmpfs", str(tmp_path / "ck")])
+    try:
+        outcomes = [ended_within(process, 180) for process in start_both(bed, tmp_path)]
+        assert [code for code, _, _ in outcomes] == [1, 1], [out[-3000:] for _, out, _ in outcomes]
+        h1_output = outcomes[0][1]
+        cause = h1_output.split("phalanx: root cause:")[-1]
+        assert "step-000000040 could not be written: the disk is full" in cause, h1_output[-3000:]
+        assert "the previous checkpoint (step-000000020) is intact" in cause and "HINT: free space" in cause, cause
+        assert sorted(path.name for path in (tmp_path / "ck").iterdir()) == ["step-000000020"]  # no staging left
+        mount(["-o", "remount,size=16m", str(tmp_path / "ck")])
+        h1 = bed.hosts[0]
+        relaunched = run_on_both([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+        assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
+        resumed = json.loads((tmp_path / "h1.json").read_text())
+        assert resumed["resumed_from_step"] == 20 and resumed["params_sha256"] == reference["params_sha256"]
+    finally:
+        subprocess.run(["umount", "--lazy", str(tmp_path / "ck")], check=False)
+
