@@ -25,13 +25,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/phalanx run --simulate-nodes 2 --nproc-per-node 1 examples/train.py --epochs 5
 
-# The everyday suite: everything but the real SLURM cluster (under 15 minutes on 2 cores).
+# The everyday suite: everything but the second stage (under 15 minutes on 2 cores). Most of its
+# time is spent waiting (for processes to start, for timeouts), so two pytest-xdist workers share
+# it; the test beds' tests run on one of them, one at a time (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not cluster"
+	$(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup
 
 # The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
 # namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own
-# tests. About 12 minutes. `make cluster-deps` installs SLURM and OpenSSH first.
+# tests. About 22 minutes, one test at a time. `make cluster-deps` installs SLURM and OpenSSH first.
 test-cluster: $(STAMP) cluster-deps
 	$(BIN)/python -m pytest -q -rP -m cluster
 

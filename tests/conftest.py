@@ -28,6 +28,16 @@ def pytest_configure(config: pytest.Config) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest-xdist workers (`--dist loadgroup`); the tests that make test
+    beds run on one of them, one at a time: a bed takes the first subnet that no route uses, and
+    two beds made at the same moment could take the same one."""
+    for item in items:
+        if item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.xdist_group("netns"))
+
+
 @dataclass
 class Completed:
     returncode: int
