@@ -138,10 +138,13 @@ def _os_name(root: Path) -> str:
 
 
 def interface_facts(root: Path = Path("/")) -> list[InterfaceFacts]:
-    stats = psutil.net_if_stats()
+    interfaces = network.local_interfaces()
+    stats = psutil.net_if_stats()  # read after: an interface without stats was removed in between
     facts = []
-    for name, interface in sorted(network.local_interfaces().items()):
+    for name, interface in sorted(interfaces.items()):
         stat = stats.get(name)
+        if stat is None:
+            continue
         flags = getattr(stat, "flags", "").split(",")  # psutil >= 5.9.3
         facts.append(
             InterfaceFacts(
@@ -149,8 +152,8 @@ def interface_facts(root: Path = Path("/")) -> list[InterfaceFacts]:
                 is_up=interface.is_up,
                 is_loopback=interface.is_loopback or "loopback" in flags,
                 addresses=interface.addresses,
-                mtu=stat.mtu if stat and stat.mtu > 0 else None,
-                speed_mbps=_link_speed(root, name, stat.speed if stat else 0),
+                mtu=stat.mtu if stat.mtu > 0 else None,
+                speed_mbps=_link_speed(root, name, stat.speed),
             )
         )
     return facts
