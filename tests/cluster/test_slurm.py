@@ -100,6 +100,7 @@ def test_the_time_limit_ends_in_a_checkpoint_a_requeue_and_a_resume(slurm_in):
     saved = re.findall(r"rank0\]: preempted by SIGUSR1 after step (\d+); checkpoint saved", log)
     resumed = [int(step) for step in re.findall(r"rank0\]: resumed from step (\d+)", log)]
     assert resumed == [int(step) for step in saved], log  # each start goes on from the step the one before saved
+    assert resumed == sorted(set(resumed)), resumed  # and each start made progress
     metrics = metrics_of(slurm_in.folder)
     assert metrics["resumed_from_step"] == resumed[-1] and metrics["steps"] > resumed[-1], metrics
     print(f"MEASURED: the time-limit test's job was requeued {log.count('requeueing the job')} time(s)")

@@ -46,7 +46,9 @@ def test_doctor_names_the_planted_difference_and_the_slow_link(workdir):
         assert planted["what"] == f"node {b.address} has env NCCL_IB_DISABLE = 1, the others (not set)"
         [link] = report["links"]
         gbit = link["bandwidth_bytes_per_s"] * 8 / 1e9
-        assert 0.5 < gbit < 1.1, link  # tbf rate 1gbit, measured
+        # tbf rate 1gbit, measured: at most the rate; the lower bound leaves room for the other
+        # pytest-xdist worker's training on the same 2 cores (an unshaped veth measures far above)
+        assert 0.25 < gbit < 1.1, link
         slow = findings["slow-link"]
         assert slow["severity"] == "warning" and f"about {gbit:.2g} Gbit/s" in slow["what"]
         assert [node["interface"] for node in report["nodes"]] == [a.device, b.device]

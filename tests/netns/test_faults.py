@@ -181,4 +181,3 @@ def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_checkpoi
         assert resumed["resumed_from_step"] == 20 and resumed["params_sha256"] == reference["params_sha256"]
     finally:
         subprocess.run(["umount", "--lazy", str(tmp_path / "ck")], check=False)
-
