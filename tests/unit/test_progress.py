@@ -78,18 +78,12 @@ def test_a_log_file_gets_a_line_every_t_seconds_between_the_steps():
     assert [line.split()[1] for line in stream.getvalue().splitlines()] == ["1/1000", "4/1000", "7/1000"]
 
 
-@pytest.fixture
-def columns(monkeypatch):
-    """The terminal's width, as shutil.get_terminal_size reads it first (not this process's own)."""
-
-    def set_to(width: int) -> None:
-        monkeypatch.setenv("COLUMNS", str(width))
-
-    return set_to
+# The bar is cut to the terminal's width, which shutil.get_terminal_size reads from COLUMNS first:
+# each test sets it, rather than take the width of whatever terminal pytest runs in.
 
 
-def test_a_terminal_gets_one_line_redrawn_in_place_with_a_bar(columns):
-    columns(120)
+def test_a_terminal_gets_one_line_redrawn_in_place_with_a_bar(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
     stream = Terminal()
     progress = ProgressReporter(100, stream, every_steps=1000)  # the step gate is for logs only
     assert progress.interactive
@@ -108,8 +102,8 @@ def test_a_terminal_gets_one_line_redrawn_in_place_with_a_bar(columns):
     assert screen[1].startswith("[####################] step 100/100 (100%)") and screen[1].endswith("ETA 0:00")
 
 
-def test_a_narrow_terminal_gets_the_line_cut_short_of_its_last_column(columns):
-    columns(40)
+def test_a_narrow_terminal_gets_the_line_cut_short_of_its_last_column(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
     stream = Terminal()
     ProgressReporter(100, stream).update(report(50))
     [shown] = render(stream.getvalue())
