@@ -74,13 +74,15 @@ class Host:
     device: str = "eth0"
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` as a command that runs inside this host: its network, its /etc/hosts.
+        """``argv`` as a command that runs inside this host: its network, its /etc/hosts and
+        /etc/resolv.conf.
 
         ``nsenter`` plus a private mount namespace, not ``ip netns exec``: that one also remounts
         /sys, which hides the cgroup mounts some daemons (slurmd) need.
         """
-        hosts_file = NETNS_ETC / self.namespace / "hosts"
-        script = f'mount --bind {hosts_file} /etc/hosts && exec "$@"'
+        folder = NETNS_ETC / self.namespace
+        resolv = f"{{ [ ! -e /etc/resolv.conf ] || mount --bind {folder / 'resolv.conf'} /etc/resolv.conf; }}"
+        script = f'mount --bind {folder / "hosts"} /etc/hosts && {resolv} && exec "$@"'
         return ["nsenter", f"--net=/run/netns/{self.namespace}", "unshare", "--mount", "--propagation", "private",
                 "sh", "-c", script, "sh", *argv]  # fmt: skip
 
@@ -318,6 +320,10 @@ def _add_host(bed: TestBed, host: Host) -> None:
     lines = [f"127.0.0.1 localhost {socket.gethostname()}", f"127.0.1.1 {host.name}"]
     lines += [f"{other.address} {other.name}" for other in bed.hosts if other is not host]
     (folder / "hosts").write_text("\n".join(lines) + "\n")
+    # The machine's name server is out of a host's reach: each lookup of a name the hosts file
+    # lacks (c10d's reverse lookup of a peer's IPv4-mapped address) would wait out glibc's
+    # timeout, 10 s. The host's own loopback refuses at once, as a reachable name server answers.
+    (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
 
 def _apply_shaping(host: Host, shaping: Shaping) -> None:
