@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import signal
+import subprocess
+import sys
 
 import psutil
 import pytest
 
 from phalanx.cli.main import main
 
-#: name of a file in the test's folder -> its text
+#: name of a file in the test's folder -> its text (bytes: written as they are)
 FILES = {
     "train.py": "",
     "not_a_number.toml": 'nproc-per-node = "x"\n',
@@ -27,6 +31,7 @@ FILES = {
     "hosts_twice.txt": "gpu1 slots=2\ngpu1 slots=2\n",
     "hosts_empty.txt": "# nobody\n",
     "doctor.json": "{not json",
+    "latin1.toml": "nproc-per-node = 2  # réglé à la main\n".encode("latin-1"),
 }
 
 CASES: list[tuple[str, list[str], str]] = [
@@ -58,6 +63,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("simulate with nnodes", ["run", "--simulate-nodes", "2", "--nnodes", "3", "train.py"],
      "--simulate-nodes 2 with --nnodes 3"),
     ("standalone with nnodes", ["run", "--standalone", "--nnodes", "2", "train.py"], "--standalone with --nnodes 2"),
+    # -- a config file that is not UTF-8, in every command that reads one ----------------------
+    *((f"config not UTF-8, {argv[0]}", [*argv, "--config", "latin1.toml", *script], "latin1.toml is not UTF-8 text")
+      for argv, script in ((["run"], ["train.py"]), (["launch", "--hosts", "a,b"], ["train.py"]), (["slurm"], ["train.py"]),
+                           (["k8s", "--image", "registry.example.com/train:1"], ["train.py"]), (["env"], []), (["doctor"], []))),
     ("service name", ["run", "--headless-service", "Bad_Name", "train.py"], "is not a Kubernetes Service name"),
     ("several nodes, no endpoint", ["run", "--dry-run", "--nnodes", "2", "train.py"], "--nnodes 2 without --rdzv-endpoint"),
     ("script missing", ["run", "missing.py"], "the training script 'missing.py' does not exist"),
@@ -124,7 +133,10 @@ CASES: list[tuple[str, list[str], str]] = [
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     for name, text in FILES.items():
-        (tmp_path / name).write_text(text)
+        if isinstance(text, bytes):
+            (tmp_path / name).write_bytes(text)
+        else:
+            (tmp_path / name).write_text(text)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PHALANX_STALL_TIMEOUT", "300")  # nothing inherited changes the answers
     return tmp_path
@@ -150,3 +162,24 @@ def test_bad_input_is_refused_with_what_why_and_a_hint(folder, argv, words):
         assert "\nHINT: " in said, said  # phalanx's own refusals say what to do
     assert out.getvalue() == "", out.getvalue()  # nothing that looks like a result
     assert psutil.Process().children(recursive=True) == []  # nothing left running
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "--dry-run", "--simulate-nodes", "2", "train.py"], ["env"], ["env", "--json"], ["slurm", "train.py"],
+     ["k8s", "--image", "registry.example.com/train:1", "train.py"]],
+    ids=["run dry-run", "env", "env json", "slurm", "k8s"],
+)  # fmt: skip
+def test_output_into_a_closed_pipe_ends_quietly(folder, argv):
+    """`phalanx ... | head`: the reader is gone before the command writes (its end of the pipe is
+    closed first, so the write fails every time). The shell's code for a SIGPIPE, no traceback.
+    (argparse's --help swallows the error itself and exits 0.)"""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "phalanx", *argv], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60, cwd=folder)  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr

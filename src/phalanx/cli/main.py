@@ -22,6 +22,8 @@ Exit codes, for every command:
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -64,18 +66,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser()
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
         return int(args.handler(args))
     except PhalanxError as error:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of the output went away (`phalanx env | head`): the rest is not wanted, and
+        # the exit's own flush must not fail again. As a shell reports a process that SIGPIPE ended.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def run_command() -> NoReturn:

@@ -251,6 +251,9 @@ def read_config_file(path: Path) -> dict[str, object]:
         raise SettingsRefused(f"--config {path} cannot be read ({error.strerror})", hint="give a TOML file") from None
     except tomllib.TOMLDecodeError as error:
         raise SettingsRefused(f"--config {path} is not valid TOML", str(error), "fix the line it names") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8 text: a binary file, or one saved in another encoding
+        raise SettingsRefused(f"--config {path} is not UTF-8 text", f"byte {error.object[error.start]:#04x} at offset "
+                              f"{error.start} is not UTF-8, and TOML files are.", "save it as UTF-8") from None  # fmt: skip
     table = table.get("run", table)  # settings may sit at the top or under [run]
     if not isinstance(table, dict):
         raise SettingsRefused(f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help")
