@@ -11,7 +11,14 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.phalanx-installed
 
-.PHONY: demo test test-cluster cluster-deps bench clean
+# The other torch releases the compatibility suite runs on: the floor of the supported range,
+# one in the middle, the newest this machine's registry offers (src/phalanx/torch_compat.py
+# names the same; a test checks). Each gets a venv of its own, .venv-torch-<version>: PyPI's Linux
+# builds carry the CUDA libraries (about 5 GB each) and run on a CPU.
+TORCH_COMPAT ?= 2.8.0 2.10.0 2.14.1
+COMPAT_VENVS := $(foreach version,$(TORCH_COMPAT),.venv-torch-$(version)/.phalanx-installed)
+
+.PHONY: demo test test-cluster test-compat compat-venvs cluster-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,8 +62,26 @@ cluster-deps:
 			$(CLUSTER_PACKAGES) >/dev/null && slurmd -V; \
 	fi
 
+# The compatibility suite (the tests marked compat: launch, simulated nodes, two hosts, a foreign
+# script, the check that ranks communicated, checkpoints and resume, preemption, the stall
+# watchdog, compression, and the private-name canary) on each release of TORCH_COMPAT. The
+# main suite (make test) covers TORCH_SPEC's.
+test-compat: compat-venvs
+	@for version in $(TORCH_COMPAT); do \
+		echo "== the compatibility suite on torch $$version"; \
+		.venv-torch-$$version/bin/python -m pytest -q -m compat -n $(TEST_WORKERS) --dist loadgroup || exit 1; \
+	done
+
+compat-venvs: $(COMPAT_VENVS)
+
+.venv-torch-%/.phalanx-installed: pyproject.toml
+	test -x .venv-torch-$*/bin/python || $(PYTHON) -m venv .venv-torch-$*
+	.venv-torch-$*/bin/python -m pip install --quiet 'torch==$*'
+	.venv-torch-$*/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/launch_overhead.py
 
 clean:
-	rm -rf $(VENV) phalanx-logs .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) .venv-torch-* phalanx-logs .pytest_cache build src/*.egg-info

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import signal
@@ -79,6 +80,26 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+_RECORDER_PROBE = """
+import os, pickle, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.all_reduce(torch.ones(1))
+dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(includeCollectives=False, includeStackTraces=False))
+print(bool(dump["pg_config"]))
+"""
+
+
+@functools.cache
+def gloo_flight_recorder_on() -> bool:
+    """Whether this torch's flight recorder, as the release sets it up (TORCH_FR_BUFFER_SIZE
+    unset), records gloo's process groups: 2.13 does, 2.10 does not. Asked of torch itself, in a
+    process of its own."""
+    env = {key: value for key, value in os.environ.items() if key != "TORCH_FR_BUFFER_SIZE"}
+    probe = subprocess.run([sys.executable, "-c", _RECORDER_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
+    return probe.stdout.split()[-1] == "True"
 
 
 def phalanx_argv(*args: str) -> list[str]:

@@ -167,6 +167,7 @@ def interrupt_after_first_checkpoint(
     return process.returncode, output, out
 
 
+@pytest.mark.compat
 def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
     def kill_rank_1(process: subprocess.Popen) -> None:
         workers = [p for p in psutil.Process(process.pid).children(recursive=True) if TRAIN in " ".join(p.cmdline())]
@@ -185,6 +186,7 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in expected], rel=1e-9)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference, workers):
     """With DataLoader workers too: they are handed batches ahead of the loop, which a resume
@@ -295,6 +297,7 @@ def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
         assert "parameter shapes: ranks 0: ['weight:(2, 4)'" in log
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("compression", ["fp16", "powersgd"])
 def test_compression_modes_train(workdir, compression):
     metrics = train(workdir, compression, "--epochs", "2", "--compression", compression, nproc=2)
@@ -324,6 +327,7 @@ def test_uneven_shards_neither_hang_nor_count_padding(workdir):
     assert single["steps"] == 13
 
 
+@pytest.mark.compat
 def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     script = workdir / "stall.py"
     script.write_text((Path(__file__).parent / "workers" / "stall.py").read_text())
@@ -365,6 +369,7 @@ def test_a_watchdog_that_cannot_work_says_so_once_and_the_training_runs(workdir)
     assert "final: loss" in result.output
 
 
+@pytest.mark.compat
 def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir):
     def preempt_workers(process: subprocess.Popen) -> None:  # as SLURM's --signal=USR1 does
         for worker in psutil.Process(process.pid).children(recursive=True):

@@ -26,6 +26,7 @@ def phalanx_line(host, endpoint: str, *extra: str, script=TRAIN) -> list[str]:
     )
 
 
+@pytest.mark.compat
 def test_plain_torchrun_fails_where_phalanx_trains(workdir):
     with two_hosts("t") as (a, b):
         # Plain torchrun, the tutorial's line on both hosts. Its timeouts are shortened so that

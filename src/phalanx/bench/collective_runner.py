@@ -20,7 +20,7 @@ from phalanx.bench.collective_settings import CollectiveSettings
 from phalanx.bench.collectives import COLLECTIVES, DTYPES, REDUCE_OPS, Collective, Counts
 from phalanx.bench.device_sync import barrier, synchronize
 
-# torch 2.13 renamed the tensor forms of all_gather and reduce_scatter; 2.4 has only the old names.
+# torch 2.13 renamed the tensor forms of all_gather and reduce_scatter; older releases have only the old names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 

@@ -14,7 +14,8 @@ added, none renamed without raising ``schema``):
                   python, python_implementation, python_executable
 ``torch``         version, cuda_build, hip_build (None: not in this build), cuda_available, cudnn,
                   nccl (None: not in this build), distributed_available, gloo_available,
-                  nccl_available, mpi_available
+                  nccl_available, mpi_available, missing_private (the private torch names phalanx
+                  uses that this torch lacks, each with the feature that needs it)
 ``gpus``          driver ("none" without an NVIDIA driver), devices: [{index, name, memory_bytes,
                   capability}] (empty without GPUs)
 ``interfaces``    [{name, is_up, is_loopback, addresses, mtu, speed_mbps}] (speed None: unknown)
@@ -107,6 +108,7 @@ def collect_env_report(
     variables = machine.distributed_variables(environ)
     findings = [
         *traps.hostname_trap(host),
+        *traps.torch_range_traps(torch),
         *traps.driver_trap(torch, gpus),
         *traps.interface_variable_traps(variables, interfaces),
         *traps.infiniband_trap(infiniband),

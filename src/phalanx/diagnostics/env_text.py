@@ -9,6 +9,7 @@ from phalanx.diagnostics.env_report import EnvReport
 from phalanx.diagnostics.launch_settings import JsonValue
 from phalanx.diagnostics.machine import VARIABLE_NAMES, VARIABLE_PREFIXES
 from phalanx.diagnostics.traps import Finding
+from phalanx.torch_compat import outside_range, tested_range
 
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
 SETTINGS_TITLE = (
@@ -100,7 +101,7 @@ def _torch(report: EnvReport) -> str:
     backends = ", ".join(f"{name} {'yes' if available else 'no'}" for name, available in torch.backends().items())
     return _pairs(
         [
-            ("version", torch.version),
+            ("version", f"{torch.version} ({outside_range(torch.version) or f'phalanx is tested with {tested_range()}'})"),
             ("cuda", cuda),
             ("cudnn", torch.cudnn or "none"),
             ("nccl", torch.nccl or "none (not in this build)"),

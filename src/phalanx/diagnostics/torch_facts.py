@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.diagnostics.machine import UNKNOWN, read_text
+from phalanx.torch_compat import missing_names
 
 #: The NVIDIA kernel driver names itself here on every machine it is loaded on (containers too).
 NVIDIA_DRIVER_FILE = "proc/driver/nvidia/version"
@@ -31,6 +32,8 @@ class TorchFacts:
     gloo_available: bool
     nccl_available: bool
     mpi_available: bool
+    #: The private torch names phalanx uses that this torch lacks: "name (the feature that needs it)".
+    missing_private: tuple[str, ...] = ()
 
     def backends(self) -> dict[str, bool]:
         """Which torch.distributed backends this build has, by name."""
@@ -71,6 +74,7 @@ def torch_facts() -> TorchFacts:
         gloo_available=distributed and dist.is_gloo_available(),
         nccl_available=distributed and dist.is_nccl_available(),
         mpi_available=distributed and dist.is_mpi_available(),
+        missing_private=tuple(f"{name.where} ({name.feature})" for name, _ in missing_names()),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
+from phalanx.torch_compat import install_hint, outside_range, unsure_features
 
 GIB = 1024**3
 #: Below this /dev/shm is too small for NCCL's shared-memory transport and DataLoader workers.
@@ -54,6 +55,31 @@ def hostname_trap(host: HostFacts) -> list[Finding]:
             "not the hostname; for other tools map the hostname to the network address in /etc/hosts",
         )
     ]
+
+
+def torch_range_traps(torch: TorchFacts) -> list[Finding]:
+    """A torch outside the tested range, and the private names phalanx uses that it lacks."""
+    if torch.version == "not installed":
+        return []
+    findings = []
+    untested = outside_range(torch.version)
+    if untested:
+        findings.append(Finding(
+            "torch-untested",
+            f"torch {torch.version} is {untested}",
+            "where torch has no public way, phalanx uses private torch names, which may be gone or behave "
+            f"otherwise on this release; unsure: {'; '.join(unsure_features())}.",
+            f"{install_hint()}, or run the job once under `phalanx run --simulate-nodes 2` to see it work",
+        ))  # fmt: skip
+    if torch.missing_private:
+        findings.append(Finding(
+            "torch-private-missing",
+            f"torch {torch.version} lacks {len(torch.missing_private)} private name(s) phalanx uses: "
+            f"{'; '.join(torch.missing_private)}",
+            "the features named in brackets do not work with this torch.",
+            install_hint(),
+        ))  # fmt: skip
+    return findings
 
 
 def shm_trap(shm: ShmFacts) -> list[Finding]:

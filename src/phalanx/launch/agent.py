@@ -28,7 +28,7 @@ from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode, exit_quickly
 from phalanx.launch import failure
 from phalanx.launch.fingerprint import node_fingerprint
-from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks
+from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.liveness import Liveness
 from phalanx.launch.lobby import Lobby
@@ -221,6 +221,7 @@ class NodeAgent:
         records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
         alone = solo_ranks(records)
         if not alone:
+            self._say_if_uncounted(uncounted_ranks(records))
             return ExitCode.OK
         world = next(record.world_size for record in records.values() if record is not None)
         say(
@@ -230,6 +231,19 @@ class NodeAgent:
             f"HINT: {group_hint([r for r in records.values() if r is not None])}"
         )
         return ExitCode.NOT_DISTRIBUTED
+
+    def _say_if_uncounted(self, ranks: list[int]) -> None:
+        """Says that the check above could not see the collectives, rather than pass or fail blind."""
+        if not ranks:
+            return
+        import torch
+
+        from phalanx.runtime.watchdog import FLIGHT_RECORDER_VARIABLE
+
+        who, they = (f"ranks {ranges(ranks)}", "they") if len(ranks) > 1 else (f"rank {ranks[0]}", "it")
+        say(f"phalanx: note: {self.plan.node_label}: torch {torch.__version__}'s flight recorder did not count the "
+            f"collectives of {who}, so phalanx cannot tell whether {they} communicated with the others, only that "
+            f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}=2000 lets it count them)")  # fmt: skip
 
     def _restart_helps(self, found: list[failure.RankFailure], remaining: int) -> bool:
         """Whether to restart the workers after these failures, said on the console either way

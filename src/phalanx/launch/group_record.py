@@ -12,8 +12,8 @@ torch has no hook on process-group creation, so :class:`GroupWatch` wraps
 ``torch.distributed.init_process_group`` as soon as ``torch.distributed.distributed_c10d`` is
 imported (an import hook: importing torch earlier would change the script's behaviour, such as
 ``OMP_NUM_THREADS`` set before its own ``import torch``). The wrapper passes every argument
-through and only looks at the result. Checked against torch 2.4 to 2.13, whose
-``torch.distributed`` and ``torch.distributed.device_mesh`` take the function from that module.
+through and only looks at the result. Checked against every release CI tests (phalanx.torch_compat),
+whose ``torch.distributed`` and ``torch.distributed.device_mesh`` take the function from that module.
 """
 
 from __future__ import annotations
@@ -172,6 +172,13 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def solo_ranks(records: dict[int, GroupRecord | None]) -> list[int]:
     """The ranks that wrote that they never joined a group of the whole job."""
     return sorted(rank for rank, record in records.items() if record is not None and record.ran_alone)
+
+
+def uncounted_ranks(records: dict[int, GroupRecord | None]) -> list[int]:
+    """The ranks that joined a group of the whole job, but whose collectives torch did not count
+    (its flight recorder off): whether they communicated cannot be told, so they are not blamed."""
+    return sorted(rank for rank, record in records.items()
+                  if record is not None and not record.ran_alone and record.world_size > 1 and record.collectives is None)  # fmt: skip
 
 
 def hint_for(records: Sequence[GroupRecord]) -> str:

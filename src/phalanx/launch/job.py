@@ -14,6 +14,7 @@ from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.launch.plan import NodePlan, decision_block, plan_nodes
 from phalanx.launch.spec import LaunchSpec
+from phalanx.torch_compat import check_installed
 
 
 def dry_run_text(plans: list[NodePlan]) -> str:
@@ -58,6 +59,7 @@ def start(plans: list[NodePlan]) -> int:
 
 def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
     """Plans this host's nodes and starts them; with --dry-run prints the plan and starts nothing."""
+    check_installed()
     plans = plan_nodes(spec, run_dir)
     if spec.dry_run:
         print(dry_run_text(plans))

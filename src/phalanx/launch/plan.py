@@ -21,6 +21,7 @@ from phalanx.errors import SettingsRefused
 from phalanx.launch import gpus, network
 from phalanx.launch.spec import LaunchSpec
 from phalanx.launch.values import Endpoint
+from phalanx.torch_compat import installed_torch, outside_range
 from phalanx.worker_env import WorkerEnv
 
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -368,5 +369,8 @@ def decision_block(plans: list[NodePlan]) -> str:
     else:
         node = plan.local_addr if plan.node_label == plan.local_addr else f"{plan.node_label} ({plan.local_addr})"
         head = f"node {node} joins job '{plan.rdzv_id}' of {nnodes} nodes"
-    head = f"phalanx {__version__}: {head}"
-    return "\n".join([head, *(f"  {line}" for line in plan.notes), f"  logs       {plan.run_dir}/"])
+    torch = installed_torch() or "(not installed)"
+    head = f"phalanx {__version__} on torch {torch}: {head}"
+    untested = outside_range(torch)
+    warning = [f"warning    torch {torch} is {untested}: `phalanx env` names what may not work"] if untested else []
+    return "\n".join([head, *(f"  {line}" for line in [*plan.notes, *warning]), f"  logs       {plan.run_dir}/"])

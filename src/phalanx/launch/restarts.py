@@ -52,7 +52,7 @@ def restarts_only_when_they_can_help(
 
     class JudgedAgent(torch_agent):  # type: ignore[misc, valid-type]
         def _rendezvous(self, worker_group: Any) -> None:
-            # torch 2.13: every round (the first, a restart's, a membership change's) comes through
+            # every round (the first, a restart's, a membership change's) comes through
             # here, and leaves the round's store (RendezvousInfo.store) in worker_group.store
             super()._rendezvous(worker_group)
             if new_round is not None:

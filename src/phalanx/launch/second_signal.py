@@ -8,8 +8,9 @@ for how long), and the second SIGKILLs every process the agent started, so the w
 
 torch installs its handler when it starts the workers, by the module-level name
 ``_terminate_process_handler`` of ``torch.distributed.elastic.multiprocessing.api``; that name
-is wrapped for the block's duration (this module is the only place phalanx touches it). Checked
-against torch 2.13; where the name is missing, the block changes nothing.
+is wrapped for the block's duration (this module is the only place phalanx touches it; the canary
+of phalanx.torch_compat checks it on every release CI tests); where the name is missing, the block
+changes nothing.
 """
 
 from __future__ import annotations

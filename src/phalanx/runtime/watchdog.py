@@ -31,7 +31,7 @@ from phalanx.worker_env import WorkerEnv
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
 #: The size of torch's flight recorder, read when the process group is created; 0 switches it off.
-#: Unset, torch 2.13 keeps 2000 entries (some older releases recorded nothing unless it was set).
+#: Unset, torch 2.13 keeps 2000 entries; 2.10 records gloo collectives only when it is set.
 FLIGHT_RECORDER_VARIABLE = "TORCH_FR_BUFFER_SIZE"
 #: The newest collectives it keeps, unless the user set the size. A poll that reads the entries
 #: reads them all (about 9 ms for 500, 29 ms for 2000, measured) while training waits for the GIL;
@@ -102,12 +102,16 @@ def collective_counts(backend: str) -> Counts | None:
 
 def collectives_issued(backend: str) -> int | None:
     """How many collectives this process issued in all its process groups, destroyed ones too
-    (the flight recorder keeps its counts); None where the recorder is off or of another format."""
-    if os.environ.get(FLIGHT_RECORDER_VARIABLE, "").strip() == "0":
-        return None
-    status = pickle.loads(_dump_flight_recorder(backend, collectives=False)).get("pg_status")
+    (the flight recorder keeps its counts); None where the recorder is off or of another format.
+
+    A recorder that is off (``TORCH_FR_BUFFER_SIZE=0``, or unset on torch releases that record
+    gloo only when it is set, such as 2.10) registers no group: its ``pg_config`` is empty, and
+    its empty ``pg_status`` means nothing. One that is on registers each group at its creation."""
+    dump = pickle.loads(_dump_flight_recorder(backend, collectives=False))
     try:
-        return sum(max(0, int(group["last_enqueued_collective"])) for group in status.values())
+        if not dump["pg_config"]:
+            return None
+        return sum(max(0, int(group["last_enqueued_collective"])) for group in dump["pg_status"].values())
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
@@ -186,7 +190,9 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
     it can. Call it after a collective: torch's flight recorder must show it."""
     import torch
 
-    other_torch = f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with 2.13)"
+    from phalanx.torch_compat import tested_range
+
+    other_torch = f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with {tested_range()})"
     try:
         issued = any(flight_recorder_progress(0, "", None, backend).issued.values())
     except Exception as error:  # noqa: BLE001 - a torch without this flight recorder, or another format of it
