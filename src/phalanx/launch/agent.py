@@ -40,6 +40,7 @@ from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.launch.values import parse_endpoint
+from phalanx.torch_compat import installed_torch
 from phalanx.worker_env import WorkerEnv
 
 if TYPE_CHECKING:
@@ -236,12 +237,10 @@ class NodeAgent:
         """Says that the check above could not see the collectives, rather than pass or fail blind."""
         if not ranks:
             return
-        import torch
-
         from phalanx.runtime.watchdog import FLIGHT_RECORDER_VARIABLE
 
         who, they = (f"ranks {ranges(ranks)}", "they") if len(ranks) > 1 else (f"rank {ranks[0]}", "it")
-        say(f"phalanx: note: {self.plan.node_label}: torch {torch.__version__}'s flight recorder did not count the "
+        say(f"phalanx: note: {self.plan.node_label}: torch {installed_torch()}'s flight recorder did not count the "
             f"collectives of {who}, so phalanx cannot tell whether {they} communicated with the others, only that "
             f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}=2000 lets it count them)")  # fmt: skip
 
