@@ -97,6 +97,18 @@ def test_garbage_of_the_right_size_falls_back(tmp_path, capsys):
     assert "step-000000002 is damaged (__0_0.distcp is truncated or altered" in capsys.readouterr().err
 
 
+def test_every_checkpoint_damaged_is_said_before_training_starts_from_step_0(tmp_path, capsys):
+    manager = CheckpointManager(tmp_path, init())
+    for step in (1, 2):
+        manager.save(step, {"x": step})
+        data_file(tmp_path, step).write_bytes(b"\0" * 8)
+    assert manager.load_latest() is None
+    said = capsys.readouterr().err
+    assert said.count("is damaged") == 2
+    assert f"none of the 2 checkpoint(s) in {tmp_path} checks out" in said and "training starts from step 0" in said
+    assert names(tmp_path) == ["step-000000001.damaged", "step-000000002.damaged"]  # kept, never deleted
+
+
 def test_a_marker_of_another_format_is_refused_plainly(tmp_path, capsys):
     manager = CheckpointManager(tmp_path, init())
     manager.save(1, {"x": 1})

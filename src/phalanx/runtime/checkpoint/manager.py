@@ -273,7 +273,7 @@ class CheckpointManager:
         steps = sorted({step for found in self._all([s for s, _ in folder.committed(self.directory)]) for step in found},
                        reverse=True)  # fmt: skip
         leaders = self._all(self._readers()[1] == 0)
-        somewhere = None
+        somewhere, set_aside = None, 0
         for step in steps:
             path = self.directory / folder.committed_name(step)
             mine = self._problem_with(path)
@@ -290,6 +290,8 @@ class CheckpointManager:
             if any(p is None for p in copies):
                 somewhere = somewhere or step  # whole on some nodes, not on all
             damaged = mine if self.node_local else copies[0]
+            if damaged not in (None, _MISSING):
+                set_aside += 1
             if self._writes_files and damaged not in (None, _MISSING):
                 where = folder.set_aside(path)
                 print(f"phalanx: checkpoint {path} is damaged ({damaged}); {where}, trying the previous one",
@@ -303,6 +305,9 @@ class CheckpointManager:
                 "others.",
                 "copy the newest step-* folder to the nodes that lack it, or give a folder every node sees",
             )
+        if set_aside and self.context.rank == 0:  # the damaged ones are kept (*.damaged): nothing is deleted
+            print(f"phalanx: WARNING: none of the {set_aside} checkpoint(s) in {self.directory} checks out (each was "
+                  "set aside as *.damaged, kept); training starts from step 0", file=sys.stderr, flush=True)  # fmt: skip
         return None
 
     def _problem_with(self, path: Path) -> str | None:
