@@ -77,6 +77,27 @@ def test_up_exec_cut_restore_down(bed_name):
     assert down.returncode == 0 and not leftovers(bed_name)
 
 
+def qdiscs(bed_name: str, host: str) -> str:
+    return run_testbed("exec", host, "--name", bed_name, "--", "tc", "qdisc", "show", "dev", "eth0").stdout
+
+
+def test_a_refused_shape_leaves_the_link_as_it_was(bed_name):
+    """Delay needs the kernel's netem, which some kernels lack (this machine's among them): a
+    refused --delay must not have removed the rate limit that `status` still shows."""
+    assert run_testbed("up", "--hosts", "2", "--name", bed_name, "--rate", "1gbit").returncode == 0
+    try:
+        shaped = run_testbed("shape", "h2", "--delay", "1ms", "--name", bed_name)
+        status = run_testbed("status", "--name", bed_name).stdout
+        if shaped.returncode == 0:  # a kernel with netem: the delay is on, with the rate
+            assert "netem" in qdiscs(bed_name, "h2") and "delay 1ms" in status
+        else:
+            assert shaped.returncode == 2 and "cannot add delay or loss" in shaped.stderr, shaped.stderr
+            assert "tbf" in qdiscs(bed_name, "h2") and "rate 1gbit" in status.splitlines()[3], status
+            assert "delay" not in status
+    finally:
+        assert run_testbed("down", "--name", bed_name).returncode == 0
+
+
 def test_down_removes_a_bed_whose_up_was_killed(bed_name):
     up = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "30", "--name", bed_name],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip

@@ -63,6 +63,11 @@ CASES: list[tuple[str, list[str], str]] = [
     ("simulate with nnodes", ["run", "--simulate-nodes", "2", "--nnodes", "3", "train.py"],
      "--simulate-nodes 2 with --nnodes 3"),
     ("standalone with nnodes", ["run", "--standalone", "--nnodes", "2", "train.py"], "--standalone with --nnodes 2"),
+    # -- torchrun's flags that phalanx does not take, in both spellings ------------------------
+    *((f"torchrun's {argv[0]}", ["run", *argv, "train.py"], f"{argv[0].split('=')[0]} is torchrun's: phalanx does not take it")
+      for argv in (["--no-python"], ["--node-rank", "1"], ["--node_rank=1"], ["--master-addr", "10.0.0.1"],
+                   ["--master_port", "29500"], ["--rdzv-backend", "c10d"], ["--local-addr", "10.0.0.2"])),
+    ("torchrun's flag in phalanx slurm", ["slurm", "--master-port", "29500", "train.py"], "--rdzv-endpoint HOST:PORT"),
     # -- a config file that is not UTF-8, in every command that reads one ----------------------
     *((f"config not UTF-8, {argv[0]}", [*argv, "--config", "latin1.toml", *script], "latin1.toml is not UTF-8 text")
       for argv, script in ((["run"], ["train.py"]), (["launch", "--hosts", "a,b"], ["train.py"]), (["slurm"], ["train.py"]),
@@ -122,11 +127,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("launch ipv6 host", ["launch", "--hosts", "fe80::1,b", "train.py"], "looks like an IPv6 address"),
     ("slurm simulate", ["slurm", "--simulate-nodes", "2", "train.py"], "--simulate-nodes with phalanx slurm"),
     ("slurm time limit", ["slurm", "--time", "forever", "train.py"], "forever"),
+    ("slurm log dir a file", ["slurm", "--log-dir", "train.py", "train.py"], "train.py is a file, not a folder"),
+    ("slurm log dir in /proc", ["slurm", "--log-dir", "/proc/phalanx-logs", "train.py"],
+     "--log-dir /proc/phalanx-logs cannot be written"),
     ("k8s no image", ["k8s", "train.py"], "--image"),
     ("k8s unknown kind", ["k8s", "--image", "x:1", "--kind", "deployment", "train.py"], "deployment"),
     ("testbed no hosts", ["testbed", "up", "--hosts", "0", "--name", "nobed"], "--hosts 0: a bed has at least one host"),
     ("testbed unknown bed", ["testbed", "exec", "--name", "nosuchbed", "h1", "--", "true"],
      "there is no test bed named 'nosuchbed'"),
+    *((f"testbed cut for {value}", ["testbed", "cut", "h2", "--for", value, "--name", "nosuchbed"],
+       f"--for {value}: a cut lasts a positive number of seconds") for value in ("-1", "0", "nan", "inf")),
 ]  # fmt: skip
 
 

@@ -65,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
     from phalanx.clusters.slurm_job import job_from_args, submit
     from phalanx.clusters.sbatch import render
     from phalanx.console import say
+    from phalanx.launch.job import check_log_dir
 
     from pathlib import Path
 
     job = job_from_args(args)
     text = render(job)
-    (Path(job.workdir) / job.output).parent.mkdir(parents=True, exist_ok=True)  # SLURM creates no folder for it
+    # SLURM creates no folder for the job's log: a job whose folder is missing fails with no word
+    check_log_dir((Path(job.workdir) / job.output).parent, "SLURM writes the batch job's log there (slurm-<job ID>.out).")
     if not args.submit:
         print(text, end="")
         say(f"phalanx slurm: submit it with `sbatch FILE`; its log: {job.workdir}/{job.output} (%j is the job ID)")

@@ -85,8 +85,7 @@ def submit(job: SlurmJob, text: str) -> int:
             "jobs are submitted from a SLURM login node (or any host with SLURM's client tools).",
             "run phalanx slurm there, or drop --submit to print the script and copy it over",
         )
-    folder = Path(job.workdir) / Path(job.output).parent
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(job.workdir) / Path(job.output).parent  # made by the CLI before (check_log_dir)
     script = folder / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     script.write_text(text)
     try:

@@ -27,10 +27,9 @@ def dry_run_text(plans: list[NodePlan]) -> str:
     return "\n".join(parts)
 
 
-def check_log_dir(run_dir: Path) -> None:
-    """Refuses a --log-dir that cannot hold the run's logs (a file, /proc, a read-only mount)
-    before anything starts, instead of a traceback from torchrun once the nodes have met."""
-    log_dir = run_dir.parent
+def check_log_dir(log_dir: Path, why: str = "every rank writes its logs under it, on every node.") -> None:
+    """Makes --log-dir, or refuses one that cannot hold logs (a file, /proc, a read-only mount)
+    before anything starts, instead of a traceback (from torchrun once the nodes have met)."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=log_dir):
@@ -39,14 +38,14 @@ def check_log_dir(run_dir: Path) -> None:
         what = "is a file, not a folder" if log_dir.is_file() else f"cannot be written ({error.strerror or error})"
         raise SettingsRefused(
             f"--log-dir {log_dir} {what}",
-            "every rank writes its logs under it, on every node.",
+            why,
             "give a folder this user can write, e.g. --log-dir ./phalanx-logs",
         ) from None
 
 
 def start(plans: list[NodePlan]) -> int:
     """Runs this host's node agents (one, or K when simulated) and returns the job's exit code."""
-    check_log_dir(Path(plans[0].run_dir))
+    check_log_dir(Path(plans[0].run_dir).parent)
     say(decision_block(plans))
     if plans[0].is_simulated:
         from phalanx.launch.simulate import Simulation

@@ -171,6 +171,33 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
 _BY_FIELD = {option.field: option for option in LAUNCH_OPTIONS}
 
 
+_ENDPOINT_HINT = "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node"
+#: torchrun's flags that phalanx does not take: flag -> (what phalanx does instead, what to type).
+TORCHRUN_ONLY = {
+    "no-python": ("phalanx run starts SCRIPT with this Python (or a module, with -m)",
+                  "run a Python script or module; start another program from a small Python script"),
+    "node-rank": ("the rendezvous ranks the nodes in the order they join (torchrun ignores --node-rank with c10d too); "
+                  "under a scheduler the node's rank comes from its variables",
+                  "drop --node-rank: the rank plan printed at the start shows which node got which ranks"),
+    "master-addr": ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
+                    _ENDPOINT_HINT),
+    "master-port": ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
+                    _ENDPOINT_HINT),
+    "rdzv-backend": ("phalanx always uses torchrun's c10d rendezvous", "drop --rdzv-backend"),
+    "local-addr": ("each node advertises the address of its interface that routes to the endpoint",
+                   "drop --local-addr; to advertise another interface's address, name it: --interface NAME"),
+}  # fmt: skip
+
+
+class _TorchrunOnly(argparse.Action):
+    """A torchrun flag pasted into a phalanx command: refused with what phalanx does instead, not
+    argparse's bare 'unrecognized arguments'."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        instead, hint = TORCHRUN_ONLY[self.dest]
+        raise SettingsRefused(f"{option_string} is torchrun's: phalanx does not take it", f"{instead}.", hint)
+
+
 def add_launch_options(parser: argparse.ArgumentParser) -> None:
     """Adds the launch flags; defaults stay None so that unset flags fall through to env and config."""
     group = parser.add_argument_group("launch options (each also PHALANX_<FLAG> or a key in --config)")
@@ -186,6 +213,9 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--config", dest="config", default=None, metavar="FILE", help="TOML file of launch settings; flags override it"
     )
+    for flag in TORCHRUN_ONLY:
+        spellings = {f"--{flag}", f"--{flag.replace('-', '_')}"}
+        group.add_argument(*sorted(spellings), dest=flag, nargs="?", action=_TorchrunOnly, help=argparse.SUPPRESS)
 
 
 def add_script_arguments(parser: argparse.ArgumentParser) -> None:

@@ -119,7 +119,11 @@ class TestBed:
         """Shapes the links of ``hosts`` (every host by default), both directions."""
         for name in hosts or [host.name for host in self.hosts]:
             host = self.host(name)
-            _apply_shaping(host, shaping)
+            try:
+                _apply_shaping(host, shaping)
+            except SettingsRefused:  # the link keeps the shaping it had, as the bed's state says
+                _apply_shaping(host, self.shaping.get(name, Shaping()))
+                raise
             self.shaping[name] = shaping
         self.save()
 

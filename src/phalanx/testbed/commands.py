@@ -51,6 +51,9 @@ def shape(args: argparse.Namespace) -> int:
 
 
 def cut(args: argparse.Namespace) -> int:
+    if args.seconds is not None and not 0 < args.seconds < float("inf"):  # NaN too
+        raise SettingsRefused(f"--for {args.seconds:g}: a cut lasts a positive number of seconds",
+                              hint=f"for example --for 5, or no --for: `phalanx testbed restore {args.host}` ends it")  # fmt: skip
     bed = TestBed.load(args.name)
     bed.cut_link(args.host)
     if args.seconds is None:
