@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -128,19 +127,13 @@ def test_a_device_mesh_counts_as_joining(tmp_path):
     record = tmp_path / "process_group.json"
     script = write(tmp_path, "mesh.py", """
         import os
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["FREE_PORT"], RANK="0")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0")  # a world of one: any free port
         from torch.distributed.device_mesh import init_device_mesh
         import torch.distributed as dist
         init_device_mesh("cpu", (1,))
         dist.destroy_process_group()
     """)
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1",
-                                           "FREE_PORT": str(port)})  # fmt: skip
+    done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
     assert done.returncode == 0, done.stderr
     assert GroupRecord.read(record).joined_world == 1
 
@@ -157,14 +150,13 @@ def test_a_script_that_never_joins_records_that_it_ran_alone(tmp_path):
 @pytest.mark.parametrize("collective", [False, True], ids=["idle group", "one all-reduce"])
 def test_a_world_of_two_that_never_communicates_ran_alone(tmp_path, collective):
     """Accelerate on CPUs without ACCELERATE_USE_CPU=1 creates the group, then trains alone: the
-    group alone is no evidence. One all-reduce is, also after the group was destroyed."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    group alone is no evidence. One all-reduce is, also after the group was destroyed. The two
+    meet through a file: a port probed free and closed can be taken by any outgoing connection of
+    a parallel test before rank 0 listens on it."""
     script = write(tmp_path, "two.py", f"""
         import os, sys, torch
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=int(os.environ["RANK"]),
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=int(os.environ["RANK"]),
                                 world_size=2)
         if sys.argv[1] == "yes":
             dist.all_reduce(torch.ones(1))
