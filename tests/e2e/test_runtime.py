@@ -15,6 +15,7 @@ import psutil
 import pytest
 import torch
 
+from phalanx.runtime.checkpoint.lock import LOCK_NAME
 from tests.conftest import EXAMPLES, kill_group, phalanx_argv, run_command
 
 pytestmark = pytest.mark.slow
@@ -187,6 +188,40 @@ def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
 
 
 @pytest.mark.compat
+def test_a_second_job_on_a_checkpoint_folder_is_refused_and_a_killed_ones_lock_taken_over(workdir):
+    """Two jobs in one folder deleted each other's saves in progress. The second is refused,
+    naming the first, which goes on; a job killed with SIGKILL leaves its lock behind, and the
+    next job takes it over, says so, and removes it at its end."""
+    checkpoints = workdir / "ck"
+    lock = checkpoints / LOCK_NAME
+
+    def job(epochs: str) -> list[str]:
+        return phalanx_argv("run", "--nproc-per-node", "2", TRAIN, "--epochs", epochs, "--batch-size", "16",
+                            "--checkpoint-every", "20", "--checkpoint-dir", str(checkpoints))  # fmt: skip
+
+    first = subprocess.Popen(job("1000"), cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not lock.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+            time.sleep(0.05)
+        second = run_command(job("1"), timeout=120, cwd=workdir)
+        assert second.returncode == 2, second.output
+        assert f"the checkpoint folder {checkpoints} is in use by another job" in second.output, second.output
+        assert f"launcher PID {first.pid}" in second.output and "HINT: give this job a checkpoint folder" in second.output
+        assert first.poll() is None  # the first job goes on
+    finally:
+        kill_group(first.pid)
+        first.communicate()
+    assert lock.exists()  # SIGKILL: nothing removed it
+    third = run_command(job("1"), timeout=120, cwd=workdir)
+    assert third.returncode == 0, third.output
+    assert f"taking over the lock of a job that is gone (job " in third.output, third.output
+    assert f"launcher PID {first.pid}" in third.output
+    assert not lock.exists()  # removed at the end of the job that held it
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference, workers):
     """With DataLoader workers too: they are handed batches ahead of the loop, which a resume

@@ -16,11 +16,12 @@ import torch
 from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.runtime.checkpoint import CheckpointManager, folder, restore_rng_state, rng_state
 from phalanx.runtime.checkpoint.encoding import NotStorable
+from phalanx.runtime.checkpoint.lock import LOCK_NAME
 from phalanx.runtime.context import init
 
 
 def names(folder):
-    return sorted(p.name for p in folder.iterdir())
+    return sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME)
 
 
 def data_file(folder, step):

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.runtime.checkpoint import encoding, folder
 from phalanx.runtime.checkpoint.errors import describe, not_saved
+from phalanx.runtime.checkpoint.lock import FolderLock
 from phalanx.runtime.context import DistributedContext
 
 _SHARED, _SHARED_SKELETON = "state", "skeleton.state"
@@ -72,7 +73,8 @@ class CheckpointManager:
 
     Args:
         directory: the checkpoint folder; made if missing. Refused (SettingsRefused, exit 2) when
-            it is a file, cannot be made or written, or its disk is full: before the first step.
+            it is a file, cannot be made or written, or its disk is full, or another job that
+            still runs holds it (its ``phalanx.lock``): before the first step.
         context: the job (:func:`phalanx.init`). Every rank makes the manager: a collective.
         keep: complete checkpoints kept; older ones are removed after each save.
         async_save: write in a background thread; :meth:`save` returns once the state is copied
@@ -97,7 +99,8 @@ class CheckpointManager:
         # Checkpoint collectives run in a group of their own: an async save's thread uses it
         # while the training uses the default group (and gloo works for CPU and CUDA tensors).
         self._group = dist.new_group(backend="gloo") if self._distributed else None
-        refusal = self._check_folder() if context.local_rank == 0 else None
+        # Before anything in the folder is touched: another job's saves in progress are left alone.
+        refusal = (self._check_folder() or FolderLock(self.directory).take()) if context.local_rank == 0 else None
         refused = next((r for r in self._all(refusal) if r is not None), None)
         if refused is not None:  # on every rank: the one that found it says why
             raise SettingsRefused(*(refusal or refused)) from None
