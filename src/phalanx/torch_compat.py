@@ -49,7 +49,8 @@ def tested_range() -> str:
 
 def install_hint() -> str:
     """The pip line that installs a release inside the range."""
-    return f"pip install 'torch>={_text(FLOOR)},<={_newest()}'"
+    major, minor = release(_newest()) or FLOOR
+    return f"pip install 'torch>={_text(FLOOR)},<{major}.{minor + 1}'"
 
 
 def installed_torch() -> str | None:

@@ -26,13 +26,16 @@ class WorkerEnv:
     launcher_pid: int | None = None
     #: Where this rank writes whether it joined the job's process group (set per rank with ``attempt``).
     group_record: str | None = None
+    #: The job, the same on every node and in every rendezvous round and restart of one launch:
+    #: its rendezvous ID and endpoint (unset for one node, whose store port torchrun picks).
+    job: str | None = None
     #: A preemption signal (SIGUSR1) that came before the worker's script could handle it: kept by
     #: the launcher (no worker yet) or the worker's entry point; PreemptionGuard takes it as received.
     early_signal: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
-             "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL"}  # fmt: skip
+             "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid")
 
     def to_env(self) -> dict[str, str]:

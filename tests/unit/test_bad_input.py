@@ -187,8 +187,9 @@ def test_output_into_a_closed_pipe_ends_quietly(folder, argv):
     read, write = os.pipe()
     os.close(read)
     try:
+        buffered = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # as most terminals
         done = subprocess.run([sys.executable, "-m", "phalanx", *argv], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=60, cwd=folder)  # fmt: skip
+                              text=True, timeout=60, cwd=folder, env=buffered)  # fmt: skip
     finally:
         os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE, done.stderr

@@ -12,6 +12,7 @@ import time
 
 import psutil
 
+from phalanx.runtime.checkpoint import lock as lock_module
 from phalanx.runtime.checkpoint.lock import LOCK_NAME, STALE_S, FolderLock, Holder, this_job
 
 
@@ -79,9 +80,35 @@ def test_an_unreadable_lock_is_taken_over(tmp_path):
 
 
 def test_a_job_is_named_by_its_rendezvous_and_its_launcher():
+    """phalanx run names the job by its rendezvous ID and endpoint, which stay when a round moves
+    the store's address (an elastic change) or torchrun picks a new port; plain torchrun's
+    variables name it otherwise."""
     env = {"TORCHELASTIC_RUN_ID": "train", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400",
            "PHALANX_LAUNCHER_PID": str(os.getppid())}  # fmt: skip
     me = this_job(env)
     assert me.job == "'train' at 10.0.0.1:29400" and me.pid == os.getppid()
+    assert this_job({**env, "PHALANX_JOB": "'train' at 10.0.0.9:29500"}).job == "'train' at 10.0.0.9:29500"
     alone = this_job({})
     assert alone.job == f"of process {os.getpid()}" and alone.pid == os.getpid()
+
+
+def test_a_lock_put_in_place_while_a_gone_one_is_taken_over_is_respected(tmp_path, monkeypatch):
+    """Job B judged the lock of a gone job; before B renamed it away, a live job put its own in
+    place. B must put that one back and be refused, not delete it."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    plant(tmp_path, holder("gone", pid=ended.pid))
+    live = holder("live", pid=os.getppid())
+    read = lock_module._read
+
+    def read_then_race(path):
+        found = read(path)
+        if path.name == LOCK_NAME and found is not None and found.job == "gone":
+            plant(tmp_path, live)  # the other job's takeover lands between B's read and B's rename
+        return found
+
+    monkeypatch.setattr(lock_module, "_read", read_then_race)
+    refusal = FolderLock(tmp_path, holder("mine")).take()
+    assert refusal is not None and "job live" in refusal[0]
+    assert held_by(tmp_path) == "live"
+    assert [p.name for p in tmp_path.iterdir()] == [LOCK_NAME]  # nothing of B's left

@@ -87,7 +87,7 @@ def test_phalanx_run_refuses_a_torch_below_the_floor_before_anything_starts(tmp_
                          cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path / 'site'}:{REPO / 'src'}"})  # fmt: skip
     assert result.returncode == 2, result.output
     assert "torch 2.7.1 is older than the releases phalanx supports (2.8 to 2.14)" in result.stderr
-    assert "HINT: install a supported release in this environment: pip install 'torch>=2.8,<=2.14.1'" in result.stderr
+    assert "HINT: install a supported release in this environment: pip install 'torch>=2.8,<2.15'" in result.stderr
     assert "never started" not in result.output and not (tmp_path / "phalanx-logs").exists()
 
 
@@ -111,7 +111,7 @@ def test_env_and_doctor_name_what_is_unsure_outside_the_range():
     (newer,) = traps.torch_range_traps(facts("2.15.0"))
     assert newer.topic == "torch-untested" and newer.what == "torch 2.15.0 is newer than the releases phalanx is tested with (2.8 to 2.14)"
     assert "the stall watchdog" in newer.why and "a second Ctrl-C" in newer.why and "reading checkpoints" in newer.why
-    assert newer.hint.startswith("pip install 'torch>=2.8,<=2.14.1'")
+    assert newer.hint.startswith("pip install 'torch>=2.8,<2.15'")
     gone = "torch._C._distributed_c10d._dump_fr_trace (the stall watchdog)"
     (lacking,) = traps.torch_range_traps(facts("2.13.0", (gone,)))
     assert lacking.topic == "torch-private-missing" and gone in lacking.what

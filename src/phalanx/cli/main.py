@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's exit
+        return code
     except PhalanxError as error:
         print(error.render(), file=sys.stderr)
         return int(error.exit_code)

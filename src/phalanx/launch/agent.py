@@ -237,12 +237,12 @@ class NodeAgent:
         """Says that the check above could not see the collectives, rather than pass or fail blind."""
         if not ranks:
             return
-        from phalanx.runtime.watchdog import FLIGHT_RECORDER_VARIABLE
+        from phalanx.runtime.watchdog import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_VARIABLE
 
         who, they = (f"ranks {ranges(ranks)}", "they") if len(ranks) > 1 else (f"rank {ranks[0]}", "it")
         say(f"phalanx: note: {self.plan.node_label}: torch {installed_torch()}'s flight recorder did not count the "
             f"collectives of {who}, so phalanx cannot tell whether {they} communicated with the others, only that "
-            f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}=2000 lets it count them)")  # fmt: skip
+            f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}={FLIGHT_RECORDER_ENTRIES} lets it count them)")  # fmt: skip
 
     def _restart_helps(self, found: list[failure.RankFailure], remaining: int) -> bool:
         """Whether to restart the workers after these failures, said on the console either way

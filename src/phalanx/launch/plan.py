@@ -243,7 +243,8 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines = [*_cluster_lines(spec), *lines, *common_notes]
     label = _node_label(spec, choice.local_addr)
-    worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr)
+    job = f"'{spec.rdzv_id}' at {spec.rdzv_endpoint}" if spec.rdzv_endpoint is not None else None
+    worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr, job=job)
     return NodePlan(
         **_job_fields(spec, str(choice.endpoint)),
         nproc_per_node=resources.nproc,
@@ -292,7 +293,8 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     plans = []
     for index in range(count):
         address = f"127.0.0.{SIMULATED_ADDRESS_BASE + index}"
-        env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}", address=address).to_env()}
+        env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}", address=address,
+                                          job=f"'{spec.rdzv_id}' at {endpoint}").to_env()}  # fmt: skip
         if resources.backend == "nccl":  # each simulated node gets GPUs of its own, within the user's mask
             mask = os.environ.get("CUDA_VISIBLE_DEVICES")
             visible = mask.split(",") if mask else [str(k) for k in range(resources.gpu_count)]

@@ -69,12 +69,16 @@ class Holder:
 
 
 def this_job(environ: Mapping[str, str] = os.environ) -> Holder:
-    """The holder this process writes: the job as torchrun's variables name it, and its launcher."""
-    if "MASTER_PORT" in environ:
+    """The holder this process writes: its job (as phalanx run names it, else as torchrun's
+    variables do: one node's store port stays for the whole launch), and its launcher."""
+    worker = WorkerEnv.from_env(environ)
+    if worker.job:
+        job = worker.job
+    elif "MASTER_PORT" in environ:
         job = f"'{environ.get('TORCHELASTIC_RUN_ID', '')}' at {environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}"
     else:
         job = f"of process {os.getpid()}"
-    launcher = WorkerEnv.from_env(environ).launcher_pid or (os.getppid() if "TORCHELASTIC_RUN_ID" in environ else os.getpid())
+    launcher = worker.launcher_pid or (os.getppid() if "TORCHELASTIC_RUN_ID" in environ else os.getpid())
     try:
         started = psutil.Process(launcher).create_time()
     except psutil.Error:
@@ -109,7 +113,7 @@ class FolderLock:
     """The lock of one checkpoint folder, taken by :meth:`take` and held while the process runs."""
 
     def __init__(self, directory: Path, me: Holder | None = None) -> None:
-        self.path = directory / LOCK_NAME
+        self.path = directory.absolute() / LOCK_NAME  # the refresh and the release outlive a chdir
         self.me = me or this_job()
         self._stop = threading.Event()
 
@@ -151,11 +155,16 @@ class FolderLock:
                     os.rename(self.path, gone)
                 except FileNotFoundError:
                     continue  # another job took it over first: its lock is read next time round
+                if _read(gone) != holder:  # another job's, put in place since it was read: back, and look again
+                    with contextlib.suppress(FileExistsError):
+                        _link_or_create(gone, self.path)
+                    gone.unlink()
+                    continue
                 gone.unlink()
                 print(f"phalanx: checkpoint folder {self.path.parent}: taking over the lock of a job that is gone "
                       f"({holder.describe()})", file=sys.stderr, flush=True)  # fmt: skip
             holder = _read(self.path)
-            return self._refusal(holder) if holder is not None else None
+            return self._refusal(holder or Holder("(changing)", "?", 0, 0.0))
         finally:
             written.unlink(missing_ok=True)
 
