@@ -222,6 +222,7 @@ def test_a_second_job_on_a_checkpoint_folder_is_refused_and_a_killed_ones_lock_t
     assert not lock.exists()  # removed at the end of the job that held it
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, reference, workers):
     """With DataLoader workers too: they are handed batches ahead of the loop, which a resume
