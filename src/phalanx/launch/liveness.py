@@ -50,6 +50,7 @@ class Liveness:
         self.beat_s, self.lost_after_s = beat_s, lost_after_s
         self.store_host = store_host or host
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         started = time.monotonic()
         self._last_round = started  # when the store last answered a whole round
@@ -58,10 +59,20 @@ class Liveness:
 
     def start(self) -> None:
         for target, name in ((self._beat, "phalanx-beat"), (self._watch, "phalanx-liveness")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stops both threads and waits for them: at most a store call's timeout (``beat_s``).
+
+        A thread still inside a store call when the interpreter exits is ended by it in C++ code,
+        which aborts the process ("terminate called without an active exception", seen with
+        torch 2.14.1): the launcher's exit code was lost after a good job."""
         self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self.beat_s + 1.0)
 
     def _key(self, node: str) -> str:
         return f"{self.prefix}alive/{node}"
