@@ -11,6 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
+def job_name(rdzv_id: str, endpoint: str) -> str:
+    """How a job is named to its workers (:attr:`WorkerEnv.job`): its rendezvous ID and endpoint."""
+    return f"'{rdzv_id}' at {endpoint}"
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     #: The backend the launcher chose for this node (nccl or gloo).

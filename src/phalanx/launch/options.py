@@ -171,7 +171,8 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
 _BY_FIELD = {option.field: option for option in LAUNCH_OPTIONS}
 
 
-_ENDPOINT_HINT = "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node"
+_ENDPOINT = ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
+             "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node")
 #: torchrun's flags that phalanx does not take: flag -> (what phalanx does instead, what to type).
 TORCHRUN_ONLY = {
     "no-python": ("phalanx run starts SCRIPT with this Python (or a module, with -m)",
@@ -179,10 +180,8 @@ TORCHRUN_ONLY = {
     "node-rank": ("the rendezvous ranks the nodes in the order they join (torchrun ignores --node-rank with c10d too); "
                   "under a scheduler the node's rank comes from its variables",
                   "drop --node-rank: the rank plan printed at the start shows which node got which ranks"),
-    "master-addr": ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
-                    _ENDPOINT_HINT),
-    "master-port": ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
-                    _ENDPOINT_HINT),
+    "master-addr": _ENDPOINT,
+    "master-port": _ENDPOINT,
     "rdzv-backend": ("phalanx always uses torchrun's c10d rendezvous", "drop --rdzv-backend"),
     "local-addr": ("each node advertises the address of its interface that routes to the endpoint",
                    "drop --local-addr; to advertise another interface's address, name it: --interface NAME"),

@@ -22,7 +22,7 @@ from phalanx.launch import gpus, network
 from phalanx.launch.spec import LaunchSpec
 from phalanx.launch.values import Endpoint
 from phalanx.torch_compat import installed_torch, outside_range
-from phalanx.worker_env import WorkerEnv
+from phalanx.worker_env import WorkerEnv, job_name
 
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Simulated node k advertises 127.0.0.(SIMULATED_ADDRESS_BASE + k). Distinct addresses give the
@@ -243,7 +243,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines = [*_cluster_lines(spec), *lines, *common_notes]
     label = _node_label(spec, choice.local_addr)
-    job = f"'{spec.rdzv_id}' at {spec.rdzv_endpoint}" if spec.rdzv_endpoint is not None else None
+    job = job_name(spec.rdzv_id, str(spec.rdzv_endpoint)) if spec.rdzv_endpoint is not None else None
     worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr, job=job)
     return NodePlan(
         **_job_fields(spec, str(choice.endpoint)),
@@ -294,7 +294,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     for index in range(count):
         address = f"127.0.0.{SIMULATED_ADDRESS_BASE + index}"
         env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}", address=address,
-                                          job=f"'{spec.rdzv_id}' at {endpoint}").to_env()}  # fmt: skip
+                                          job=job_name(spec.rdzv_id, endpoint)).to_env()}  # fmt: skip
         if resources.backend == "nccl":  # each simulated node gets GPUs of its own, within the user's mask
             mask = os.environ.get("CUDA_VISIBLE_DEVICES")
             visible = mask.split(",") if mask else [str(k) for k in range(resources.gpu_count)]

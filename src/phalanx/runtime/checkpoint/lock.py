@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from phalanx.worker_env import WorkerEnv
+from phalanx.worker_env import WorkerEnv, job_name
 
 LOCK_NAME = "phalanx.lock"
 REFRESH_S = 30.0
@@ -75,7 +75,7 @@ def this_job(environ: Mapping[str, str] = os.environ) -> Holder:
     if worker.job:
         job = worker.job
     elif "MASTER_PORT" in environ:
-        job = f"'{environ.get('TORCHELASTIC_RUN_ID', '')}' at {environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}"
+        job = job_name(environ.get("TORCHELASTIC_RUN_ID", ""), f"{environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}")
     else:
         job = f"of process {os.getpid()}"
     launcher = worker.launcher_pid or (os.getppid() if "TORCHELASTIC_RUN_ID" in environ else os.getpid())
@@ -164,7 +164,11 @@ class FolderLock:
                 print(f"phalanx: checkpoint folder {self.path.parent}: taking over the lock of a job that is gone "
                       f"({holder.describe()})", file=sys.stderr, flush=True)  # fmt: skip
             holder = _read(self.path)
-            return self._refusal(holder or Holder("(changing)", "?", 0, 0.0))
+            if holder is not None:
+                return self._refusal(holder)
+            return (f"the lock of the checkpoint folder {self.path.parent} changed three times while this job took it",
+                    "other jobs are starting on the same folder at this moment.",
+                    "give this job a checkpoint folder of its own")  # fmt: skip
         finally:
             written.unlink(missing_ok=True)
 
