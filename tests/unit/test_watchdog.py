@@ -144,6 +144,41 @@ def test_a_poll_that_fails_is_said_once_and_so_is_its_recovery(job_store, monkey
     assert log().count("rank 3 polls again") == 1
 
 
+def test_a_fork_waits_until_the_thread_is_out_of_torch(job_store, monkeypatch):
+    """A DataLoader worker forked while the thread is inside torch inherits the C locks torch
+    holds then and can hang before its first batch. The dump is stood in for by a slow one that
+    marks when it runs (a real dump is microseconds: a fork would land in one too rarely to see);
+    the thread, its polls and the forks are real. A fork lands inside a poll when the guard fails."""
+    import os
+    import threading
+
+    inside, polls = threading.Event(), []
+    real_dump = torch._C._distributed_c10d._dump_fr_trace
+
+    def slow_dump(**kwargs):
+        inside.set()
+        time.sleep(0.03)
+        polls.append(1)
+        inside.clear()
+        return real_dump(**kwargs)
+
+    watchdog = StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=0.005)
+    watchdog.start()
+    monkeypatch.setattr(torch._C._distributed_c10d, "_dump_fr_trace", slow_dump)
+    try:
+        wait_for(lambda: len(polls) >= 2)
+        forks, landed_inside, first_poll = 0, 0, len(polls)
+        while len(polls) < first_poll + 10:  # forks back to back over ten polls
+            pid = os.fork()
+            if pid == 0:
+                os._exit(1 if inside.is_set() else 0)
+            forks += 1
+            landed_inside += os.waitpid(pid, 0)[1] != 0
+        assert landed_inside == 0, f"{landed_inside} of {forks} forks happened while the thread was inside torch"
+    finally:
+        watchdog.stop()
+
+
 def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
     job_store = serve_job_store(monkeypatch)
     port = job_store.port
