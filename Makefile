@@ -1,7 +1,7 @@
 # Set-up and the main entry points. Every target creates the virtual environment if missing.
 #
 # TORCH_SPEC pins the PyTorch build installed before phalanx itself: on this kind of machine
-# `torch==2.13.0` takes the CPU build from the local disk, and the project's `torch>=2.4` range
+# `torch==2.13.0` takes the CPU build from the local disk, and the project's `torch>=2.8` range
 # then installs nothing more (a bare `torch` would pull a multi-GB CUDA build).
 # On a GPU machine: make demo TORCH_SPEC='torch==2.13.0' (pip's default Linux build has CUDA).
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet '$(TORCH_SPEC)'
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,fabric]'
 	touch $@
 
 # The example training (handwritten digits, shipped with scikit-learn) on this one machine,
@@ -80,8 +80,11 @@ compat-venvs: $(COMPAT_VENVS)
 	.venv-torch-$*/bin/python -m pip install --quiet -e '.[test]'
 	touch $@
 
+# Every benchmark (about two hours on 2 cores; root for the ones that build network namespaces)
+# and one table of every target against its limit: benchmarks/results/summary.md. The test
+# suite runs each one's smoke mode (tests/e2e/test_benchmarks.py).
 bench: $(STAMP)
-	$(BIN)/python benchmarks/launch_overhead.py
+	$(BIN)/python benchmarks/summary.py
 
 clean:
 	rm -rf $(VENV) .venv-torch-* phalanx-logs .pytest_cache build src/*.egg-info

@@ -34,34 +34,44 @@ Links:
   veth      the same two namespaces, unshaped
 
 Usage: python benchmarks/auto_compression.py [--repeats 9] [--steps 2000] [--link loopback 1gbit veth]
-                                             [--method in-process|launches] [--model linear|mlp] [--json PATH]
+                                             [--method in-process|launches] [--model linear|mlp] [--smoke] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.netns.hosts makes the two namespaces
+from phalanx.testbed import Host, Shaping, run_together, test_bed
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
-from tests.netns.hosts import Host, run_on_both, two_hosts  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 WORKER = str(REPO / "benchmarks" / "auto_compression_worker.py")
 FIXED = ("none", "fp16", "powersgd")
 MODES = ("auto", *FIXED)
 RATES = {"loopback": None, "1gbit": "1gbit", "veth": None}
+#: auto at least this fraction of the best fixed choice's samples/s.
+TARGET = 0.95
 
 
-def hosts_for(link: str) -> AbstractContextManager[tuple[Host, Host] | None]:
-    return nullcontext() if link == "loopback" else two_hosts(f"b{link[0]}", rate=RATES[link])
+@contextlib.contextmanager
+def hosts_for(link: str) -> Iterator[tuple[Host, Host] | None]:
+    """None on loopback, else two hosts a and b of a test bed (network namespaces), removed afterwards."""
+    if link == "loopback":
+        yield None
+        return
+    with test_bed(f"b{link[0]}{os.getpid() % 100000}", ["a", "b"], shaping=Shaping(rate=RATES[link])) as bed:
+        yield bed.hosts[0], bed.hosts[1]
 
 
 def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argparse.Namespace, folder: str,
@@ -76,7 +86,7 @@ def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argpar
     else:
         a, b = hosts
         line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{port}", *worker]
-        outcomes = run_on_both([a.command(line), b.command(line)], timeout=args.timeout, cwd=folder)
+        outcomes = run_together([a.command(line), b.command(line)], timeout=args.timeout, cwd=folder)
         codes, output = [o.returncode for o in outcomes], "\n".join(o.output for o in outcomes)
     if any(codes):
         raise SystemExit(f"a benchmark run failed ({codes}):\n{output[-4000:]}")
@@ -136,15 +146,22 @@ def main() -> None:
     parser.add_argument("--method", choices=["in-process", "launches"], default="in-process")
     parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for one run")
+    parser.add_argument("--smoke", action="store_true", help="one run of 120 steps per mode on loopback and veth "
+                        "(seconds): proves that the benchmark runs, judges nothing")  # fmt: skip
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "auto_compression.json")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.steps, args.steady_from, args.link = 1, 120, 100, ["loopback", "veth"]
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least one run per mode")
     if args.steps <= args.steady_from:
         parser.error(f"--steps {args.steps} leaves no steady steps after --steady-from {args.steady_from}")
-    results = []
-    args.json.parent.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = []
     for link in args.link:
         results.append(measure(link, args))
-        args.json.write_text(json.dumps(results, indent=1))  # after each link: an interrupted run keeps what it has
+        targets = [Target(f"samples/s, --compression auto / the best fixed choice ({r['link']}, {r['steps']} steps)",
+                          r["ratio_to_best_fixed"]["auto"], TARGET, at_least=True) for r in results]  # fmt: skip
+        write_report(args.json, results, targets, smoke=args.smoke)  # after each link: an interrupted run keeps what it has
     print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13} {'paired':>7} {'steady':>7}  "
           "auto chose (phases of its trial) / its trial's cost")  # fmt: skip
     for result in results:
@@ -159,7 +176,7 @@ def main() -> None:
     print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
           f"{args.method}); paired: the median of each round's ratio; steady: after step {args.steady_from}, auto's "
           "choice alone;\ncost: auto's first steps took that many more steps' time than the best fixed choice's; "
-          "target: auto >= 0.95x the best fixed choice over 2000 steps")
+          f"target: auto >= {TARGET}x the best fixed choice over 2000 steps")
 
 
 if __name__ == "__main__":

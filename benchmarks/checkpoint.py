@@ -53,7 +53,7 @@ memory an operation needs on top of the ranks' state (ESTIMATES) is checked agai
 available (psutil) less a margin; an operation that would not fit is skipped with the reason,
 not run. A size whose checkpoint does not fit on the disk of --dir is skipped.
 
-Usage: python benchmarks/checkpoint.py [--sizes 100M,500M] [--rounds 5] [--quick] [--dir DIR] [--json PATH]
+Usage: python benchmarks/checkpoint.py [--sizes 100M,500M] [--rounds 5] [--smoke] [--dir DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psutil
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 2
@@ -115,7 +116,7 @@ class Size:
 
 
 #: Memory an operation needs on top of the ranks' state, per rank (rank 0, rank 1), from the state
-#: S, the largest tensor T and a fixed part; conservative. --quick (10M) measured: the streaming
+#: S, the largest tensor T and a fixed part; conservative. --smoke (10M) measured: the streaming
 #: ones (phalanx, dcp, the saves) 0-56 MiB; phalanx-async S + 32 MiB; rank0-old's load 3.2 S on
 #: rank 0 and 4.0 S on rank 1 (the state, its pickle and the pickle's copies); torch-save's load S.
 def _streaming(s: Size) -> tuple[float, float]:
@@ -217,8 +218,7 @@ def targets(size: Size, methods: dict[str, Any]) -> list[dict[str, Any]]:
     found = []
 
     def target(name: str, value: float | None, limit: float, unit: str = "x") -> None:
-        verdict = "not measured" if value is None else ("met" if value <= limit else "not met")
-        found.append({"target": name, "value": value, "limit": limit, "unit": unit, "verdict": verdict})
+        found.append(Target(f"{name} ({size.label})", value, limit, at_least=False, unit=unit).as_dict())
 
     target("phalanx load / dcp load", ratio(methods["phalanx"]["load_s"], dcp["load_s"]), TARGET_LOAD)
     target("phalanx sync save / dcp save", ratio(methods["phalanx"]["save_wall_s"], dcp["save_wall_s"]), TARGET_SAVE)
@@ -273,15 +273,16 @@ def report(label: str, summary: dict[str, Any]) -> None:
         shown = "-" if value is None else (f"{value / 2**20:.0f} MiB" if found["unit"] == "bytes" else f"{value:.2f}x")
         limit = f"{found['limit'] / 2**20:.0f} MiB" if found["unit"] == "bytes" else f"{found['limit']}x"
         note = " (async_save keeps a host copy of the whole share until the write ends: by design)" if (
-            found["target"].startswith("phalanx-async save peak")) else ""
-        print(f"target {found['target']}: {shown} (limit {limit}): {found['verdict']}{note}")
+            found["name"].startswith("phalanx-async save peak")) else ""
+        print(f"target {found['name']}: {shown} (limit {limit}): {found['verdict']}{note}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100M,500M", help="model sizes in parameters, comma-separated (default 100M,500M)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
-    parser.add_argument("--quick", action="store_true", help="a quick check: --sizes 10M --rounds 2")
+    parser.add_argument("--smoke", action="store_true",
+                        help="--sizes 10M --rounds 2 (seconds): proves that the benchmark runs, judges nothing")
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written (default: a temp folder "
                         "beside /tmp's); removed afterwards")  # fmt: skip
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "checkpoint.json")
@@ -290,7 +291,7 @@ def main() -> None:
     if args.worker:
         worker(json.loads(args.worker))
         return
-    if args.quick:
+    if args.smoke:
         args.sizes, args.rounds = "10M", 2
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -319,8 +320,9 @@ def main() -> None:
             summary["seconds"] = time.monotonic() - started
             results["sizes"][size.label] = summary
             report(size.label, summary)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1))
+    found = [Target(**{k: v for k, v in t.items() if k != "verdict"}) for size in results["sizes"].values()
+             for t in size["targets"]]  # fmt: skip
+    write_report(args.json, results, found, smoke=args.smoke)
     print(f"\nwritten {args.json}")
 
 

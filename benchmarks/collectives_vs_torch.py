@@ -11,7 +11,8 @@ Scenarios:
             (root only): phalanx's all_reduce busbw at 64 MiB across them, against the line rate
             0.125 GB/s. Target: >= 85%.
 
-Usage: python benchmarks/collectives_vs_torch.py [--repeats 5] [--iters 50] [--scenario loopback 1gbit] [--json PATH]
+Usage: python benchmarks/collectives_vs_torch.py [--repeats 5] [--iters 50] [--scenario loopback 1gbit] [--smoke]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -26,13 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # for the namespace hosts of the test suite
+from phalanx.testbed import Shaping, run_together, test_bed
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
+REPO = Path(__file__).resolve().parents[1]
 MIB = 1024**2
 SIZES = [16 * MIB, 32 * MIB, 64 * MIB]
+#: --smoke: one small size, two calls, one round (seconds): proves that the benchmark runs.
+SMOKE_SIZES = [1 * MIB]
 LINE_RATE_1GBIT = 1e9 / 8 / 1e9  # GB/s
 PORT = "29400"
+#: phalanx's busbw over the plain loop's on loopback, at least; and over the 1 Gbit/s line rate.
+TARGET_LOOPBACK, TARGET_LINE_RATE = 0.97, 0.85
 
 
 def phalanx_bench(*launch: str, sizes: list[int], iters: int, logs: str) -> dict[int, float]:
@@ -55,21 +61,21 @@ def plain_loop(sizes: list[int], iters: int) -> dict[int, float]:
     return {int(size): busbw for size, busbw in json.loads(line).items()}
 
 
-def loopback(repeats: int, iters: int, logs: str) -> dict:
+def loopback(repeats: int, iters: int, logs: str, sizes: list[int], warm_up: bool = True) -> dict:
     ours, plain = [], []
-    for round_ in range(repeats + 1):
+    for round_ in range(repeats + warm_up):
         def run_mine() -> dict[int, float]:
-            return phalanx_bench("--nproc-per-node", "2", sizes=SIZES, iters=iters, logs=logs)
+            return phalanx_bench("--nproc-per-node", "2", sizes=sizes, iters=iters, logs=logs)
 
         if round_ % 2:  # which side goes first alternates, so that neither always meets a warmer machine
-            mine, theirs = run_mine(), plain_loop(SIZES, iters)
+            mine, theirs = run_mine(), plain_loop(sizes, iters)
         else:
-            theirs, mine = plain_loop(SIZES, iters), run_mine()
-        if round_:  # round 0 warms the machine up
+            theirs, mine = plain_loop(sizes, iters), run_mine()
+        if round_ or not warm_up:  # round 0 warms the machine up
             ours.append(mine)
             plain.append(theirs)
     result = {}
-    for size in SIZES:
+    for size in sizes:
         a, b = statistics.median(r[size] for r in ours), statistics.median(r[size] for r in plain)
         pairs = [mine[size] / theirs[size] for mine, theirs in zip(ours, plain)]
         result[size] = {"phalanx_busbw": a, "plain_busbw": b, "ratio": a / b, "median_pair_ratio": statistics.median(pairs),
@@ -77,26 +83,26 @@ def loopback(repeats: int, iters: int, logs: str) -> dict:
     return result
 
 
-def one_gbit(repeats: int, logs: str) -> dict:
-    from tests.netns.hosts import run_on_both, two_hosts
-
+def one_gbit(repeats: int, logs: str, size: str = "64M", iters: int = 10) -> dict:
     figures = []
-    with two_hosts("bench", rate="1gbit") as (a, b):
+    with test_bed(f"cv{os.getpid() % 100000}", ["a", "b"], shaping=Shaping(rate="1gbit")) as bed:
+        a, b = bed.hosts
         for _ in range(repeats):
             reports = [Path(logs) / f"{host.namespace}.json" for host in (a, b)]
             lines = []
             for host, report in zip((a, b), reports):
                 bench = [sys.executable, "-m", "phalanx", "bench", "collectives", "--nnodes", "2", "--rdzv-endpoint",
-                         f"{a.address}:{PORT}", "--log-dir", logs, "-b", "64M", "-e", "64M", "-c", "0", "-n", "10", "--json"]  # fmt: skip
+                         f"{a.address}:{PORT}", "--log-dir", logs, "-b", size, "-e", size, "-c", "0", "-n", str(iters), "--json"]  # fmt: skip
                 lines.append(host.command(["sh", "-c", " ".join(bench) + f" > {report}"]))
-            outcomes = run_on_both(lines, timeout=300, cwd=logs)
+            outcomes = run_together(lines, timeout=300, cwd=logs)
             if any(o.returncode != 0 for o in outcomes):
                 raise SystemExit("\n".join(o.output[-2000:] for o in outcomes))
             rows = json.loads(reports[0].read_text())["results"][0]["rows"]
             figures.append(rows[0]["in_place"]["busbw"])
             time.sleep(1)  # the store port is free again before the next round
     median = statistics.median(figures)
-    return {"busbw_64MiB": median, "line_rate_GBps": LINE_RATE_1GBIT, "fraction": median / LINE_RATE_1GBIT, "runs": figures}
+    return {"size": size, "busbw": median, "line_rate_GBps": LINE_RATE_1GBIT, "fraction": median / LINE_RATE_1GBIT,
+            "runs": figures}  # fmt: skip
 
 
 def main() -> None:
@@ -104,23 +110,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iters", type=int, default=50, help="timed calls per size and run, on both sides (default 50)")
     parser.add_argument("--scenario", nargs="+", default=["loopback", "1gbit"], choices=["loopback", "1gbit"])
+    parser.add_argument("--smoke", action="store_true", help="one round of 2 calls of 1 MiB per scenario (seconds): "
+                        "proves that the benchmark runs, judges nothing")  # fmt: skip
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "collectives_vs_torch.json")
     args = parser.parse_args()
-    results = {}
+    if args.repeats < 1 or args.iters < 1:
+        parser.error(f"--repeats {args.repeats} --iters {args.iters}: at least one of each")
+    results: dict = {}
+    targets = []
     with tempfile.TemporaryDirectory() as logs:
         if "loopback" in args.scenario:
-            results["loopback"] = loopback(args.repeats, args.iters, logs)
+            results["loopback"] = (loopback(1, 2, logs, SMOKE_SIZES, warm_up=False) if args.smoke else
+                                   loopback(args.repeats, args.iters, logs, SIZES))  # fmt: skip
             for size, row in results["loopback"].items():
                 print(f"loopback {size // MIB:3d} MiB  busbw phalanx {row['phalanx_busbw']:.3f}  plain "
                       f"{row['plain_busbw']:.3f} GB/s  ratio {row['ratio']:.3f}  median pair ratio "
-                      f"{row['median_pair_ratio']:.3f}  (target >= 0.97)")  # fmt: skip
+                      f"{row['median_pair_ratio']:.3f}  (target >= {TARGET_LOOPBACK})")  # fmt: skip
+                targets.append(Target(f"all_reduce busbw, phalanx bench / plain torch loop (loopback, {size // MIB} MiB)",
+                                      row["ratio"], TARGET_LOOPBACK, at_least=True))  # fmt: skip
         if "1gbit" in args.scenario:
-            results["1gbit"] = one_gbit(args.repeats, logs)
+            results["1gbit"] = one_gbit(1, logs, "1M", 2) if args.smoke else one_gbit(args.repeats, logs)
             row = results["1gbit"]
-            print(f"1gbit    64 MiB  busbw {row['busbw_64MiB']:.4f} GB/s = {row['fraction']:.1%} of the line rate "
-                  "0.125 GB/s (target >= 85%)")  # fmt: skip
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1))
+            print(f"1gbit    {row['size']}  busbw {row['busbw']:.4f} GB/s = {row['fraction']:.1%} of the line rate "
+                  f"0.125 GB/s (target >= {TARGET_LINE_RATE:.0%})")  # fmt: skip
+            targets.append(Target(f"all_reduce busbw / line rate (two hosts, 1 Gbit/s, {row['size']}iB)", row["fraction"],
+                                  TARGET_LINE_RATE, at_least=True))  # fmt: skip
+    write_report(args.json, results, targets, smoke=args.smoke)
 
 
 if __name__ == "__main__":

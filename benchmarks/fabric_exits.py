@@ -22,19 +22,19 @@ Needs root (network namespaces) and lightning (pip install -e '.[fabric]'). Noth
 behind: the bed, its namespaces and every process in them go at the end, on an error, on Ctrl-C
 and on SIGTERM.
 
+Target: no phalanx run fails (every run exits 0 on both hosts).
+
 Usage: sudo .venv/bin/python benchmarks/fabric_exits.py [--runs 30] [--torchrun] [--timeout 120]
-       [--steps 20] [--json PATH]
+       [--steps 20] [--smoke] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +44,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # phalanx.testbed, also from a checkout that is not installed
+
+from phalanx.testbed import run_together  # noqa: E402
+from targets import Target, write_report  # noqa: E402  (benchmarks/: a script's folder is on its path)
 
 SCRIPT = REPO / "benchmarks" / "fabric_script.py"
 HOSTS = ["h1", "h2"]
@@ -126,11 +129,6 @@ def rank_logs(folder: Path) -> str:
     return "".join(path.read_text(errors="replace") for path in sorted(folder.rglob("*")) if path.is_file())
 
 
-def kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def empty_host(bed, name: str) -> int:
     """Kills whatever still runs in a host; returns how many processes that was."""
     pids = bed.processes(name)
@@ -150,32 +148,16 @@ def one_run(launcher: str, index: int, bed, timeout: float, steps: int, work: Pa
     if launcher == "torchrun":
         env["GLOO_SOCKET_IFNAME"] = bed.hosts[0].device
     port = FIRST_PORT + index % 500
-    started = time.monotonic()
-    processes = [
-        subprocess.Popen(argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)  # fmt: skip
-        for argv in launcher_lines(launcher, bed, port, folder / "logs", steps)
-    ]
+    outcomes = run_together(launcher_lines(launcher, bed, port, folder / "logs", steps), timeout, cwd=folder, env=env)
     results = []
-    try:
-        for host, process in zip(bed.hosts, processes):
-            try:
-                output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
-                code: int | None = process.returncode
-            except subprocess.TimeoutExpired:
-                kill_group(process)
-                output, _ = process.communicate()
-                code = None
-            seconds = time.monotonic() - started
-            text = output + rank_logs(folder / "logs" / host.name)
-            evidence = [line.strip() for line in text.splitlines() if ABORT.search(line)]
-            aborted = bool(evidence) or code in (-signal.SIGABRT, 128 + signal.SIGABRT)
-            results.append(HostResult(host.name, code, round(seconds, 1), aborted,
-                                      sorted({int(r) for r in DONE.findall(text)}), 0, evidence[:10]))  # fmt: skip
-            results[-1].tail = "" if code == 0 and not aborted else output[-4000:]
-    finally:
-        for process in processes:
-            kill_group(process)
+    for host, outcome in zip(bed.hosts, outcomes):
+        text = outcome.output + rank_logs(folder / "logs" / host.name)
+        evidence = [line.strip() for line in text.splitlines() if ABORT.search(line)]
+        code = outcome.returncode
+        aborted = bool(evidence) or code in (-signal.SIGABRT, 128 + signal.SIGABRT)
+        results.append(HostResult(host.name, code, round(outcome.seconds, 1), aborted,
+                                  sorted({int(r) for r in DONE.findall(text)}), 0, evidence[:10]))  # fmt: skip
+        results[-1].tail = "" if code == 0 and not aborted else outcome.output[-4000:]
     for result in results:
         result.leftovers = empty_host(bed, result.host)
     return Run(launcher, index, results)
@@ -228,8 +210,14 @@ def main() -> None:
     parser.add_argument("--torchrun", action="store_true", help="also run plain torchrun, alternating with phalanx")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run before both hosts are killed")
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
+    parser.add_argument("--smoke", action="store_true", help="one run of 2 steps (seconds): proves that the benchmark "
+                        "runs, judges nothing")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write every run and the summary here")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.steps = 1, 2
+    if args.runs < 1 or args.steps < 1:
+        parser.error(f"--runs {args.runs} --steps {args.steps}: at least one of each")
     refuse_unless_possible()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
@@ -268,8 +256,10 @@ def main() -> None:
             "summary": table,
             "runs": [{**asdict(r), "ok": r.ok, "aborted": r.aborted, "hung": r.hung, "trained": r.trained} for r in runs],
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1))
+        mine = table["phalanx"]
+        target = Target(f"failed runs of a Fabric script under phalanx run, of {mine['runs']} (two hosts)", mine["failed"],
+                        0, at_least=False, unit="runs")  # fmt: skip
+        write_report(args.json, data, [target], smoke=args.smoke)
         print(f"wrote {args.json}")
     if interrupted:
         raise SystemExit(130)

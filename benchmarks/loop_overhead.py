@@ -1,15 +1,17 @@
 """Overhead of the phalanx training loop against a hand-written DDP loop, in samples/s.
 
-The phalanx loop is examples/train.py itself (ResumableSampler and ResumableLoader, GlobalMean of
-the real samples, progress lines, metrics file, preemption guard, stall watchdog, consistency
-check; no checkpoints). The plain loop below is the tutorial's own (shared/seed/): DistributedSampler,
-DDP, SGD, each batch moved to the device, a CrossEntropyLoss module, rank 0 printing the last
-batch's loss after each epoch, no metrics. Both train the same model (train.py's build_model) on
-the same data with the same per-process batch, launched the same way (`phalanx run
---nproc-per-node 2`).
+The phalanx loop below is examples/train.py's, through phalanx's public API only: phalanx.Run
+(its ResumableSampler and ResumableLoader, the global loss of the real samples, progress lines,
+metrics file, preemption guard, stall watchdog, consistency check; no checkpoints). The plain loop
+is the tutorial's own (shared/seed/): DistributedSampler, DDP, SGD, each batch moved to the
+device, a CrossEntropyLoss module, rank 0 printing the last batch's loss after each epoch, no
+metrics. Both train the same model (build_model: train.py's MLP) on the same data (make_dataset)
+with the same per-process batch, launched the same way (`phalanx run --nproc-per-node 2`). Both
+loops live here, so no change to examples/ can break the benchmark unnoticed; its smoke run
+(--smoke, in `make test`) proves that it still runs.
 
-Both are timed on rank 0 after the same optimizer steps (train.py marks them:
-DistributedContext.mark_step), in intervals of --log-every steps, so that every interval holds
+Both are timed on rank 0 after the same optimizer steps (each loop calls its step timer after
+the optimizer step), in intervals of --log-every steps, so that every interval holds
 the same per-epoch and per-log work; the first interval, which starts after the first step, is
 the warm-up and left out. The ranks step in lockstep (every step all-reduces), so rank 0's clock
 times the job. Compared are pairs, phalanx over plain:
@@ -57,18 +59,19 @@ nothing binds it. On digits, runs of 60 launches gave:
 Free placement seems to cost phalanx about 2% more than plain, and pinned placement not; why
 is not known (phalanx's explicit work, measured in place, is about 35-40 us of a 2.1 ms step).
 
-Workloads: digits (8x8 images, a ~3 ms step: the worst case for any per-step cost; an interval is
-two 28-step epochs) and synthetic (the tutorial's 3x224x224 images: a ~270 ms step dominated by
-the gradient all-reduce of train.py's 19M-parameter model).
+Workloads (random data drawn from a fixed seed): digits (the shape of scikit-learn's digits, 8x8
+images in 10 classes, a ~3 ms step: the worst case for any per-step cost; an interval is two
+28-step epochs) and synthetic (the tutorial's 3x224x224 images: a ~270 ms step dominated by the
+gradient all-reduce of the 19M-parameter model).
 
 Usage: python benchmarks/loop_overhead.py [--repeats 6] [--workload digits synthetic] [--method turns]
-       [--turn-steps N] [--pin] [--json PATH]
+       [--turn-steps N] [--pin] [--smoke] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
 import json
 import math
 import os
@@ -80,19 +83,35 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import NamedTuple
 
 from phalanx.console import format_table
-from turns import TURN_TIMEOUT_S, BlockClock, Referee, Turns  # benchmarks/turns.py: a script's folder is on its path
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
+from turns import TURN_TIMEOUT_S, BlockClock, Referee, Turns
 
 REPO = Path(__file__).resolve().parents[1]
-TRAIN = REPO / "examples" / "train.py"
-#: train.py arguments per workload; the plain loop reads the same ones.
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A workload's data, model and schedule; both loops read the same one."""
+
+    samples: int
+    features: int
+    batch_size: int  # per process
+    epochs: int
+    log_every: int  # optimizer steps per interval
+    classes: int = 10
+    lr: float = 0.05
+    seed: int = 0
+
+
 WORKLOADS = {
-    "digits": ["--dataset", "digits", "--samples", "1792", "--batch-size", "32", "--epochs", "24", "--log-every", "56"],
-    "synthetic": ["--dataset", "synthetic", "--samples", "512", "--batch-size", "32", "--epochs", "12", "--log-every", "8"],
+    "digits": Shape(samples=1792, features=64, batch_size=32, epochs=24, log_every=56),
+    "synthetic": Shape(samples=512, features=3 * 224 * 224, batch_size=32, epochs=12, log_every=8),
 }
+#: --smoke: two intervals of the smallest workload, one launch (seconds; it proves the benchmark runs).
+SMOKE = dataclasses.replace(WORKLOADS["digits"], epochs=4)
 #: Steps per turn (a divisor of --log-every): short turns, so that the two intervals of a pair run
 #: close together in time; the figures are per --log-every steps, the sum of consecutive turns.
 TURN_STEPS = {"digits": 7, "synthetic": 2}  # ~25 ms and ~0.5 s
@@ -165,22 +184,34 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return (ordered[lower - 1], ordered[count - lower]) if lower else None
 
 
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_example", TRAIN)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example
+def make_dataset(shape: Shape):
+    """Random inputs, each labelled by a fixed random linear map: learnable, alike on every rank."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(shape.seed)
+    inputs = torch.randn(shape.samples, shape.features, generator=generator)
+    labels = (inputs @ torch.randn(shape.features, shape.classes, generator=generator)).argmax(1)
+    return TensorDataset(inputs, labels)
+
+
+def build_model(shape: Shape):
+    """examples/train.py's model: features -> 128 -> classes."""
+    import torch
+
+    torch.manual_seed(shape.seed)
+    return torch.nn.Sequential(torch.nn.Linear(shape.features, 128), torch.nn.ReLU(), torch.nn.Linear(128, shape.classes))
 
 
 class Workload(NamedTuple):
-    name: str  # in WORKLOADS
+    name: str  # in WORKLOADS, or "smoke"
+    shape: Shape
     turn_steps: int  # the steps a turn trains (also where --method runs stops its clock)
 
 
 def worker_argv(loop: str, workload: Workload, folder: Path) -> list[str]:
-    extra = ["--metrics-jsonl", str(folder / "phalanx.jsonl")] if loop == "phalanx" else []
     return launch("--log-dir", str(folder / f"logs-{loop}"), __file__, f"--{loop}-worker", str(folder / f"{loop}.json"),
-                  str(workload.turn_steps), *WORKLOADS[workload.name], *extra)  # fmt: skip
+                  str(workload.turn_steps), json.dumps(dataclasses.asdict(workload.shape)))  # fmt: skip
 
 
 def read_intervals(loop: str, workload: Workload, folder: Path) -> Intervals:
@@ -261,24 +292,19 @@ def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path, env: 
     return {loop: read_intervals(loop, workload, folder) for loop in order}
 
 
-def setting(name: str, flag: str) -> int:
-    workload = WORKLOADS[name]
-    return int(workload[workload.index(flag) + 1])
-
-
 def log_every(workload: Workload) -> int:
-    every = setting(workload.name, "--log-every")
+    every = workload.shape.log_every
     assert every % workload.turn_steps == 0, workload  # main refuses a --turn-steps that does not divide it
     return every
 
 
 def steps_of(workload: Workload) -> int:
     """The optimizer steps of a run (the workloads divide evenly: no padding, no short batch)."""
-    name = workload.name
-    per_step = setting(name, "--batch-size") * WORLD_SIZE
-    assert setting(name, "--samples") % per_step == 0, name
-    steps = setting(name, "--epochs") * setting(name, "--samples") // per_step
-    assert steps % log_every(workload) == 0, name
+    shape = workload.shape
+    per_step = shape.batch_size * WORLD_SIZE
+    assert shape.samples % per_step == 0, workload.name
+    steps = shape.epochs * shape.samples // per_step
+    assert steps % log_every(workload) == 0, workload.name
     return steps
 
 
@@ -294,9 +320,8 @@ def block_clock(loop: str, samples_per_step: int) -> BlockClock:
 
 
 def step_timer(clock: BlockClock, turn_steps: int) -> Callable[[int], None]:
-    """What the plain loop calls after every optimizer step: one frame, as train.py's wrapped
-    mark_step (phalanx_worker), so that the harness costs both loops alike (a frame is about a
-    microsecond on caches the step evicted)."""
+    """What each loop calls after every optimizer step: one frame, the same in both, so that the
+    harness costs them alike."""
 
     def after_step(step: int) -> None:
         if is_boundary(step, turn_steps):
@@ -310,30 +335,39 @@ def write_blocks(clock: BlockClock, out: Path) -> None:
         out.write_text(json.dumps(clock.blocks))
 
 
-def phalanx_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
-    """examples/train.py itself, its blocks timed where train.py marks each optimizer step."""
-    from phalanx.runtime.context import DistributedContext
+def phalanx_worker(out: Path, turn_steps: int, shape: Shape) -> None:
+    """examples/train.py's loop, through phalanx.Run; the step timer after every optimizer step."""
+    import torch
 
-    example = load_example()
-    sys.argv = [str(TRAIN), *train_args]
-    args = example.parse_args()
-    clock = block_clock("phalanx", args.batch_size * int(os.environ["WORLD_SIZE"]))
-    mark_step = DistributedContext.mark_step
+    import phalanx
 
-    def mark_step_and_time(context: DistributedContext, step: int) -> None:  # one frame, as the plain loop's step_timer
-        mark_step(context, step)
-        if is_boundary(step, turn_steps):
-            clock.boundary(step)
-
-    DistributedContext.mark_step = mark_step_and_time  # train.py calls it on every rank after every step
-    example.main()
+    run = phalanx.Run(log_every=shape.log_every, metrics_jsonl=out.with_name("phalanx.jsonl"))
+    dataset = make_dataset(shape)
+    model = run.setup_model(build_model(shape))
+    optimizer = torch.optim.SGD(model.parameters(), lr=shape.lr, momentum=0.9)
+    run.track(optimizer=optimizer)
+    loader = run.setup_dataloader(dataset, batch_size=shape.batch_size, seed=shape.seed)
+    clock, step = block_clock("phalanx", shape.batch_size * run.world_size), 0
+    after_step = step_timer(clock, turn_steps)
+    for _epoch in run.epochs(shape.epochs):
+        for images, labels in loader:
+            losses = torch.nn.functional.cross_entropy(model(images.to(run.device)), labels.to(run.device),
+                                                       reduction="none")  # fmt: skip
+            losses.mean().backward()
+            run.record(losses)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            run.step()
+            step += 1
+            after_step(step)
     write_blocks(clock, out)
+    run.close()
 
 
-def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
+def plain_worker(out: Path, turn_steps: int, shape: Shape) -> None:
     """The hand-written loop, as the tutorial (shared/seed/) writes it: DistributedSampler, DDP,
     SGD, each batch moved to the device, the loss from a CrossEntropyLoss module, rank 0 printing
-    the last batch's loss after each epoch. On the CPU (gloo), timed at the same steps as train.py."""
+    the last batch's loss after each epoch. On the CPU (gloo), timed at the same steps."""
     import gc
 
     import torch
@@ -341,23 +375,18 @@ def plain_worker(out: Path, turn_steps: int, train_args: list[str]) -> None:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    example = load_example()
-    sys.argv = [str(TRAIN), *train_args]
-    args = example.parse_args()  # the same settings train.py would run with
-
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")  # the tutorial's cuda:<local rank>, here on gloo
-    torch.manual_seed(args.seed)
-    dataset = example.load_dataset(args.dataset, args.samples, args.seed)
-    model = DistributedDataParallel(example.build_model(dataset).to(device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    dataset = make_dataset(shape)
+    model = DistributedDataParallel(build_model(shape).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=shape.lr, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
-    clock, step = block_clock("plain", args.batch_size * world), 0
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=shape.seed)
+    loader = DataLoader(dataset, batch_size=shape.batch_size, sampler=sampler)
+    clock, step = block_clock("plain", shape.batch_size * world), 0
     after_step = step_timer(clock, turn_steps)
-    for epoch in range(args.epochs):
+    for epoch in range(shape.epochs):
         sampler.set_epoch(epoch)
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)
@@ -385,7 +414,7 @@ def pin_to_own_cpu() -> None:
 def measure(workload: Workload, repeats: int, method: str, pin: bool) -> dict[str, object]:
     name = workload.name
     env = {**os.environ, PIN_ENV: "1"} if pin else {k: v for k, v in os.environ.items() if k != PIN_ENV}
-    per_step = setting(name, "--batch-size") * WORLD_SIZE  # samples per optimizer step
+    per_step = workload.shape.batch_size * WORLD_SIZE  # samples per optimizer step
     runs: dict[str, list[Intervals]] = {loop: [] for loop in LOOPS}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
@@ -410,7 +439,7 @@ def measure(workload: Workload, repeats: int, method: str, pin: bool) -> dict[st
     launch_medians = [statistics.median(wall["pairs"][i:i + per_launch]) for i in range(0, len(wall["pairs"]), per_launch)]
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in wall["medians"].items()}
     return {
-        "workload": name, "method": method, "train_args": WORKLOADS[name], "turn_steps": workload.turn_steps,
+        "workload": name, "method": method, "shape": dataclasses.asdict(workload.shape), "turn_steps": workload.turn_steps,
         "world_size": WORLD_SIZE, "repeats": repeats, "pinned": pin,
         "intervals": {loop: [[list(i) for i in run] for run in runs[loop]] for loop in LOOPS},
         "ratio_of_mean_rates": statistics.median(map(mean_rate, runs["phalanx"])) / statistics.median(map(mean_rate, runs["plain"])),
@@ -425,10 +454,10 @@ def verdict(*intervals: tuple[float, float] | None, target: float = TARGET) -> s
     """Whether the median ratio is above the target with 95% confidence by every interval given:
     met when each lies at or above it, missed when each lies below."""
     if any(interval is None for interval in intervals):
-        return "too few launches"
+        return "too few runs"
     if all(low >= target for low, _ in intervals):
         return "met"
-    return "missed" if all(high < target for _, high in intervals) else "not decided"
+    return "not met" if all(high < target for _, high in intervals) else "not decided"
 
 
 def interval_cell(median: float, interval: tuple[float, float] | None) -> str:
@@ -464,7 +493,7 @@ def report(results: list[dict[str, object]], repeats: int, method: str, pin: boo
     print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval.")
     print("launch ratio: the same over each launch's median pair: the pairs of one launch share its memory layout and")
     print("placement, which this interval covers and the pairs' does not. The target (overhead at most 3%) is met when")
-    print(f"both intervals lie at or above {TARGET}, missed when both lie below. launches: the lowest and highest launch")
+    print(f"both intervals lie at or above {TARGET}, not met when both lie below. launches: the lowest and highest launch")
     print("median. ratio of totals: each run's samples over its seconds, the median over the runs, phalanx / plain: it")
     print("counts a cost that comes in few intervals, which the pairs' median passes over, and a neighbour's bursts too.")
     print("samples/s, step ms, extra us/step: the medians over all intervals or runs of each loop; spread: (max - min) /")
@@ -487,7 +516,7 @@ def main() -> None:
         if len(sys.argv) > 2 and sys.argv[1] == flag:
             if os.environ.get(PIN_ENV):
                 pin_to_own_cpu()  # before torch starts a thread
-            worker(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+            worker(Path(sys.argv[2]), int(sys.argv[3]), Shape(**json.loads(sys.argv[4])))
             return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6, help="launches (turns) or rounds of one run each (runs)")
@@ -499,24 +528,31 @@ def main() -> None:
                         help=f"steps per turn, a divisor of the workload's --log-every (default: {TURN_STEPS})")
     parser.add_argument("--pin", action="store_true",
                         help="bind each rank to a CPU of its own, the same one in both loops (default: the scheduler places them)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one launch of a small digits run (seconds): proves that the benchmark runs, judges nothing")
     parser.add_argument("--json", type=Path, help="default: benchmarks/results/loop_overhead_<method>.json")
     args = parser.parse_args()
-    workloads = [Workload(name, args.turn_steps or TURN_STEPS[name]) for name in args.workload]
+    if args.smoke:
+        args.repeats, workloads = 1, [Workload("smoke", SMOKE, args.turn_steps or TURN_STEPS["digits"])]
+    else:
+        workloads = [Workload(name, WORKLOADS[name], args.turn_steps or TURN_STEPS[name]) for name in args.workload]
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: at least one launch")
     if args.pin and len(os.sched_getaffinity(0)) < WORLD_SIZE:
         parser.error(f"--pin: {WORLD_SIZE} ranks need {WORLD_SIZE} CPUs of their own; this process may use "
                      f"{len(os.sched_getaffinity(0))}")  # fmt: skip
     for workload in workloads:
-        every = setting(workload.name, "--log-every")
+        every = workload.shape.log_every
         if workload.turn_steps < 2 or every % workload.turn_steps:
             parser.error(f"--turn-steps {workload.turn_steps}: a turn must be at least 2 steps and divide "
                          f"the {workload.name} workload's --log-every {every}")  # fmt: skip
     results = [measure(workload, args.repeats, args.method, args.pin) for workload in workloads]
     report(results, args.repeats, args.method, args.pin)
-    out = args.json or REPO / "benchmarks" / "results" / f"loop_overhead_{args.method}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    targets = [Target(f"samples/s, phalanx.Run loop / hand-written DDP loop ({r['workload']}, pairs)", r["wall"]["median_pair"],
+                      TARGET, at_least=True, decided=verdict(r["wall"]["median_pair_95"], r["launch_median_95"]))
+               for r in results]  # fmt: skip
+    write_report(args.json or REPO / "benchmarks" / "results" / f"loop_overhead_{args.method}.json", results, targets,
+                 smoke=args.smoke)  # fmt: skip
 
 
 if __name__ == "__main__":

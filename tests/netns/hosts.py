@@ -10,11 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -41,34 +38,3 @@ def two_hosts(tag: str, rate: str | None = None) -> Iterator[tuple[Host, Host]]:
     skip_unless_namespaces_work()
     with test_bed(f"{tag}{os.getpid() % 100000}", ["a", "b"], shaping=Shaping(rate=rate)) as bed:
         yield bed.hosts[0], bed.hosts[1]
-
-
-@dataclass
-class Outcome:
-    returncode: int | None  # None: still running at the deadline (then killed)
-    output: str
-    seconds: float
-
-
-def run_on_both(commands: list[list[str]], timeout: float, cwd: str) -> list[Outcome]:
-    """Starts one command per host at once; each is killed (with its group) at the deadline."""
-    started = time.monotonic()
-    processes = [
-        subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        for argv in commands
-    ]
-    outcomes = []
-    for process in processes:
-        try:
-            output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
-            code: int | None = process.returncode
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            code = None
-        outcomes.append(Outcome(code, output, time.monotonic() - started))
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-    return outcomes

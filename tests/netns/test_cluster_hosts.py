@@ -45,7 +45,7 @@ def test_a_name_that_appears_late_is_waited_for_and_said(workdir):
         stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert "phalanx: waiting for the endpoint's name" in stderr and "'train-node-0-0.train' to resolve" in stderr
-    assert f"--rdzv-endpoint=train-node-0-0.train:29400" in stdout and f"--local-addr={h2.address}" in stdout
+    assert "--rdzv-endpoint=train-node-0-0.train:29400" in stdout and f"--local-addr={h2.address}" in stdout
 
 
 def test_a_name_that_never_resolves_ends_with_the_join_timeout(workdir):

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.netns.hosts import run_on_both, two_hosts
+from phalanx.testbed import run_together
+from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PORT = "29400"
@@ -29,7 +30,7 @@ def doctor_line(host, endpoint: str, folder, *env: str) -> list[str]:
 
 def test_doctor_names_the_planted_difference_and_the_slow_link(workdir):
     with two_hosts("d", rate="1gbit") as (a, b):
-        outcomes = run_on_both(
+        outcomes = run_together(
             [doctor_line(a, a.address, workdir / "a"), doctor_line(b, a.address, workdir / "b", "NCCL_IB_DISABLE=1")],
             timeout=180, cwd=str(workdir),
         )  # fmt: skip
@@ -58,7 +59,7 @@ def test_doctor_alone_reports_the_missing_node_and_stops(workdir):
     with two_hosts("n") as (a, b):
         line = a.command([sys.executable, "-m", "phalanx", "doctor", "--nnodes", "2", "--rdzv-endpoint",
                           f"{a.address}:{PORT}", "--join-timeout", "4"])  # fmt: skip
-        [alone] = run_on_both([line], timeout=60, cwd=str(workdir))
+        [alone] = run_together([line], timeout=60, cwd=str(workdir))
         assert alone.returncode == 3, alone.output[-3000:]
         assert "only 1 of 2 nodes joined" in alone.output and f"joined: {a.address}" in alone.output, alone.output[-3000:]
 
@@ -70,7 +71,7 @@ def test_nodes_started_with_different_doctor_settings_stop_with_a_table(workdir)
                           "--join-timeout", "60", "--p2p-size", size])  # fmt: skip
             for host, size in ((a, "4M"), (b, "8M"))
         ]
-        outcomes = run_on_both(lines, timeout=90, cwd=str(workdir))
+        outcomes = run_together(lines, timeout=90, cwd=str(workdir))
         for outcome in outcomes:  # refused in the lobby, before any measurement could hang
             assert outcome.returncode == 2, outcome.output[-3000:]
             assert "p2p_bytes" in outcome.output and "4194304" in outcome.output and "8388608" in outcome.output

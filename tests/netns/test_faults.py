@@ -24,7 +24,8 @@ import pytest
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
 from phalanx.testbed import test_bed
 from tests.conftest import EXAMPLES, run_command
-from tests.netns.hosts import run_on_both, skip_unless_namespaces_work
+from phalanx.testbed import run_together
+from tests.netns.hosts import skip_unless_namespaces_work
 
 pytestmark = [pytest.mark.netns, pytest.mark.cluster]
 
@@ -89,7 +90,7 @@ def mount(argv: list[str]) -> None:
 
 def relaunch_resumes_exactly(bed, folder: Path, reference: dict) -> None:
     h1 = bed.hosts[0]
-    outcomes = run_on_both([job_line(host, h1.address, folder) for host in bed.hosts], timeout=300, cwd=str(folder))
+    outcomes = run_together([job_line(host, h1.address, folder) for host in bed.hosts], timeout=300, cwd=str(folder))
     assert [o.returncode for o in outcomes] == [0, 0], [o.output[-3000:] for o in outcomes]
     resumed = json.loads((folder / "h1.json").read_text())
     assert resumed["resumed_from_step"] is not None, outcomes[0].output[-2000:]
@@ -153,7 +154,7 @@ def test_sigterm_to_every_launcher_saves_and_a_relaunch_falls_back_over_a_damage
     damaged = sorted(newest.glob("*.distcp"))[-1]
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     h1 = bed.hosts[0]
-    relaunched = run_on_both([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+    relaunched = run_together([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
     assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
     assert f"checkpoint {newest} is damaged ({damaged.name} is truncated" in "".join(o.output for o in relaunched)
     resumed = json.loads((tmp_path / "h1.json").read_text())
@@ -176,7 +177,7 @@ def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_checkpoi
         assert sorted(path.name for path in (tmp_path / "ck").iterdir() if path.name != LOCK_NAME) == ["step-000000020"]  # no staging left
         mount(["-o", "remount,size=16m", str(tmp_path / "ck")])
         h1 = bed.hosts[0]
-        relaunched = run_on_both([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+        relaunched = run_together([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
         assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
         resumed = json.loads((tmp_path / "h1.json").read_text())
         assert resumed["resumed_from_step"] == 20 and resumed["params_sha256"] == reference["params_sha256"]

@@ -46,7 +46,8 @@ from phalanx.cli.main import main
 from phalanx.testbed import Host, test_bed
 from phalanx.testbed.bed import NETNS_ETC
 from tests.conftest import EXAMPLES
-from tests.netns.hosts import run_on_both, skip_unless_namespaces_work
+from phalanx.testbed import run_together
+from tests.netns.hosts import skip_unless_namespaces_work
 
 pytestmark = [pytest.mark.netns, pytest.mark.cluster]
 NAMESPACE = "ml"
@@ -154,7 +155,7 @@ def test_two_pods_train_as_one_job(workdir, capsys, kind):
         placed = list(zip(pods, [host.address for host in bed.hosts]))
         for host, (pod, address) in zip(bed.hosts, placed):
             (NETNS_ETC / host.namespace / "hosts").write_text(hosts_file(pod, address, placed))
-        outcomes = run_on_both([pod_command(host, pod, workdir) for host, pod in zip(bed.hosts, pods)], timeout=180,
+        outcomes = run_together([pod_command(host, pod, workdir) for host, pod in zip(bed.hosts, pods)], timeout=180,
                                cwd=str(workdir))  # fmt: skip
     main_pod, other = (host.address for host in bed.hosts)
     for pod, outcome in zip(pods, outcomes):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES
-from tests.netns.hosts import run_on_both, two_hosts
+from phalanx.testbed import run_together
+from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PORT = "29400"
@@ -36,11 +37,11 @@ def test_plain_torchrun_fails_where_phalanx_trains(workdir):
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.address}:{PORT}",
             "--rdzv-conf", "read_timeout=15,join_timeout=15", *TRAIN,
         ]  # fmt: skip
-        plain = run_on_both([a.command(torchrun), b.command(torchrun)], timeout=60, cwd=str(workdir))
+        plain = run_together([a.command(torchrun), b.command(torchrun)], timeout=60, cwd=str(workdir))
         assert all(o.returncode != 0 for o in plain), [o.output[-2000:] for o in plain]
         assert not any("epoch 3/3" in o.output for o in plain)
 
-        ours = run_on_both([phalanx_line(a, a.address), phalanx_line(b, a.address)], timeout=120, cwd=str(workdir))
+        ours = run_together([phalanx_line(a, a.address), phalanx_line(b, a.address)], timeout=120, cwd=str(workdir))
         for outcome in ours:
             assert outcome.returncode == 0, outcome.output[-4000:]
         main, other = ours
@@ -57,7 +58,7 @@ def test_plain_torchrun_fails_where_phalanx_trains(workdir):
 @pytest.mark.parametrize("setting, value_a, value_b", [("nproc-per-node", "1", "2"), ("nnodes", "2", "3")])
 def test_nodes_with_different_settings_all_stop_with_a_table(workdir, setting, value_a, value_b):
     with two_hosts("m") as (a, b):
-        outcomes = run_on_both(
+        outcomes = run_together(
             [
                 phalanx_line(a, a.address, f"--{setting}", value_a),
                 phalanx_line(b, a.address, f"--{setting}", value_b),
@@ -80,7 +81,7 @@ def test_a_node_alone_times_out_naming_the_endpoint(workdir):
     with two_hosts("j") as (a, b):
         # b has no default route: nothing routes to an address off its network
         subprocess.run(["ip", "-n", b.namespace, "route", "del", "default"], check=True, timeout=10)
-        alone, unreachable = run_on_both(
+        alone, unreachable = run_together(
             [
                 phalanx_line(a, a.address, "--join-timeout", "4"),
                 phalanx_line(b, "10.254.254.254", "--join-timeout", "4"),  # nothing routes there
@@ -98,7 +99,7 @@ def test_a_node_alone_times_out_naming_the_endpoint(workdir):
 def test_both_hosts_name_the_rank_that_failed_first(workdir):
     worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "fail_on_rank.py")
     with two_hosts("f") as (a, b):
-        outcomes = run_on_both(
+        outcomes = run_together(
             [phalanx_line(a, a.address, script=[worker, "1"]), phalanx_line(b, a.address, script=[worker, "1"])],
             timeout=90,
             cwd=str(workdir),
@@ -116,7 +117,7 @@ def test_the_host_whose_workers_finished_does_not_wait_for_the_failed_one(workdi
     not restart for a's ranks, and still names the root cause with the store's help."""
     worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "rank1_late.py")
     with two_hosts("l") as (a, b):
-        outcomes = run_on_both(
+        outcomes = run_together(
             [phalanx_line(host, a.address, "--max-restarts", "1", script=[worker]) for host in (a, b)],
             timeout=60,
             cwd=str(workdir),

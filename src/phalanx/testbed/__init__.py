@@ -1,6 +1,8 @@
 """Several hosts on one Linux machine, for rehearsing and testing multi-node jobs:
 ``phalanx testbed`` on the command line, :func:`test_bed` in tests."""
 
-from phalanx.testbed.bed import Host, Shaping, TestBed, beds, build, tear_down, test_bed
+from phalanx.testbed.bed import Host, Shaping, TestBed, beds, build, check_can_build, tear_down, test_bed
+from phalanx.testbed.together import Outcome, run_together
 
-__all__ = ["Host", "Shaping", "TestBed", "beds", "build", "tear_down", "test_bed"]
+__all__ = ["Host", "Outcome", "Shaping", "TestBed", "beds", "build", "check_can_build", "run_together", "tear_down",
+           "test_bed"]

@@ -1,0 +1,81 @@
+"""One command per host of a bed, started at once and bounded by one deadline: how a multi-node
+job is started by hand on every host, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Outcome:
+    """How one host's command ended.
+
+    Attributes:
+        returncode: its exit code; None when it was still running at the deadline (then killed).
+        output: its stdout and stderr, interleaved.
+        seconds: from the start of all the commands to its end.
+    """
+
+    returncode: int | None
+    output: str
+    seconds: float
+
+
+def run_together(
+    commands: Sequence[Sequence[str]], timeout: float, cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[Outcome]:  # fmt: skip
+    """Starts every command at once, each in a process group of its own, and waits for them all.
+
+    Whatever still runs at the deadline is killed with its whole group, and so is whatever a
+    command left running behind it: nothing outlives the call.
+
+    Args:
+        commands: one argv per host, usually ``host.command([...])``.
+        timeout: seconds from the start until every command still running is killed.
+        cwd: the commands' working directory.
+        env: their environment (default: this process's).
+
+    Returns:
+        One :class:`Outcome` per command, in order.
+
+    Example:
+        >>> a, b = bed.hosts  # doctest: +SKIP
+        >>> line = ["phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:29500", "train.py"]
+        >>> [o.returncode for o in run_together([a.command(line), b.command(line)], timeout=300)]  # doctest: +SKIP
+        [0, 0]
+    """
+    started = time.monotonic()
+    processes = [
+        subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", start_new_session=True)
+        for argv in commands
+    ]  # fmt: skip
+    outcomes = []
+    try:
+        for process in processes:
+            try:
+                output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
+                code: int | None = process.returncode
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                output, _ = process.communicate()
+                code = None
+            outcomes.append(Outcome(code, output, time.monotonic() - started))
+    finally:
+        for process in processes:
+            _kill_group(process)
+            if process.poll() is None:
+                process.wait()
+    return outcomes
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -1,0 +1,92 @@
+"""Every benchmark runs end to end in its smoke mode (tiny sizes, one repeat) and writes its
+report with each target's figure. Nothing here judges speed: the figures of a smoke run are noise.
+
+A new file in benchmarks/ that is a benchmark (not a helper another one runs) is listed in
+benchmarks/summary.py's BENCHMARKS; the first test fails until it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_command
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import summary  # noqa: E402  (benchmarks/summary.py)
+
+#: Scripts that other benchmarks run or import, and this runner itself.
+HELPERS = {"auto_compression_worker", "fabric_script", "plain_collective_loop", "turns", "targets", "summary"}
+#: A smoke run takes seconds to a minute here; the bound leaves room for a loaded machine.
+SMOKE_TIMEOUT_S = 300
+CHECKPOINT_METHODS = ("phalanx", "phalanx-async", "rank0-old", "torch-save", "dcp")
+
+
+def finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+def check_checkpoint_report(written: dict, output: str) -> None:
+    """benchmarks/checkpoint.py: every method measured, with finite figures, in one run."""
+    results = written["results"]
+    assert list(results["sizes"]) == ["10M"] and results["skipped_sizes"] == {}, results["skipped_sizes"]
+    size = results["sizes"]["10M"]
+    assert size["rounds"] == 2 and list(size["methods"]) == list(CHECKPOINT_METHODS)
+    for method, row in size["methods"].items():
+        assert row["skipped"] == {}, (method, row["skipped"])
+        assert len(row["runs"]) == 2, method
+        figures = ["save_stall_s", "save_wall_s"] + (["load_s"] if method != "phalanx-async" else [])
+        for name in figures:
+            assert finite(row[name]) and row[name] > 0, (method, name, row[name])
+        assert row["save_stall_s"] <= row["save_wall_s"] + 1e-9, method
+        peaks = row["save_peak_extra_bytes"] + (row["load_peak_extra_bytes"] if method != "phalanx-async" else [])
+        assert len(peaks) >= 2 and all(finite(p) for p in peaks), (method, peaks)
+    # the async copy holds the whole share: its peak is at least the state
+    assert min(size["methods"]["phalanx-async"]["save_peak_extra_bytes"]) >= size["state_bytes_per_rank"] * 0.9
+    assert len(size["targets"]) == 6 and {t["verdict"] for t in size["targets"]} <= {"met", "not met"}, size["targets"]
+    for line in ("phalanx load / dcp load", "stall/torch.save", "target phalanx-async stall / torch-save save"):
+        assert line in output, output
+
+
+#: What a benchmark's smoke report must show beyond the targets every one has.
+MORE_CHECKS = {"checkpoint": check_checkpoint_report}
+
+
+def test_every_benchmark_is_listed() -> None:
+    scripts = {path.stem for path in (REPO / "benchmarks").glob("*.py")}
+    assert scripts - HELPERS == {b.name for b in summary.BENCHMARKS}
+
+
+@pytest.mark.parametrize(
+    "benchmark",
+    [pytest.param(b, id=b.name, marks=[pytest.mark.netns] if b.needs_root else []) for b in summary.BENCHMARKS],
+)
+def test_smoke_run_writes_every_target(benchmark: summary.Benchmark, workdir: Path) -> None:
+    if benchmark.missing() is not None:
+        pytest.skip(f"{benchmark.name} {benchmark.missing()}")
+    report = workdir / f"{benchmark.name}.json"
+    done = run_command(benchmark.argv(report, smoke=True), timeout=SMOKE_TIMEOUT_S, cwd=workdir)
+    assert done.returncode == 0, done.output
+    written = json.loads(report.read_text())
+    assert written["smoke"] is True and written["targets"], written
+    for target in written["targets"]:
+        assert target["name"] and math.isfinite(target["limit"]), target
+        assert isinstance(target["value"], (int, float)) and math.isfinite(target["value"]), target
+        assert target["verdict"] == "smoke run: not judged", target
+    if benchmark.name in MORE_CHECKS:
+        MORE_CHECKS[benchmark.name](written, done.stdout)
+    assert not [p for p in workdir.iterdir() if p.name.startswith("phalanx-ckpt-bench-")], "a checkpoint folder was left"
+
+
+def test_a_failed_benchmark_is_named_in_the_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark that fails shows in the table with its exit code, not as a missing row."""
+    broken = summary.Benchmark("launch_overhead")
+    monkeypatch.setattr(summary.Benchmark, "argv", lambda self, report, smoke: [sys.executable, "-c", "raise SystemExit(3)"])
+    found = summary.run(broken, tmp_path, smoke=True)
+    assert found["failed"].startswith("exit code 3"), found
+    shown = summary.table({"launch_overhead": found})
+    assert "FAILED" in shown and "exit code 3" in shown, shown
