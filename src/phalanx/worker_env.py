@@ -37,10 +37,14 @@ class WorkerEnv:
     #: A preemption signal (SIGUSR1) that came before the worker's script could handle it: kept by
     #: the launcher (no worker yet) or the worker's entry point; PreemptionGuard takes it as received.
     early_signal: str | None = None
+    #: How the worker's training stopped for a signal ("after step 320; checkpoint saved"): set by
+    #: phalanx.Run as it stops, written into the rank's exit record, said by the launcher.
+    stopped: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
-             "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB"}  # fmt: skip
+             "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB",
+             "stopped": "PHALANX_STOPPED"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid")
 
     def to_env(self) -> dict[str, str]:

@@ -259,6 +259,27 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     assert epoch_lines(relaunch.output) == [line for line in expected if line[1] > stopped_at], relaunch.output
 
 
+def test_ctrl_c_saves_together_and_a_relaunch_continues_exactly(workdir, reference):
+    """Ctrl-C reaches the launcher alone (the workers run in sessions of their own), which passes
+    SIGINT on: the ranks stop after an agreed step and save, as for SIGTERM, with no traceback,
+    and the launcher says what they did."""
+    code, output, out = interrupt_after_first_checkpoint(workdir, lambda p: p.send_signal(signal.SIGINT))
+    assert code == 128 + signal.SIGINT, output
+    stopped = re.search(r"stopped by Ctrl-C \(SIGINT\) after step (\d+); checkpoint saved", output)
+    assert stopped, output
+    assert f"node0 stopped by SIGINT; its workers stopped after step {stopped.group(1)}; checkpoint saved" in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    relaunch = run_command(
+        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
+                     "--metrics-json", str(out)),
+        timeout=180, cwd=workdir,
+    )  # fmt: skip
+    assert relaunch.returncode == 0, relaunch.output
+    resumed = json.loads(out.read_text())
+    assert resumed["resumed_from_step"] == int(stopped.group(1))
+    assert resumed["params_sha256"] == reference["params_sha256"]
+
+
 def test_four_ranks_resume_bit_for_bit(workdir):
     """With more than two ranks a float sum depends on the order: the first step after a resume
     must reduce its gradients in DDP's rebuilt bucket layout, as the uninterrupted run did at that

@@ -147,7 +147,7 @@ class NodeAgent:
             )
             return ExitCode.FAILED
         except SignalException as error:
-            say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; workers were terminated")
+            say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; {self._what_the_workers_did(logs)}")
             return 128 + int(error.sigval)
         finally:
             if self.liveness is not None:  # however this node ends, its silence from now on is no loss
@@ -232,6 +232,18 @@ class NodeAgent:
             f"HINT: {group_hint([r for r in records.values() if r is not None])}"
         )
         return ExitCode.NOT_DISTRIBUTED
+
+    def _what_the_workers_did(self, logs: Any) -> str:
+        """After a stop signal: how this node's workers ended, from the records they wrote at exit."""
+        records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
+        if not records:
+            return "no worker had started"
+        killed = sorted(rank for rank, record in records.items() if record is None)
+        stopped = sorted({record.stopped for record in records.values() if record is not None and record.stopped})
+        if killed:
+            some = "its workers were" if len(killed) == len(records) else f"rank{'s' if len(killed) > 1 else ''} {ranges(killed)} were"
+            return f"{some} killed before they ended on their own"
+        return f"its workers stopped {stopped[0]}" if len(stopped) == 1 else "its workers ended on their own"
 
     def _say_if_uncounted(self, ranks: list[int]) -> None:
         """Says that the check above could not see the collectives, rather than pass or fail blind."""

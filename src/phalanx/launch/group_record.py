@@ -21,12 +21,15 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from phalanx.worker_env import WorkerEnv
 
 #: The record's file name, in each rank's log folder.
 GROUP_RECORD_NAME = "process_group.json"
@@ -47,6 +50,8 @@ class GroupRecord:
     frameworks: tuple[str, ...] = ()
     #: Collectives it issued in any process group (None: unknown, torch's flight recorder was off).
     collectives: int | None = None
+    #: How its training stopped for a signal (WorkerEnv.stopped); None when it did not.
+    stopped: str | None = None
 
     @property
     def ran_alone(self) -> bool:
@@ -61,9 +66,9 @@ class GroupRecord:
         """The record, or None where the worker wrote none (it ended before its exit handlers)."""
         try:
             data = json.loads(path.read_text())
-            collectives = data.get("collectives")
+            collectives, stopped = data.get("collectives"), data.get("stopped")
             return cls(int(data["joined_world"]), int(data["world_size"]), tuple(data.get("frameworks", ())),
-                       None if collectives is None else int(collectives))  # fmt: skip
+                       None if collectives is None else int(collectives), None if stopped is None else str(stopped))  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -116,7 +121,8 @@ class GroupWatch:
         frameworks = tuple(name for name in FRAMEWORKS if name in sys.modules)
         collectives = self._collectives_issued() if self.joined_world else None
         try:
-            GroupRecord(self.joined_world, self.world_size, frameworks, collectives).write(self.path)
+            stopped = WorkerEnv.from_env(os.environ).stopped
+            GroupRecord(self.joined_world, self.world_size, frameworks, collectives, stopped).write(self.path)
         except OSError:
             pass  # the log folder is gone: the launcher then makes no claim about this rank
 

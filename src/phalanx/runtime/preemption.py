@@ -1,8 +1,9 @@
 """Preemption: a signal only sets a flag; all ranks agree at a step boundary to stop together.
 
 A handler that saved a checkpoint itself would run at an arbitrary point of the step, on one
-rank. Here SIGTERM (what torchrun's agent, Kubernetes and most schedulers send) or SIGUSR1
-(what SLURM sends with --signal) just records the request; :meth:`PreemptionGuard.should_stop`
+rank. Here SIGTERM (what torchrun's agent, Kubernetes and most schedulers send), SIGUSR1 (what
+SLURM sends with --signal) or SIGINT (Ctrl-C, which the launcher passes on to the workers) just
+records the request; :meth:`PreemptionGuard.should_stop`
 all-reduces it at step boundaries, so every rank stops after the same step, saves one
 consistent checkpoint together, and exits with :data:`~phalanx.exit_codes.ExitCode.PREEMPTED`.
 
@@ -39,7 +40,7 @@ from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
 from phalanx.worker_env import WorkerEnv
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 #: Votes start about this often, in seconds (when steps are longer: at every step boundary).
@@ -51,8 +52,9 @@ MAX_STEPS_BETWEEN_VOTES = 10_000
 class PreemptionGuard:
     """Stops every rank after the same step once any rank got a preemption signal.
 
-    It handles ``signals`` (SIGTERM, SIGUSR1) in this process; :meth:`should_stop` holds the
-    vote, started about every ``period_s`` seconds.
+    It handles ``signals`` (SIGTERM, SIGUSR1, SIGINT) in this process; :meth:`should_stop`
+    holds the vote, started about every ``period_s`` seconds. A second SIGINT raises
+    KeyboardInterrupt, as Python's own handler does: a second Ctrl-C stops at once.
     """
 
     def __init__(
@@ -69,14 +71,22 @@ class PreemptionGuard:
         self._voted_at, self._voted_time = 0, time.perf_counter()
         self._in_flight: ReducedPart | None = None  # the vote started at boundary _voted_at
         self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
-        for signum in signals:
-            signal.signal(signum, self._on_signal)
+        self._previous = {signum: signal.signal(signum, self._on_signal) for signum in signals}
         early = os.environ.pop(WorkerEnv.key_of("early_signal"), None)  # came while the worker was starting
         if early in {sig.name for sig in signals}:
             self.received = signal.Signals[early]
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.received is not None:
+            raise KeyboardInterrupt
         self.received = signal.Signals(signum)
+
+    def release_interrupt(self) -> None:
+        """Gives SIGINT back to the handler it had before (once the training loop is over, a
+        Ctrl-C interrupts the script's own code at once, as it would without the guard)."""
+        previous = self._previous.pop(signal.SIGINT, None)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
     def should_stop(self, shared: SharedReduction | None = None) -> bool:
         """True on every rank, after the same step, once any rank got a preemption signal.

@@ -11,6 +11,8 @@ from __future__ import annotations
 import atexit
 import gc
 import math
+import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -31,6 +33,7 @@ from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wra
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
+from phalanx.worker_env import WorkerEnv
 
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
@@ -141,7 +144,7 @@ class Run:
         self._model: torch.nn.Module | None = None
         self._loader: ResumableLoader | None = None
         self._boundary = SharedReduction(self.context)
-        self._preemption = PreemptionGuard(self.context)  # SIGTERM, SIGUSR1: every rank stops after the same step
+        self._preemption = PreemptionGuard(self.context)  # SIGTERM, SIGUSR1, SIGINT: every rank stops after the same step
         self._reporter: Reporter | None = None
         self._values: dict[str, torch.Tensor | float] = {}
         self.global_step = 0
@@ -453,7 +456,10 @@ class Run:
                 self.checkpoints.wait()  # committed before it is said
             saved = "checkpoint saved" if self.checkpoints else "no checkpoint folder, nothing saved"
             received = self._preemption.received
-            self.print(f"preempted by {received.name if received else 'another rank'} after step {step}; {saved}")
+            why = ("stopped by Ctrl-C (SIGINT)" if received == signal.SIGINT else
+                   f"preempted by {received.name if received else 'another rank'}")  # fmt: skip
+            self.print(f"{why} after step {step}; {saved}")
+            os.environ.update(WorkerEnv(stopped=f"after step {step}; {saved}").to_env())  # for the launcher
             self.close()
             raise SystemExit(ExitCode.PREEMPTED)
 
@@ -574,6 +580,7 @@ class Run:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
         if self.checkpoints and (self._saved_step or 0) != self.global_step:
             self.save()
+        self._preemption.release_interrupt()
         received = self._preemption.received
         if self._stop or received is not None:
             name = received.name if received else "a preemption signal (to another rank)"
