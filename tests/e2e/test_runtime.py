@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
-from tests.conftest import EXAMPLES, kill_group, phalanx_argv, run_command
+from tests.conftest import EXAMPLES, Completed, kill_group, phalanx_argv, run_command
 
 pytestmark = pytest.mark.slow
 TRAIN = str(EXAMPLES / "train.py")
@@ -168,6 +168,17 @@ def interrupt_after_first_checkpoint(
     return process.returncode, output, out
 
 
+def relaunch_to_the_end(workdir: Path, out: Path, *train_args: str, nproc: int = 2) -> Completed:
+    """The same command again, on the same checkpoint folder: it must train to the end."""
+    relaunch = run_command(
+        phalanx_argv("run", "--nproc-per-node", str(nproc), TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
+                     "--metrics-json", str(out), *train_args),
+        timeout=180, cwd=workdir,
+    )  # fmt: skip
+    assert relaunch.returncode == 0, relaunch.output
+    return relaunch
+
+
 @pytest.mark.compat
 def test_kill_9_of_a_worker_resumes_to_the_same_parameters(workdir, reference):
     def kill_rank_1(process: subprocess.Popen) -> None:
@@ -236,12 +247,7 @@ def test_sigterm_saves_together_and_a_relaunch_continues_exactly(workdir, refere
     assert (workdir / "ck" / f"step-{int(stopped.group(1)):09d}" / "phalanx.json").exists()
     assert not out.exists()
 
-    relaunch = run_command(
-        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, *train_args, "--checkpoint-dir", str(workdir / "ck"),
-                     "--metrics-json", str(out), "--metrics-jsonl", str(workdir / "resumed.jsonl")),
-        timeout=180, cwd=workdir,
-    )  # fmt: skip
-    assert relaunch.returncode == 0, relaunch.output
+    relaunch = relaunch_to_the_end(workdir, out, *train_args, "--metrics-jsonl", str(workdir / "resumed.jsonl"))
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] == int(stopped.group(1))
     assert resumed["params_sha256"] == reference["params_sha256"]
@@ -269,12 +275,7 @@ def test_ctrl_c_saves_together_and_a_relaunch_continues_exactly(workdir, referen
     assert stopped, output
     assert f"node0 stopped by SIGINT; its workers stopped after step {stopped.group(1)}; checkpoint saved" in output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
-    relaunch = run_command(
-        phalanx_argv("run", "--nproc-per-node", "2", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
-                     "--metrics-json", str(out)),
-        timeout=180, cwd=workdir,
-    )  # fmt: skip
-    assert relaunch.returncode == 0, relaunch.output
+    relaunch_to_the_end(workdir, out)
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] == int(stopped.group(1))
     assert resumed["params_sha256"] == reference["params_sha256"]
@@ -287,12 +288,7 @@ def test_four_ranks_resume_bit_for_bit(workdir):
     reference = train(workdir, "reference4", *RESUME_ARGS, nproc=4)
     code, output, out = interrupt_after_first_checkpoint(workdir, lambda p: p.send_signal(signal.SIGTERM), nproc=4)
     assert code == 128 + signal.SIGTERM, output
-    relaunch = run_command(
-        phalanx_argv("run", "--nproc-per-node", "4", TRAIN, *RESUME_ARGS, "--checkpoint-dir", str(workdir / "ck"),
-                     "--metrics-json", str(out)),
-        timeout=180, cwd=workdir,
-    )  # fmt: skip
-    assert relaunch.returncode == 0, relaunch.output
+    relaunch_to_the_end(workdir, out, nproc=4)
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] is not None
     assert resumed["params_sha256"] == reference["params_sha256"]
