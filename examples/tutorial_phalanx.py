@@ -1,7 +1,7 @@
 """The tutorial's DDP script (examples/tutorial_ddp.py) on phalanx.Run: eight changed lines.
 
 It gains exact mid-epoch resume (--checkpoint-dir; a relaunch continues at the next batch),
-a stop on SIGTERM/SIGUSR1 after the same step on every rank, with a checkpoint, and global
+a stop on SIGTERM, SIGUSR1 or Ctrl-C after the same step on every rank, with a checkpoint, and global
 metrics (loss, throughput, ETA) every 10 steps. `diff examples/tutorial_ddp.py
 examples/tutorial_phalanx.py` shows the change.
 """
@@ -75,7 +75,7 @@ def main() -> None:
 
     if rank == 0:
         print(f"training on {world_size} process(es), {device.type}, {args.samples} samples, {args.epochs} epochs")
-    started = time.perf_counter()
+    started, trained = time.perf_counter(), 0  # samples trained by this run (a resumed one starts mid-epoch)
     for epoch in run.epochs(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         totals = torch.zeros(3, device=device)  # loss sum, correct, samples
@@ -93,11 +93,13 @@ def main() -> None:
         if distributed:
             dist.all_reduce(totals)  # global sums over every rank's batches
         loss, correct, seen = totals.tolist()
-        if rank == 0:
+        resumed_here = trained == 0 and run.resumed_from is not None
+        trained += int(seen)
+        if rank == 0 and seen:
             elapsed = time.perf_counter() - started
             print(
                 f"epoch {epoch + 1}/{args.epochs}  loss {loss / seen:.4f}  accuracy {correct / seen:.3f}  "
-                f"({int(seen)} samples, {seen * (epoch + 1) / elapsed:.0f} samples/s)"
+                f"({int(seen)} samples{' since the resume' if resumed_here else ''}, {trained / elapsed:.0f} samples/s)"
             )
     run.close()
     if distributed:

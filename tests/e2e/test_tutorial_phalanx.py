@@ -3,6 +3,7 @@ end with the same parameters, bit for bit, as an uninterrupted run."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -54,5 +55,9 @@ def test_a_stopped_tutorial_run_resumes_to_the_same_parameters(tmp_path):
     assert relaunched.returncode == 0, relaunched.output
     resumed = int(relaunched.output.split("resumed from step ")[1].split()[0])
     assert 50 <= resumed < 640 and resumed % 16, relaunched.output  # mid-epoch
+    # The tutorial's own epoch lines: the epoch it resumed in covers the samples since the resume.
+    lines = re.findall(r"epoch \d+/\d+  loss \S+  accuracy \S+  \((\d+) samples( since the resume)?", relaunched.output)
+    assert lines and lines[0][1] and not any(since for _, since in lines[1:]), relaunched.output
+    assert int(lines[0][0]) < int(lines[1][0]), lines
     expected, got = final_model(tmp_path / "whole"), final_model(stopped)
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
