@@ -20,11 +20,11 @@ from phalanx.bench.cost_model import (
     ring_bound,
     traffic,
 )
-from phalanx.bench.link import Link, parse_bandwidth, parse_latency, read_doctor_file
+from phalanx.bench.link import DoctorLink, Link, parse_bandwidth, parse_latency, read_doctor_file
 from phalanx.bench.model_size import ModelSize, parse_param_count, size_from_model
 from phalanx.errors import SettingsRefused
 from phalanx.launch.values import InvalidValue
-from tests.conftest import run_command
+from tests.conftest import phalanx_argv, run_command
 
 GIGABIT = Link(125e6, 50e-6, "test", "test")
 TUTORIAL_SHAPES = ((10, 150528), (10,))  # the tutorial's nn.Linear(3*224*224, 10): weight, bias
@@ -278,7 +278,20 @@ def test_a_byte_size_suggests_the_parameter_count():
 def test_doctor_file_gives_bandwidth_and_latency(tmp_path):
     path = tmp_path / "doctor.json"
     path.write_text(json.dumps({"network": {"bandwidth_bytes_per_s": 117e6, "latency_s": 8.5e-5}, "nodes": []}))
-    assert read_doctor_file(path) == (117e6, 8.5e-5)
+    assert read_doctor_file(path) == DoctorLink(117e6, 8.5e-5, loopback=False)
+
+
+def test_a_doctor_file_from_simulated_nodes_is_planned_with_a_caution(tmp_path):
+    """doctor marks a run on simulated nodes ("simulated": true): plan says that loopback is no network."""
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps({"simulated": True, "network": {"bandwidth_bytes_per_s": 5.2e9, "latency_s": 2e-5}}))
+    assert read_doctor_file(path).loopback
+    done = run_command(phalanx_argv("plan", "--params", "25M", "--nnodes", "8", "--from-doctor", str(path)), timeout=60,
+                       cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.output
+    assert "CAUTION: " + str(path) + " was measured by `phalanx doctor` on simulated nodes" in done.stderr, done.stderr
+    assert "its 41.6 Gbit/s = 5.2 GB/s is loopback" in done.stderr and "8 real nodes" in done.stderr and "HINT: run `phalanx doctor --json`" in done.stderr
+    assert "on simulated nodes: loopback" in " ".join(done.stdout.split()), done.stdout
 
 
 @pytest.mark.parametrize(

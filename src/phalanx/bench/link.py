@@ -94,8 +94,18 @@ def parse_latency(value: object, *, name: str = "--latency") -> float:
     return seconds
 
 
-def read_doctor_file(path: Path) -> tuple[float, float]:
-    """``(bandwidth_bytes_per_s, latency_s)`` of the slowest inter-node link in a doctor --json file."""
+@dataclass(frozen=True)
+class DoctorLink:
+    """The slowest inter-node link of a doctor --json file."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    #: Measured between simulated nodes of one machine: loopback, not a network between hosts.
+    loopback: bool
+
+
+def read_doctor_file(path: Path) -> DoctorLink:
+    """The slowest inter-node link in a doctor --json file, and whether it was loopback."""
     hint = (
         "write it on the cluster with `phalanx doctor --json > FILE`; plan reads "
         '{"network": {"bandwidth_bytes_per_s": <float>, "latency_s": <float>}}'
@@ -121,7 +131,7 @@ def read_doctor_file(path: Path) -> tuple[float, float]:
         if figure < 0 or (minimum_excluded and figure == 0):
             raise SettingsRefused(f"--from-doctor {path}: network.{key} is {figure}, which no link can have", hint=hint)
         figures.append(float(figure))
-    return figures[0], figures[1]
+    return DoctorLink(figures[0], figures[1], loopback=document.get("simulated") is True)
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cli import command_parser
-
+from phalanx.console import say
 from phalanx.errors import SettingsRefused
 
 DEFAULT_NETWORK_LATENCY = "50us"
@@ -133,7 +133,7 @@ def _latency(args: argparse.Namespace, default: str, default_origin: str) -> tup
 
 
 def _network_link(args: argparse.Namespace, layout: Any) -> Any:
-    from phalanx.bench.link import Link, parse_bandwidth, read_doctor_file
+    from phalanx.bench.link import Link, format_bandwidth, parse_bandwidth, read_doctor_file
 
     if layout.nnodes == 1:
         given = [flag for flag, value in (("--bandwidth", args.bandwidth), ("--from-doctor", args.from_doctor)) if value]
@@ -150,12 +150,17 @@ def _network_link(args: argparse.Namespace, layout: Any) -> Any:
             hint="give one: --bandwidth to plan a link you know, --from-doctor FILE for the one doctor measured",
         )
     if args.from_doctor is not None:
-        bandwidth, measured_latency = read_doctor_file(args.from_doctor)
-        measured = f"measured by phalanx doctor, {args.from_doctor}"
+        found = read_doctor_file(args.from_doctor)
+        measured = f"measured by phalanx doctor, {args.from_doctor}" + (" on simulated nodes: loopback" if found.loopback else "")
+        if found.loopback:
+            say(f"phalanx: CAUTION: {args.from_doctor} was measured by `phalanx doctor` on simulated nodes of one machine: "
+                f"its {format_bandwidth(found.bandwidth_bytes_per_s)} is loopback's, not a network's, so the times below "
+                f"are far shorter than {layout.nnodes} real nodes would take\n"
+                "HINT: run `phalanx doctor --json` across the real nodes, or give their link with --bandwidth")  # fmt: skip
         if args.latency is None:
-            return Link(bandwidth, measured_latency, measured, measured)
+            return Link(found.bandwidth_bytes_per_s, found.latency_s, measured, measured)
         latency, latency_origin = _latency(args, DEFAULT_NETWORK_LATENCY, "")
-        return Link(bandwidth, latency, measured, latency_origin)
+        return Link(found.bandwidth_bytes_per_s, latency, measured, latency_origin)
     if args.bandwidth is None:
         raise SettingsRefused(
             f"--nnodes {layout.nnodes} needs the network's bandwidth",
