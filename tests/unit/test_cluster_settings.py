@@ -83,6 +83,17 @@ def test_a_single_node_allocation_meets_on_a_free_port_as_without_slurm(script):
     assert result.nnodes == NodeRange(1, 1) and result.rdzv_endpoint is None and result.rdzv_id == "slurm-9"
 
 
+def test_env_init_variables_outside_a_scheduler_are_named_as_ignored(script):
+    """MASTER_ADDR, RANK and WORLD_SIZE exported by hand (a habit from env:// launches) do not set
+    the job up: the decision block says so, with the flags that do."""
+    result = spec([script], {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "2"})
+    assert result.nnodes == NodeRange(1, 1) and result.rdzv_endpoint is None
+    (note,) = result.cluster_notes
+    assert note.startswith("none detected; MASTER_ADDR=10.0.0.1, MASTER_PORT=29500, RANK=0, WORLD_SIZE=2 ignored")
+    assert "--rdzv-endpoint HOST:PORT with --nnodes N" in note
+    assert spec([script], {}).cluster_notes == ()
+
+
 def test_simulated_nodes_ignore_the_environment_and_say_so(script):
     result = spec(["--simulate-nodes", "2", script], SLURM_STEP)
     assert result.simulate_nodes == 2 and result.rdzv_endpoint is None

@@ -22,6 +22,20 @@ _DEFAULTS = (("rdzv_endpoint", "endpoint", "rdzv-endpoint"), ("rdzv_id", "rdzv_i
              ("nproc_per_node", "nproc_per_node", "nproc-per-node"))  # fmt: skip
 
 
+#: torch's env:// variables, which a user may carry over from launching by hand: outside a
+#: scheduler nothing of phalanx reads them, and torchrun sets its own for every worker.
+_ENV_INIT_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "NODE_RANK")
+
+
+def _ignored_variables(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The decision block's line naming the env:// variables set outside any scheduler."""
+    found = [f"{name}={environ[name]}" for name in _ENV_INIT_VARIABLES if environ.get(name)]
+    if not found:
+        return ()
+    return (f"none detected; {', '.join(found)} ignored: phalanx run sets them for each worker. Several nodes meet "
+            "at --rdzv-endpoint HOST:PORT with --nnodes N, the same command on each",)  # fmt: skip
+
+
 def with_cluster_environment(resolved: Mapping[str, Resolved], environ: Mapping[str, str]) -> dict[str, Any]:
     """LaunchSpec's keyword arguments: the user's settings, completed by the cluster environment.
 
@@ -32,7 +46,7 @@ def with_cluster_environment(resolved: Mapping[str, Resolved], environ: Mapping[
     settings = {name: item.value for name, item in resolved.items()}
     environment = detect(environ, headless_service=settings.get("headless_service"))
     if environment is None:
-        return settings
+        return {**settings, "cluster_notes": _ignored_variables(environ)}
     if settings.get("simulate_nodes"):
         note = f"{environment.name} detected and ignored: --simulate-nodes runs every node on this host"
         return {**settings, "cluster_notes": (note,)}
