@@ -4,6 +4,8 @@ when interrupted; links cut and restored."""
 from __future__ import annotations
 
 import os
+import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -112,15 +114,34 @@ def test_down_removes_a_bed_whose_up_was_killed(bed_name):
     assert not leftovers(bed_name)
 
 
-def test_sigterm_during_up_leaves_nothing(bed_name):
-    up = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "30", "--name", bed_name],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not state_file(bed_name).exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.3)
-    up.send_signal(signal.SIGTERM)
-    assert up.wait(timeout=60) == 130
+def test_sigterm_during_up_leaves_nothing(bed_name, tmp_path):
+    """`up` is held inside its third host's `ip link add` (an `ip` in front of the real one on its
+    PATH, which waits on a FIFO), so the signal comes while hosts are half built, every time."""
+    gate, reached = tmp_path / "gate", tmp_path / "reached"
+    os.mkfifo(gate)
+    os.mkfifo(reached)
+    shim = tmp_path / "bin" / "ip"
+    shim.parent.mkdir()
+    shim.write_text(f"""#!/bin/sh
+case " $* " in *" link add {link_prefix(bed_name)}v3 "*) echo here > {reached}; read line < {gate};; esac
+exec {shutil.which("ip")} "$@"
+""")
+    shim.chmod(0o755)
+    up = subprocess.Popen([sys.executable, "-m", "phalanx", "testbed", "up", "--hosts", "5", "--name", bed_name],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}"})  # fmt: skip
+    try:
+        reader = os.open(reached, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert select.select([reader], [], [], 30)[0], "up never reached its third host"
+        finally:
+            os.close(reader)
+        assert state_file(bed_name).exists() and leftovers(bed_name), "nothing was built before the third host"
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=60) == 130, up.stderr.read()
+    finally:
+        up.kill()
+        up.wait()
     assert not leftovers(bed_name)
 
 
