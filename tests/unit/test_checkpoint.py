@@ -45,6 +45,24 @@ def test_save_load_prune_and_fall_back(tmp_path, capsys):
     assert names(tmp_path) == ["step-000000020", "step-000000030.damaged"]
 
 
+def test_a_stray_file_is_named_and_left_and_a_missing_one_is_damage(tmp_path, capsys):
+    """An NFS .nfsXXXX or a note beside the checkpoint's files does not damage it; a file its
+    marker lists that is gone does, and the message names it."""
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(10, {"w": torch.ones(2)})
+    manager.save(20, {"w": torch.full((2,), 2.0)})
+    stray = tmp_path / "step-000000020" / ".nfs000000000123"
+    stray.write_text("held open by another client")
+    latest = manager.load_latest()
+    assert latest.step == 20 and stray.exists()
+    said = capsys.readouterr().err
+    assert "step-000000020 holds the file .nfs000000000123 that its marker does not list: not phalanx's, left" in said
+    assert "damaged" not in said
+    data_file(tmp_path, 20).unlink()
+    assert manager.load_latest().step == 10
+    assert "step-000000020 is damaged (the file __0_0.distcp listed by its marker phalanx.json is missing)" in capsys.readouterr().err
+
+
 def test_plain_values_round_trip_as_they_were(tmp_path):
     """Int dict keys (an optimizer's state), tuples, None, nan: JSON alone would change them."""
     manager = CheckpointManager(tmp_path, init())

@@ -325,8 +325,12 @@ class CheckpointManager:
         except (ValueError, OSError) as error:
             return f"its marker {folder.MARKER} is not readable: {error}"
         try:
-            if set(marker["files"]) != set(folder.data_files(path)):
-                return "its files are not those its marker lists"
+            listed, present = set(marker["files"]), set(folder.data_files(path))
+            if gone := listed - present:
+                return f"{_named(gone)} listed by its marker {folder.MARKER} {'are' if len(gone) > 1 else 'is'} missing"
+            if present - listed and me == 0:  # an NFS .nfsXXXX, a note: not the checkpoint's, and not read
+                print(f"phalanx: checkpoint {path} holds {_named(present - listed)} that its marker does not list: "
+                      "not phalanx's, left in place and not loaded", file=sys.stderr, flush=True)  # fmt: skip
             for name in sorted(marker["files"])[me::readers]:
                 if folder.file_facts(path / name) != marker["files"][name]:
                     return f"{name} is truncated or altered (size or CRC-32 differs from its marker)"
@@ -442,3 +446,10 @@ def _destination(tensor: torch.Tensor | None, stored: Any) -> torch.Tensor:
     if tensor is not None and tuple(tensor.shape) == tuple(stored.size) and tensor.dtype == properties.dtype:
         return tensor
     return torch.empty(tuple(stored.size), dtype=properties.dtype)
+
+
+def _named(names: set[str]) -> str:
+    """'the file a', 'the files a, b', at most five named."""
+    shown = sorted(names)
+    listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+    return f"the file{'s' if len(shown) > 1 else ''} {listed}"
