@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES
 from phalanx.testbed import run_together
+from tests.conftest import EXAMPLES, kill_group
 from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -94,6 +94,39 @@ def test_a_node_alone_times_out_naming_the_endpoint(workdir):
         assert f"joined: {a.address}" in alone.output
         assert unreachable.returncode == 2, unreachable.output  # refused up front: no route
         assert "no route to 10.254.254.254" in unreachable.output
+
+
+#: Answers every connection with bytes that are no store's, and keeps it open.
+GARBAGE_SERVER = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])), reuse_port=True)
+kept = []
+while True:
+    connection, _ = server.accept()
+    connection.sendall(bytes(range(256)) * 4)
+    kept.append(connection)
+"""
+
+
+@pytest.mark.parametrize("service", ["http", "garbage"])
+def test_a_port_that_is_no_store_is_refused_within_the_join_timeout(workdir, service):
+    """The endpoint's port is held by another service on host a: an HTTP server (which never
+    answers torch's store client) or one that answers garbage. Host b's phalanx run ends within
+    its --join-timeout, exit code 3, naming the endpoint, with no traceback."""
+    with two_hosts("s") as (a, b):
+        server_argv = ([sys.executable, "-m", "http.server", PORT, "--bind", a.address] if service == "http" else
+                       [sys.executable, "-c", GARBAGE_SERVER, a.address, PORT])  # fmt: skip
+        server = subprocess.Popen(a.command(server_argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)  # fmt: skip
+        try:
+            (outcome,) = run_together([phalanx_line(b, a.address, "--join-timeout", "8")], timeout=60, cwd=str(workdir))
+        finally:
+            kill_group(server.pid)
+            server.wait()
+        assert outcome.returncode == 3, outcome.output[-3000:]
+        assert outcome.seconds < 8 + 15, outcome.seconds  # the bound, and the interpreter's start
+        assert f"something listens at the endpoint {a.address}:{PORT}, but it is not a rendezvous store" in outcome.output
+        assert "HINT:" in outcome.output and "Traceback" not in outcome.output, outcome.output
 
 
 def test_both_hosts_name_the_rank_that_failed_first(workdir):

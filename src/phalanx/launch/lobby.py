@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,6 +30,8 @@ POLL_EVERY_S = 0.02  # store reads on an idle TCP connection are cheap; a late s
 #: How long the host keeps the store up after a mismatch so that every node can read why.
 ABORT_GRACE_S = 5.0
 STORE_READ_TIMEOUT_S = 60.0
+#: At least this long for the store's first answer, even when the join deadline is nearer.
+STORE_ANSWER_MIN_S = 2.0
 
 
 class Lobby:
@@ -63,7 +66,38 @@ class Lobby:
                 ) from None
             return
         self._wait_until_reachable(deadline)
-        self.store = TCPStore(self.endpoint.host, self.endpoint.port, is_master=False, timeout=timeout, use_libuv=True)
+        self.store = self._store_client(lambda: TCPStore(self.endpoint.host, self.endpoint.port, is_master=False,
+                                                         timeout=timeout, use_libuv=True), deadline)  # fmt: skip
+
+    def _store_client(self, connect: Callable[[], Any], deadline: float) -> Any:
+        """The store client, within the join deadline. torch's client waits for its first answer
+        without a bound: a port that accepts but is no store (an HTTP server, another service)
+        would hold this node past --join-timeout, and one that answers garbage ends it with a page
+        of C++ frames. The client is made in a thread of its own (torch releases the GIL while it
+        waits), and whatever keeps it from answering as a store is refused here, in one message."""
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["store"] = connect()
+            except Exception as error:  # noqa: BLE001 - said below, whatever torch raised
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name="phalanx-store-connect", daemon=True)
+        thread.start()
+        thread.join(max(STORE_ANSWER_MIN_S, deadline - self.clock()))
+        if "store" in outcome:
+            return outcome["store"]
+        error = outcome.get("error")
+        why = (f"torch's store client said: {(str(error) or type(error).__name__).splitlines()[0]}" if error is not None else
+               f"it accepts connections, but gave torch's store client no store's answer within {self.plan.join_timeout:g} s "
+               "(torch's retries, if any, are above)")  # fmt: skip
+        raise JoinTimeout(
+            f"something listens at the endpoint {self.endpoint}, but it is not a rendezvous store",
+            f"{why}. Another service may hold that port (an HTTP server, a database, a store of another tool).",
+            f"check that --rdzv-endpoint names the main node and a port its phalanx run listens on; on the main "
+            f"node, `ss -ltnp 'sport = :{self.endpoint.port}'` shows what holds the port",
+        )
 
     def _listen(self, address: str) -> int:
         """A socket listening on ``address`` alone, handed to the store as its own (torch's
