@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -163,6 +164,26 @@ def test_single_node_picks_a_free_port(phalanx, workdir):
     records = [json.loads(p.read_text()) for p in workdir.glob("rank*.json")]
     assert len(records) == 2 and all(r["MASTER_PORT"] != "29500" for r in records)
     assert "1 node x 2 processes = world size 2" in result.stderr
+
+
+@pytest.mark.parametrize("given_endpoint", [False, True], ids=["free-port", "loopback-endpoint"])
+def test_a_single_node_s_rendezvous_store_listens_on_loopback_only(phalanx, workdir, given_endpoint):
+    """torch's store has no authentication: one node needs no other address. (The workers' store,
+    MASTER_PORT, is torch's agent's own, on every address: docs/failures.md says so.)"""
+    script = copy_worker(workdir, "launcher_listeners.py")
+    endpoint = []
+    if given_endpoint:  # --rdzv-endpoint 127.0.0.1:PORT, with a port free here
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            endpoint = ["--rdzv-endpoint", f"127.0.0.1:{probe.getsockname()[1]}"]
+    result = phalanx("run", *endpoint, script, str(workdir / "found.json"))
+    assert result.returncode == 0, result.output
+    found = json.loads((workdir / "found.json").read_text())
+    stores = [(ip, port) for ip, port in found["listeners"] if port != found["master_port"]]
+    assert stores and all(ip == "127.0.0.1" for ip, _ in stores), found
+    if endpoint:
+        assert int(endpoint[1].rsplit(":", 1)[1]) in [port for _, port in stores], found
+        assert "listening on 127.0.0.1 only" in result.stderr
 
 
 def test_dry_run_starts_nothing(phalanx, workdir):

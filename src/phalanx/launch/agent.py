@@ -11,6 +11,7 @@ PLAN.json``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.liveness import Liveness
-from phalanx.launch.lobby import Lobby
+from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
@@ -39,7 +40,7 @@ from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
-from phalanx.launch.values import parse_endpoint
+from phalanx.launch.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
 from phalanx.worker_env import WorkerEnv
 
@@ -73,6 +74,7 @@ class NodeAgent:
         self.nodes: list[str] = [plan.node_label]  # the labels of the nodes that met in the lobby
         self.liveness: Liveness | None = None
         self.lost: str | None = None  # why a node counts as lost, once the liveness said so
+        self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.plan), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -87,6 +89,11 @@ class NodeAgent:
                 self.nodes_in_job = len(joined)
                 self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
+            elif self.plan.store_address:  # one node: its store on that address alone, torchrun's shares it
+                host, _, port_text = self.plan.rdzv_endpoint.rpartition(":")  # port 0: the system picks one
+                endpoint = Endpoint(host.strip("[]"), int(port_text))
+                self._alone_store, port = host_store(self.plan, endpoint)  # kept for torchrun, not read here
+                self.plan = dataclasses.replace(self.plan, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
             return self._launch()
         except PhalanxError as error:
             say(error.render())

@@ -23,7 +23,7 @@ from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
 from phalanx.launch.fingerprint import differing_settings
 from phalanx.launch.plan import NodePlan
-from phalanx.launch.values import parse_endpoint
+from phalanx.launch.values import Endpoint, parse_endpoint
 
 PROGRESS_EVERY_S = 10.0
 POLL_EVERY_S = 0.02  # store reads on an idle TCP connection are cheap; a late start is not
@@ -32,6 +32,48 @@ ABORT_GRACE_S = 5.0
 STORE_READ_TIMEOUT_S = 60.0
 #: At least this long for the store's first answer, even when the join deadline is nearer.
 STORE_ANSWER_MIN_S = 2.0
+
+
+def host_store(plan: NodePlan, endpoint: Endpoint) -> tuple[Any, int]:
+    """The job's rendezvous store on the node that hosts it, and its port (the endpoint's, or the
+    one the system picked for port 0). torchrun's c10d backend then makes its own store on the same
+    port, multi-tenant, and so shares this one.
+
+    It listens on ``plan.store_address`` alone where the plan names one (torch's TCPStore would
+    otherwise listen on every address of the host: it has no authentication), else everywhere."""
+    from torch.distributed import TCPStore
+
+    try:
+        listening, port = _listen(plan.store_address, endpoint.port) if plan.store_address else (None, endpoint.port)
+        store = TCPStore(
+            endpoint.host, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+            timeout=timedelta(seconds=STORE_READ_TIMEOUT_S), use_libuv=True,
+            **({"master_listen_fd": listening} if listening is not None else {}),
+        )  # fmt: skip
+    except (RuntimeError, OSError) as error:  # torch raises DistNetworkError, a RuntimeError, on bind
+        raise SettingsRefused(
+            f"this host owns the endpoint {endpoint}, but cannot listen on port {endpoint.port}",
+            f"{error}".splitlines()[0],
+            "another job (or an old one still running) holds that port: stop it, or pick another port "
+            "in --rdzv-endpoint on every node",
+        ) from None
+    return store, port
+
+
+def _listen(address: str, port: int) -> tuple[int, int]:
+    """A socket listening on ``address`` alone, to hand to the store as its own: its descriptor
+    and its port."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds its own
+        listening.bind((address, port))
+        listening.listen(socket.SOMAXCONN)
+        port = listening.getsockname()[1]
+    except OSError:
+        listening.close()
+        raise
+    return listening.detach(), port  # the store owns it from here
 
 
 class Lobby:
@@ -48,24 +90,11 @@ class Lobby:
     def connect(self, deadline: float) -> None:
         from torch.distributed import TCPStore
 
-        timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
         if self.plan.is_host:
-            try:
-                listening = self._listen(self.plan.store_address) if self.plan.store_address else None
-                self.store = TCPStore(
-                    self.endpoint.host, self.endpoint.port, is_master=True, multi_tenant=True,
-                    wait_for_workers=False, timeout=timeout, use_libuv=True,
-                    **({"master_listen_fd": listening} if listening is not None else {}),
-                )  # fmt: skip
-            except (RuntimeError, OSError) as error:  # torch raises DistNetworkError, a RuntimeError, on bind
-                raise SettingsRefused(
-                    f"this host owns the endpoint {self.endpoint}, but cannot listen on port {self.endpoint.port}",
-                    f"{error}".splitlines()[0],
-                    "another job (or an old one still running) holds that port: stop it, or pick another port "
-                    "in --rdzv-endpoint on every node",
-                ) from None
+            self.store, _ = host_store(self.plan, self.endpoint)
             return
         self._wait_until_reachable(deadline)
+        timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
         self.store = self._store_client(lambda: TCPStore(self.endpoint.host, self.endpoint.port, is_master=False,
                                                          timeout=timeout, use_libuv=True), deadline)  # fmt: skip
 
@@ -98,20 +127,6 @@ class Lobby:
             f"check that --rdzv-endpoint names the main node and a port its phalanx run listens on; on the main "
             f"node, `ss -ltnp 'sport = :{self.endpoint.port}'` shows what holds the port",
         )
-
-    def _listen(self, address: str) -> int:
-        """A socket listening on ``address`` alone, handed to the store as its own (torch's
-        TCPStore otherwise listens on every address of the host): its file descriptor."""
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        listening = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds its own
-            listening.bind((address, self.endpoint.port))
-            listening.listen(socket.SOMAXCONN)
-        except OSError:
-            listening.close()
-            raise
-        return listening.detach()  # the store owns it from here
 
     def _wait_until_reachable(self, deadline: float) -> None:
         started = self.clock()
