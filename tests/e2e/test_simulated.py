@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, gloo_flight_recorder_on
+from tests.conftest import EXAMPLES, gloo_flight_recorder_on, kill_group, phalanx_argv
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -184,6 +184,43 @@ def test_a_single_node_s_rendezvous_store_listens_on_loopback_only(phalanx, work
     if endpoint:
         assert int(endpoint[1].rsplit(":", 1)[1]) in [port for _, port in stores], found
         assert "listening on 127.0.0.1 only" in result.stderr
+
+
+def ended_within(pid: int, seconds: float) -> bool:
+    """Whether the process ended: gone, or a zombie (its new parent may not have reaped it yet)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_what_a_worker_started_ends_with_it_after_exit_0(phalanx, workdir):
+    script = copy_worker(workdir, "starts_a_child.py")
+    result = phalanx("run", script, "301.5", str(workdir / "child.pid"))
+    assert result.returncode == 0, result.output
+    assert ended_within(int((workdir / "child.pid").read_text()), 5.0), "the worker's child outlived the job"
+
+
+def test_what_a_worker_started_ends_with_it_after_kill_9_of_the_launcher(workdir):
+    script = copy_worker(workdir, "starts_a_child.py")
+    ready = workdir / "child.pid"
+    launcher = subprocess.Popen(phalanx_argv("run", script, "302.5", str(ready), "--hold"), cwd=workdir,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() or not ready.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the script did not start its child"
+            time.sleep(0.02)
+        launcher.kill()  # the launcher alone, as kill -9 does
+        launcher.wait()
+        assert ended_within(int(ready.read_text()), 5.0), "the worker's child outlived its SIGKILLed launcher"
+    finally:
+        kill_group(launcher.pid)
 
 
 def test_dry_run_starts_nothing(phalanx, workdir):

@@ -6,7 +6,8 @@ SCRIPT ARGS``, in a process that also:
 
 - dies with its node's launcher: the kernel SIGKILLs it when the process that started it ends
   (``PR_SET_PDEATHSIG``), so a launcher killed with ``kill -9`` leaves no worker training on
-  unsupervised;
+  unsupervised; and what the script started in the worker's process group ends with the worker
+  (:mod:`.group_guard`);
 - keeps a SIGUSR1 that arrives before the script handles it (SLURM's preemption notice, passed on
   by the launcher): by default it would kill the process; it is noted in the environment instead
   (``WorkerEnv.early_signal``), where PreemptionGuard finds it, and said at exit when no guard
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
+from phalanx.launch.group_guard import guard_the_group
 from phalanx.launch.group_record import GroupWatch
 from phalanx.launch.signals import die_with_parent
 from phalanx.worker_env import WorkerEnv
@@ -66,6 +68,7 @@ def run(argv: list[str]) -> int | str | None:
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     worker = WorkerEnv.from_env(os.environ)
     die_with_parent(worker.launcher_pid)
+    guard_the_group()
     signal.signal(signal.SIGUSR1, _note_early_signal)  # until the script installs its own handler
     # Registered first, so they run last: after the script's own exit handlers.
     atexit.register(_tear_down_group)
