@@ -17,6 +17,7 @@ from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.runtime.checkpoint import CheckpointManager, folder, restore_rng_state, rng_state
 from phalanx.runtime.checkpoint.encoding import NotStorable
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
+from phalanx.runtime.checkpoint.reader import SafeReader
 from phalanx.runtime.context import init
 
 
@@ -250,6 +251,27 @@ def test_a_crafted_metadata_file_cannot_run_code_even_with_its_crc_updated(tmp_p
     assert manager.load_latest().state == {"x": 1}
     out, err = capsys.readouterr()
     assert "code ran" not in out and "its .metadata is not DCP's metadata (builtins.print is not something" in err
+
+
+def test_a_crafted_bytes_entry_is_damage_and_never_reaches_unpickling(tmp_path, capsys):
+    """A BytesStorageMetadata entry would make DCP's load unpickle that value with
+    weights_only=False. Written by torch's own classes, with the marker's CRCs updated: the
+    checkpoint is set aside and the previous one loads."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    manager = CheckpointManager(tmp_path, init())
+    manager.save(1, {"x": 1})
+    manager.save(2, {"x": 2})
+    newest = tmp_path / "step-000000002"
+    metadata = SafeReader(str(newest)).read_metadata()
+    metadata.state_dict_metadata["payload"] = BytesStorageMetadata()
+    (newest / ".metadata").write_bytes(pickle.dumps(metadata))
+    marker = json.loads((newest / "phalanx.json").read_text())
+    marker["files"][".metadata"] = folder.file_facts(newest / ".metadata")
+    (newest / "phalanx.json").write_text(json.dumps(marker))
+    assert manager.load_latest().state == {"x": 1}
+    assert "step-000000002 is damaged (its .metadata is not DCP's metadata (it lists a pickled value" in capsys.readouterr().err
+    assert names(tmp_path) == ["step-000000001", "step-000000002.damaged"]
 
 
 def test_a_checkpoint_that_cannot_be_read_is_refused_not_set_aside(tmp_path, monkeypatch):

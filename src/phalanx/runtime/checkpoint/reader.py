@@ -2,8 +2,10 @@
 
 torch's FileSystemReader reads a checkpoint's ``.metadata`` with a plain ``pickle.load``: a
 crafted file would run code at the first load. :class:`SafeReader` unpickles it with an
-allowlist of what DCP writes there (its metadata classes, dtypes, ``torch.Size``, a path) and
-refuses anything else. Checked against torch 2.13's ``FileSystemReader.read_metadata``, which
+allowlist of what DCP writes there for phalanx's checkpoints (its metadata classes, dtypes,
+``torch.Size``, a path) and refuses anything else. ``BytesStorageMetadata`` is refused too: it
+marks a pickled value, which DCP's load would unpickle with ``weights_only=False``, and phalanx
+stores tensors only (:mod:`.encoding`). Checked against torch 2.13's ``FileSystemReader.read_metadata``, which
 it replaces: the same result, the same ``load_id``.
 """
 
@@ -21,8 +23,8 @@ from phalanx.runtime.checkpoint.folder import DCP_METADATA
 
 _ALLOWED = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-        "StorageMeta", "MetadataIndex", "_MEM_FORMAT_ENCODING",
+        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "TensorProperties", "StorageMeta",
+        "MetadataIndex", "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
@@ -35,6 +37,9 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name in _ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)
+        if name == "BytesStorageMetadata":
+            raise pickle.UnpicklingError("it lists a pickled value, which loading would unpickle, and phalanx stores "
+                                         "tensors only")  # fmt: skip
         raise pickle.UnpicklingError(f"{module}.{name} is not something DCP writes in a checkpoint's metadata")
 
 
