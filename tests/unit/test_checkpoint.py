@@ -215,6 +215,17 @@ def test_a_full_disk_is_refused_before_training(small_disk):
     assert refused.value.exit_code == 2
 
 
+def test_a_relaunch_measures_the_disk_by_the_newest_checkpoint(small_disk):
+    """Before the first step an optimizer has no buffers: the state then is far smaller than what
+    the next save writes. The newest checkpoint's files are the measure (here 0.6 MB, of a disk
+    with 0.4 MB left), not the state given (4 kB)."""
+    manager = CheckpointManager(small_disk, init())
+    manager.save(1, {"w": torch.zeros(150_000)})  # 0.6 MB on the 1 MiB disk
+    with pytest.raises(SettingsRefused, match=r"needs about 0\.6 MiB \(the newest, step-000000001, takes that much\)") as refused:
+        manager.check({"w": torch.zeros(1000)})  # the model alone: the optimizer's moments not yet made
+    assert refused.value.exit_code == 2
+
+
 def test_checkpoints_of_the_earlier_format_are_refused_not_ignored(tmp_path):
     """Ignored, they would let the run start over in a folder the user takes for resumable."""
     (tmp_path / "step-000000100.pt").write_bytes(b"an earlier phalanx checkpoint")

@@ -155,12 +155,17 @@ class CheckpointManager:
             raise SettingsRefused(f"the checkpoint cannot hold {refused}", "",
                                   "give that object a state_dict() of tensors and plain values") from None  # fmt: skip
         needed = _bytes(shared) + self.context.world_size * _bytes(own)
+        # Before the first step an optimizer holds no buffers yet (Adam's moments come with its
+        # first step): the newest checkpoint's files, where there is one, are the better measure.
+        newest = folder.committed(self.directory)[:1]
+        on_disk = sum(path.stat().st_size for _, checkpoint in newest for path in checkpoint.iterdir() if path.is_file())
         if self._writes_files:
             free = shutil.disk_usage(self.directory).free
-            if free < needed:
+            if free < max(needed, on_disk):
+                measured = f" (the newest, {newest[0][1].name}, takes that much)" if on_disk > needed else ""
                 raise SettingsRefused(
                     f"the disk of the checkpoint folder {self.directory} has {free / 2**20:.0f} MiB free; one checkpoint "
-                    f"needs about {needed / 2**20:.0f} MiB",
+                    f"needs about {max(needed, on_disk) / 2**20:.1f} MiB{measured}",
                     "the first save would fail after training up to it.",
                     "free space on that disk, or give a checkpoint folder on another disk",
                 )
