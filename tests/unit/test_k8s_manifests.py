@@ -246,6 +246,11 @@ REFUSALS = [
     (["--memory", "64GB"], "--memory '64GB' is not a Kubernetes resource quantity"),
     (["--namespace", "ML"], "--namespace 'ML' is not a Kubernetes namespace's name"),
     (["--image", "my image"], "--image 'my image' is not a container image"),
+    (["--volume", "ckpt"], "--volume 'ckpt' has no CLAIM:PATH"),
+    (["--volume", "Ckpt:/ckpt"], "'Ckpt' is not a PersistentVolumeClaim's name"),
+    (["--volume", "c:/dev/shm"], "'/dev/shm' cannot be a mount point here"),
+    (["--volume", "c:ckpt"], "'ckpt' cannot be a mount point here"),
+    (["--volume", "a:/ckpt", "--volume", "b:/ckpt/"], "'/ckpt' cannot be a mount point here"),
 ]
 
 
@@ -281,3 +286,46 @@ def test_a_folder_that_cannot_be_written_is_refused(capsys):
     assert main(["k8s", "--image", IMAGE, "--output", "/proc/phalanx-k8s", "train.py"]) == 2
     err = capsys.readouterr().err
     assert "--output /proc/phalanx-k8s: the manifests cannot be written there" in err and "\nHINT: " in err
+
+
+def pod_specs(manifests: list[dict]) -> list[dict]:
+    """Every pod spec the manifests give (a TrainJob's: its patch of the runtime's pods)."""
+    found = []
+    for manifest in manifests:
+        spec = manifest.get("spec", {})
+        if manifest["kind"] == "Job":
+            found.append(spec["template"]["spec"])
+        elif manifest["kind"] == "PyTorchJob":
+            found += [replica["template"]["spec"] for replica in spec["pytorchReplicaSpecs"].values()]
+        elif manifest["kind"] == "TrainJob":  # the runtime's pods, through phalanx's patch
+            for patch in spec["runtimePatches"]:
+                for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+                    found.append(job["template"]["spec"]["template"]["spec"])
+    return found
+
+
+@pytest.mark.parametrize("kind", ["indexed-job", "trainjob", "pytorchjob"])
+def test_a_checkpoint_folder_on_a_claim_is_mounted_in_every_pod(capsys, kind):
+    manifests = render(capsys, "--kind", kind, "--nnodes", "2", "--volume", "ckpt:/ckpt", "--volume", "datasets.v1:/data",
+                       "train.py", "--checkpoint-dir", "/ckpt/run1")  # fmt: skip
+    pods = pod_specs(manifests)
+    assert pods, manifests
+    for pod_spec in pods:
+        assert pod_spec["volumes"][1:] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "ckpt"}},
+                                           {"name": "volume-1", "persistentVolumeClaim": {"claimName": "datasets.v1"}}]
+        (container,) = pod_spec["containers"]
+        assert container["volumeMounts"][1:] == [{"name": "volume-0", "mountPath": "/ckpt"},
+                                                 {"name": "volume-1", "mountPath": "/data"}], container  # fmt: skip
+    for manifest in manifests:
+        validate(manifest)
+
+
+@pytest.mark.parametrize("given", [["--checkpoint-dir", "/ckpt"], ["--checkpoint-dir=/work/ck"]])
+def test_a_checkpoint_folder_on_the_pods_own_filesystem_is_refused(capsys, given):
+    """A retried or rescheduled pod starts with an empty filesystem: its checkpoints would be gone."""
+    assert main(["k8s", "--image", IMAGE, "--volume", "data:/data", "train.py", *given]) == 2
+    err = capsys.readouterr().err
+    folder = given[-1].split("=")[-1]
+    assert f"the script's --checkpoint-dir {folder} is on the pod's own filesystem" in err, err
+    assert f"HINT: mount a PersistentVolumeClaim there: --volume CLAIM:{folder}" in err, err
+

@@ -71,6 +71,9 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--memory", metavar="QUANTITY", help="memory each pod requests (64Gi)")
     group.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                        help="a variable on every pod (repeatable)")  # fmt: skip
+    group.add_argument("--volume", action="append", default=[], metavar="CLAIM:PATH",
+                       help="mount the PersistentVolumeClaim CLAIM at PATH in every pod (repeatable); the script's "
+                       "--checkpoint-dir must be on one, or a retried pod starts from step 0")  # fmt: skip
     group.add_argument("--runtime", metavar="NAME", help="trainjob: the ClusterTrainingRuntime (default torch-distributed)")
     group.add_argument("--backoff-limit", type=int, metavar="N",
                        help="indexed-job, pytorchjob: pod failures before the job fails (default 3 x nodes: a failure "

@@ -49,6 +49,16 @@ def env(spec: ManifestSpec) -> list[Manifest]:
     return [{"name": name, "value": value} for name, value in spec.pod_env]
 
 
+def claim_volumes(spec: ManifestSpec) -> list[Manifest]:
+    """The pods' volumes of ``--volume CLAIM:PATH``, each a PersistentVolumeClaim."""
+    return [{"name": f"volume-{k}", "persistentVolumeClaim": {"claimName": claim}} for k, (claim, _) in enumerate(spec.volumes)]
+
+
+def mounts(spec: ManifestSpec) -> list[Manifest]:
+    """The training container's mounts: /dev/shm, then each ``--volume`` at its path."""
+    return [SHM_MOUNT, *({"name": f"volume-{k}", "mountPath": path} for k, (_, path) in enumerate(spec.volumes))]
+
+
 def container(spec: ManifestSpec, name: str, command: list[str], **more: Any) -> Manifest:
     """The training container: the image, the command, its variables, resources and /dev/shm.
 
@@ -63,11 +73,11 @@ def container(spec: ManifestSpec, name: str, command: list[str], **more: Any) ->
     """
     optional = {"env": env(spec), "resources": resources(spec)}
     return {"name": name, "image": spec.image, "command": command, **{k: v for k, v in optional.items() if v},
-            **more, "volumeMounts": [SHM_MOUNT]}  # fmt: skip
+            **more, "volumeMounts": mounts(spec)}  # fmt: skip
 
 
 def pod_template(spec: ManifestSpec, training: Manifest, **more: Any) -> Manifest:
-    """A pod template around the training container, with the /dev/shm volume.
+    """A pod template around the training container, with the /dev/shm volume and ``--volume``'s.
 
     Args:
         spec: what to render.
@@ -77,4 +87,5 @@ def pod_template(spec: ManifestSpec, training: Manifest, **more: Any) -> Manifes
     Returns:
         A pod template: labelled metadata and the pod's spec.
     """
-    return {"metadata": {"labels": labels(spec)}, "spec": {**more, "containers": [training], "volumes": [SHM_VOLUME]}}
+    volumes = [SHM_VOLUME, *claim_volumes(spec)]
+    return {"metadata": {"labels": labels(spec)}, "spec": {**more, "containers": [training], "volumes": volumes}}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from phalanx.errors import SettingsRefused
 from phalanx.k8s.kinds import kind_named
-from phalanx.k8s.spec import ManifestSpec, check_env, parse_env
+from phalanx.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
 from phalanx.k8s.trainjob import KIND as TRAINJOB
 from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
 from phalanx.launch.spec import Entrypoint
@@ -81,6 +81,7 @@ def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
         cpu=args.cpu,
         memory=args.memory,
         env=env,
+        volumes=parse_volumes(args.volume),
         backoff_limit=args.backoff_limit,
         written_by=shlex.join(["phalanx", *sys.argv[1:]]) if sys.argv[1:2] == ["k8s"] else "phalanx k8s",
         **({"runtime": args.runtime} if args.runtime else {}),

@@ -26,6 +26,10 @@ MAX_LABEL = 63
 _QUANTITY = re.compile(r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
 #: An environment variable's name as the kubelet takes it (k8s.io/apimachinery IsEnvVarName).
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+#: A PersistentVolumeClaim's name: a DNS-1123 subdomain.
+_CLAIM = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: The script's own flag for its checkpoint folder (examples/, phalanx.Run's scripts).
+CHECKPOINT_FLAG = "--checkpoint-dir"
 #: The manifests' object: a dict that becomes one YAML document.
 Manifest = dict[str, Any]
 
@@ -78,6 +82,8 @@ class ManifestSpec:
     memory: str | None = None
     #: ``--env NAME=VALUE``, in the order given.
     env: tuple[tuple[str, str], ...] = ()
+    #: ``--volume CLAIM:PATH``: PersistentVolumeClaims mounted in every pod, in the order given.
+    volumes: tuple[tuple[str, str], ...] = ()
     #: Pod failures before the job fails; None: 3 x nodes (a failure usually ends every pod).
     backoff_limit: int | None = None
     #: The command line that wrote the manifests, for their first comment.
@@ -121,6 +127,7 @@ class ManifestSpec:
                     "for example --cpu 8 --memory 64Gi",
                 )
         check_env(self.env, self.kind)
+        _check_volumes(self.volumes, self.entrypoint)
 
     @property
     def backoff(self) -> int:
@@ -146,6 +153,65 @@ class ManifestSpec:
         """
         script = (["-m"] if self.entrypoint.is_module else []) + [self.entrypoint.target, *self.entrypoint.args]
         return ["phalanx", "run", *first, *self.launch_flags, *script]
+
+
+def parse_volumes(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``--volume CLAIM:PATH`` items as (claim, path) pairs.
+
+    Example:
+        >>> parse_volumes(["checkpoints:/ckpt"])
+        (('checkpoints', '/ckpt'),)
+    """
+    pairs = []
+    for item in items:
+        claim, colon, path = item.partition(":")
+        if not colon or not claim or not path:
+            raise SettingsRefused(
+                f"--volume {item!r} has no CLAIM:PATH",
+                "each --volume mounts a PersistentVolumeClaim at a path in every pod.",
+                "for example --volume checkpoints:/ckpt (kubectl get pvc lists the claims)",
+            )
+        pairs.append((claim, path))
+    return tuple(pairs)
+
+
+def _check_volumes(volumes: Sequence[tuple[str, str]], entrypoint: Entrypoint) -> None:
+    """Refuses a claim Kubernetes would not name, a path it would not mount, and a checkpoint
+    folder that no volume holds: a retried or rescheduled pod starts with an empty filesystem."""
+    paths = [path.rstrip("/") or "/" for _, path in volumes]
+    for (claim, path), clean in zip(volumes, paths):
+        if not _CLAIM.match(claim) or len(claim) > 253:
+            raise SettingsRefused(
+                f"--volume {claim}:{path}: {claim!r} is not a PersistentVolumeClaim's name",
+                "a claim's name is lower-case letters, digits, '-' and '.', starting and ending with a letter or digit.",
+                "kubectl get pvc lists the claims of the namespace",
+            )
+        if not clean.startswith("/") or clean in ("/", "/dev/shm") or paths.count(clean) > 1:
+            raise SettingsRefused(
+                f"--volume {claim}:{path}: {path!r} cannot be a mount point here",
+                "the path must be absolute, not / or /dev/shm (the pods' shared memory), and mount one volume only.",
+                f"for example --volume {claim}:/ckpt",
+            )
+    folder = _flag_value(entrypoint.args, CHECKPOINT_FLAG)
+    if folder is not None and not any(folder == p or folder.startswith(p.rstrip("/") + "/") for p in paths):
+        raise SettingsRefused(
+            f"the script's {CHECKPOINT_FLAG} {folder} is on the pod's own filesystem",
+            "a pod that is retried or rescheduled starts with an empty one: the checkpoints are gone, and the "
+            "training starts from step 0.",
+            f"mount a PersistentVolumeClaim there: --volume CLAIM:{folder} (ReadWriteMany when the pods of several "
+            "nodes share the folder)",
+        )
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag VALUE`` or ``flag=VALUE`` in a script's arguments, the last one given."""
+    found = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1 :]
+    return found
 
 
 def _check_name(name: str, flag: str, hostnames: Sequence[str]) -> None:

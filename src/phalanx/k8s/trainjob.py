@@ -48,7 +48,7 @@ def render(spec: ManifestSpec) -> list[Manifest]:
     }
     # The runtime's pods get the /dev/shm volume through a patch: a TrainJob has no pod template.
     shm = {"spec": {"template": {"spec": {
-        "volumes": [pod.SHM_VOLUME], "containers": [{"name": NODE, "volumeMounts": [pod.SHM_MOUNT]}],
+        "volumes": [pod.SHM_VOLUME, *pod.claim_volumes(spec)], "containers": [{"name": NODE, "volumeMounts": pod.mounts(spec)}],
     }}}}  # fmt: skip
     return [
         {
