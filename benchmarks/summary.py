@@ -74,6 +74,7 @@ def run(benchmark: Benchmark, results: Path, smoke: bool) -> dict:
     if why is not None:
         return {"skipped": why}
     argv = benchmark.argv(report, smoke)
+    report.unlink(missing_ok=True)  # a report left by an earlier run is never read as this one's
     print(f"== {benchmark.name}: {shlex.join(argv)}", flush=True)
     started = time.monotonic()
     with log.open("w") as output:
@@ -82,6 +83,8 @@ def run(benchmark: Benchmark, results: Path, smoke: bool) -> dict:
     if done.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-10:]
         return {"failed": f"exit code {done.returncode} after {seconds:.0f} s; the end of {log}:\n" + "\n".join(tail)}
+    if not report.is_file():
+        return {"failed": f"exit code 0 after {seconds:.0f} s, but it wrote no report {report}"}
     return {**json.loads(report.read_text()), "seconds": seconds}
 
 

@@ -1,4 +1,4 @@
-"""How every benchmark states its targets, so that benchmarks/all.py can list them in one table.
+"""How every benchmark states its targets, so that benchmarks/summary.py can list them in one table.
 
 A benchmark writes its JSON report with :func:`write_report`: what it measured, and a list of
 :class:`Target`, each a figure (usually a ratio against plain torch in the same run) beside the

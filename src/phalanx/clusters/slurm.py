@@ -70,7 +70,7 @@ class Slurm(ClusterEnvironment):
                 f"SLURM job {job.value} has {len(hosts)} nodes ({nodelist.source}), but phalanx run runs outside "
                 "srun, on this node only",
                 "phalanx run is one launcher per node; the other nodes must run it too.",
-                f"start it on every node: srun --ntasks-per-node=1 phalanx run [options] SCRIPT "
+                "start it on every node: srun --ntasks-per-node=1 phalanx run [options] SCRIPT "
                 "(or write the whole job script with `phalanx slurm`)",
             )
         scope = f"step {self.environ.get('SLURM_STEP_ID', '?')}" if self.in_step else "batch script"

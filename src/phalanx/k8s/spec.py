@@ -194,12 +194,13 @@ def _check_volumes(volumes: Sequence[tuple[str, str]], entrypoint: Entrypoint) -
             )
     folder = _flag_value(entrypoint.args, CHECKPOINT_FLAG)
     if folder is not None and not any(folder == p or folder.startswith(p.rstrip("/") + "/") for p in paths):
+        mount_point = folder if folder.startswith("/") else "/ckpt"
         raise SettingsRefused(
             f"the script's {CHECKPOINT_FLAG} {folder} is on the pod's own filesystem",
             "a pod that is retried or rescheduled starts with an empty one: the checkpoints are gone, and the "
             "training starts from step 0.",
-            f"mount a PersistentVolumeClaim there: --volume CLAIM:{folder} (ReadWriteMany when the pods of several "
-            "nodes share the folder)",
+            f"mount a PersistentVolumeClaim there: --volume CLAIM:{mount_point} (ReadWriteMany when the pods of several "
+            "nodes share the folder)" + ("" if folder.startswith("/") else f", and give {CHECKPOINT_FLAG} {mount_point}"),
         )
 
 

@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +89,7 @@ class NodeAgent:
                 self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
             elif self.plan.store_address:  # one node: its store on that address alone, torchrun's shares it
-                host, _, port_text = self.plan.rdzv_endpoint.rpartition(":")  # port 0: the system picks one
-                endpoint = Endpoint(host.strip("[]"), int(port_text))
+                endpoint = parse_endpoint(self.plan.rdzv_endpoint, port_zero=True)  # 0: the system picks one
                 self._alone_store, port = host_store(self.plan, endpoint)  # kept for torchrun, not read here
                 self.plan = dataclasses.replace(self.plan, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
             return self._launch()
@@ -214,7 +212,7 @@ class NodeAgent:
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
         if not store_lost:  # for the other nodes, whose workers fail next: the cause comes first in their report
             self._post_if_store_up(lambda: self.store.append(f"{self.prefix}lost", f"{self.plan.node_label}: {why}\n"))
-        workers = psutil.Process().children(recursive=True)
+        workers = [p for p in psutil.Process().children(recursive=True) if _alive(p)]  # not the zombies of a pod's PID 1
         for process in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
@@ -226,7 +224,7 @@ class NodeAgent:
         """After a success: whether this node's ranks joined the job's process group, or each ran alone."""
         if self.plan.independent_ranks:
             return ExitCode.OK
-        records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
+        records = _exit_records(logs)
         alone = solo_ranks(records)
         if not alone:
             self._say_if_uncounted(uncounted_ranks(records))
@@ -242,15 +240,18 @@ class NodeAgent:
 
     def _what_the_workers_did(self, logs: Any) -> str:
         """After a stop signal: how this node's workers ended, from the records they wrote at exit."""
-        records = {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
+        records = _exit_records(logs)
         if not records:
             return "no worker had started"
         killed = sorted(rank for rank, record in records.items() if record is None)
-        stopped = sorted({record.stopped for record in records.values() if record is not None and record.stopped})
+        stopped = {record.stopped for record in records.values() if record is not None and record.stopped}
         if killed:
-            some = "its workers were" if len(killed) == len(records) else f"rank{'s' if len(killed) > 1 else ''} {ranges(killed)} were"
-            return f"{some} killed before they ended on their own"
-        return f"its workers stopped {stopped[0]}" if len(stopped) == 1 else "its workers ended on their own"
+            if len(killed) == len(records):
+                return "its workers were killed before they ended on their own"
+            who = f"ranks {ranges(killed)} were" if len(killed) > 1 else f"rank {killed[0]} was"
+            return f"{who} killed before they ended on their own"
+        every_rank_stopped = len(stopped) == 1 and all(record.stopped for record in records.values() if record)
+        return f"its workers stopped {stopped.pop()}" if every_rank_stopped else "its workers ended on their own"
 
     def _say_if_uncounted(self, ranks: list[int]) -> None:
         """Says that the check above could not see the collectives, rather than pass or fail blind."""
@@ -354,7 +355,7 @@ class NodeAgent:
     def _post_failures(self, found: list[failure.RankFailure]) -> None:
         """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
         self._post_if_store_up(
-            lambda: self.store.append(f"{self.round_prefix}failures", json.dumps([asdict(f) for f in found]) + "\n")
+            lambda: self.store.append(f"{self.round_prefix}failures", json.dumps([dataclasses.asdict(f) for f in found]) + "\n")
         )
 
     def _post_if_store_up(self, post: Callable[[], object]) -> None:
@@ -459,3 +460,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     exit_quickly(main())
+
+
+def _exit_records(logs: Any) -> dict[int, GroupRecord | None]:
+    """Each of this node's ranks' exit record (None: it wrote none, it was killed)."""
+    return {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -68,8 +68,8 @@ def run(argv: list[str]) -> int | str | None:
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     worker = WorkerEnv.from_env(os.environ)
     die_with_parent(worker.launcher_pid)
-    guard_the_group()
     signal.signal(signal.SIGUSR1, _note_early_signal)  # until the script installs its own handler
+    guard_the_group()
     # Registered first, so they run last: after the script's own exit handlers.
     atexit.register(_tear_down_group)
     atexit.register(_say_if_the_early_signal_was_never_taken)

@@ -10,7 +10,9 @@ the backend reuses this very server: one port, no window in which it is closed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -43,6 +45,7 @@ def host_store(plan: NodePlan, endpoint: Endpoint) -> tuple[Any, int]:
     otherwise listen on every address of the host: it has no authentication), else everywhere."""
     from torch.distributed import TCPStore
 
+    listening = None
     try:
         listening, port = _listen(plan.store_address, endpoint.port) if plan.store_address else (None, endpoint.port)
         store = TCPStore(
@@ -51,13 +54,16 @@ def host_store(plan: NodePlan, endpoint: Endpoint) -> tuple[Any, int]:
             **({"master_listen_fd": listening} if listening is not None else {}),
         )  # fmt: skip
     except (RuntimeError, OSError) as error:  # torch raises DistNetworkError, a RuntimeError, on bind
+        if listening is not None:
+            with contextlib.suppress(OSError):
+                os.close(listening)
         raise SettingsRefused(
             f"this host owns the endpoint {endpoint}, but cannot listen on port {endpoint.port}",
             f"{error}".splitlines()[0],
             "another job (or an old one still running) holds that port: stop it, or pick another port "
             "in --rdzv-endpoint on every node",
         ) from None
-    return store, port
+    return store, store.port
 
 
 def _listen(address: str, port: int) -> tuple[int, int]:
@@ -114,18 +120,26 @@ class Lobby:
 
         thread = threading.Thread(target=run, name="phalanx-store-connect", daemon=True)
         thread.start()
-        thread.join(max(STORE_ANSWER_MIN_S, deadline - self.clock()))
+        waited = max(STORE_ANSWER_MIN_S, deadline - self.clock())
+        thread.join(waited)
         if "store" in outcome:
             return outcome["store"]
+        hint = (f"check that --rdzv-endpoint names the main node and a port its phalanx run listens on; on the main "
+                f"node, `ss -ltnp 'sport = :{self.endpoint.port}'` shows what holds the port")  # fmt: skip
         error = outcome.get("error")
-        why = (f"torch's store client said: {(str(error) or type(error).__name__).splitlines()[0]}" if error is not None else
-               f"it accepts connections, but gave torch's store client no store's answer within {self.plan.join_timeout:g} s "
-               "(torch's retries, if any, are above)")  # fmt: skip
+        if error is not None:  # an answer torch could not take, or a store that went away
+            raise JoinTimeout(
+                f"torch's store client could not use the endpoint {self.endpoint}",
+                f"it said: {(str(error) or type(error).__name__).splitlines()[0]}. Either the main node's store went "
+                "away, or another service holds that port.",
+                hint,
+            )
         raise JoinTimeout(
             f"something listens at the endpoint {self.endpoint}, but it is not a rendezvous store",
-            f"{why}. Another service may hold that port (an HTTP server, a database, a store of another tool).",
-            f"check that --rdzv-endpoint names the main node and a port its phalanx run listens on; on the main "
-            f"node, `ss -ltnp 'sport = :{self.endpoint.port}'` shows what holds the port",
+            f"it accepts connections, but gave torch's store client no store's answer in {waited:.0f} s (torch's "
+            "retries, if any, are above). Another service may hold that port (an HTTP server, a database, a store of "
+            "another tool).",
+            hint,
         )
 
     def _wait_until_reachable(self, deadline: float) -> None:

@@ -133,7 +133,8 @@ def parse_backend(value: object) -> str:
     return text
 
 
-def parse_endpoint(value: object) -> Endpoint:
+def parse_endpoint(value: object, *, port_zero: bool = False) -> Endpoint:
+    """``HOST[:PORT]``; port 0 (any free port) only where ``port_zero`` allows it (a plan's own)."""
     text = _as_text(value)
     hint = "write --rdzv-endpoint HOST[:PORT], the main node's address, e.g. --rdzv-endpoint 10.0.0.1:29400"
     if not text:
@@ -153,7 +154,7 @@ def parse_endpoint(value: object) -> Endpoint:
         raise InvalidValue(f"--rdzv-endpoint {text!r}: {host!r} is not a host name or IP address", hint)
     if port_text is None:
         return Endpoint(host, DEFAULT_RDZV_PORT)
-    if not re.fullmatch(r"\d+", port_text) or not 1 <= int(port_text) <= 65535:
+    if not re.fullmatch(r"\d+", port_text) or not (0 if port_zero else 1) <= int(port_text) <= 65535:
         raise InvalidValue(f"--rdzv-endpoint {text!r}: the port {port_text!r} is not a number from 1 to 65535", hint)
     return Endpoint(host, int(port_text))
 

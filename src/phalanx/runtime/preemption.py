@@ -77,8 +77,8 @@ class PreemptionGuard:
             self.received = signal.Signals[early]
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and self.received is not None:
-            raise KeyboardInterrupt
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C (after another signal, one rank alone would leave the vote)
         self.received = signal.Signals(signum)
 
     def release_interrupt(self) -> None:

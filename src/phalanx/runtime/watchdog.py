@@ -301,11 +301,13 @@ class StallWatchdog:
         self._first_poll = True
         self._counts_only = 0  # polls since the last that read every entry
         self._progress: Progress | None = None  # from the last poll that read every entry
-        # Held while this thread is inside torch. A process forked meanwhile (a DataLoader
-        # worker) would inherit whatever C-level lock torch's code held at that instant, such as
-        # the C library's at-exit lock taken by a static's first initialization, and hang at its
-        # own first use of it (seen: a worker stuck before its first batch, its rank's peers
-        # timing out in the next all-reduce). So a fork waits for the poll to end.
+        # Held while this thread reads the flight recorder. A process forked meanwhile (a
+        # DataLoader worker) would inherit whatever C-level lock torch's code held at that
+        # instant, such as the C library's at-exit lock taken by a static's first
+        # initialization, and hang at its own first use of it (seen: a worker stuck before its
+        # first batch, its rank's peers timing out in the next all-reduce). So a fork waits for
+        # the read (microseconds); not for a store post, which an unreachable store holds for
+        # its timeout: the store client's statics are initialized by start(), on its thread.
         self._in_torch = threading.Lock()
         os.register_at_fork(before=self._in_torch.acquire, after_in_parent=self._in_torch.release,
                             after_in_child=self._in_torch.release)  # fmt: skip
@@ -321,6 +323,7 @@ class StallWatchdog:
             timeout=timedelta(seconds=30), use_libuv=True,
         )  # fmt: skip
         collective_counts(self.backend)  # the recorder's statics are initialized here, not in the thread
+        self._store.check([f"{self.prefix}{self.rank}"])  # and the store client's
         self._thread.start()
 
     def stop(self) -> None:
@@ -336,11 +339,11 @@ class StallWatchdog:
             try:
                 with self._in_torch:
                     me = self._poll()
-                    if me is not None:  # (None: collectives complete, nothing a report could use)
-                        action = "post to the job's store"
-                        self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
-                        if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
-                            self._abort(me)
+                if me is not None:  # (None: collectives complete, nothing a report could use)
+                    action = "post to the job's store"
+                    self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
+                    if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
+                        self._abort(me)
             except Exception as error:  # noqa: BLE001 - a poll must never end the training
                 if self._stop.is_set():  # the job is ending and the store went first
                     return

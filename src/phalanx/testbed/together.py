@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,23 +58,32 @@ def run_together(
                          errors="replace", start_new_session=True)
         for argv in commands
     ]  # fmt: skip
-    outcomes = []
+    outcomes: list[Outcome | None] = [None] * len(processes)
+
+    def wait_for(index: int, process: subprocess.Popen[str]) -> None:
+        # One thread per command: each pipe is read as it fills, so no chatty host blocks on
+        # its output while another is waited for.
+        try:
+            output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
+            code: int | None = process.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            output, _ = process.communicate()
+            code = None
+        outcomes[index] = Outcome(code, output, time.monotonic() - started)
+
+    waiters = [threading.Thread(target=wait_for, args=item, daemon=True) for item in enumerate(processes)]
     try:
-        for process in processes:
-            try:
-                output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
-                code: int | None = process.returncode
-            except subprocess.TimeoutExpired:
-                _kill_group(process)
-                output, _ = process.communicate()
-                code = None
-            outcomes.append(Outcome(code, output, time.monotonic() - started))
+        for waiter in waiters:
+            waiter.start()
+        for waiter in waiters:
+            waiter.join()
     finally:
         for process in processes:
             _kill_group(process)
             if process.poll() is None:
                 process.wait()
-    return outcomes
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:

@@ -155,11 +155,11 @@ class CheckpointManager:
             raise SettingsRefused(f"the checkpoint cannot hold {refused}", "",
                                   "give that object a state_dict() of tensors and plain values") from None  # fmt: skip
         needed = _bytes(shared) + self.context.world_size * _bytes(own)
-        # Before the first step an optimizer holds no buffers yet (Adam's moments come with its
-        # first step): the newest checkpoint's files, where there is one, are the better measure.
-        newest = folder.committed(self.directory)[:1]
-        on_disk = sum(path.stat().st_size for _, checkpoint in newest for path in checkpoint.iterdir() if path.is_file())
         if self._writes_files:
+            # Before the first step an optimizer holds no buffers yet (Adam's moments come with its
+            # first step): the newest checkpoint, where there is one, is the better measure.
+            newest = folder.committed(self.directory)[:1]
+            on_disk = sum(_listed_bytes(checkpoint) for _, checkpoint in newest)
             free = shutil.disk_usage(self.directory).free
             if free < max(needed, on_disk):
                 measured = f" (the newest, {newest[0][1].name}, takes that much)" if on_disk > needed else ""
@@ -458,3 +458,11 @@ def _named(names: set[str]) -> str:
     shown = sorted(names)
     listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
     return f"the file{'s' if len(shown) > 1 else ''} {listed}"
+
+
+def _listed_bytes(checkpoint: Path) -> int:
+    """The bytes of a checkpoint's files, as its marker lists them (0 where it cannot be read)."""
+    try:
+        return sum(int(facts["size"]) for facts in folder.read_marker(checkpoint)["files"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
