@@ -451,17 +451,6 @@ def posted(store: Any, prefix: str, name: str) -> list[str]:
     return store.get(key).decode().splitlines() if store.check([key]) else []
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    die_with_parent(WorkerEnv.from_env(os.environ).launcher_pid)  # a simulated node dies with its simulation
-    plan = NodePlan.from_json(Path(argv[0]).read_text())
-    return NodeAgent(plan).run()
-
-
-if __name__ == "__main__":
-    exit_quickly(main())
-
-
 def _exit_records(logs: Any) -> dict[int, GroupRecord | None]:
     """Each of this node's ranks' exit record (None: it wrote none, it was killed)."""
     return {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
@@ -472,3 +461,15 @@ def _alive(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    die_with_parent(WorkerEnv.from_env(os.environ).launcher_pid)  # a simulated node dies with its simulation
+    plan = NodePlan.from_json(Path(argv[0]).read_text())
+    return NodeAgent(plan).run()
+
+
+if __name__ == "__main__":
+    exit_quickly(main())
+
