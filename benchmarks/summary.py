@@ -62,7 +62,7 @@ BENCHMARKS = (
     Benchmark("loop_overhead", minutes=20),
     Benchmark("checkpoint", minutes=15),
     Benchmark("collectives_vs_torch", needs_root=True, minutes=5),
-    Benchmark("auto_compression", needs_root=True, minutes=60),
+    Benchmark("auto_compression", needs_root=True, minutes=120),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=15),
 )
 

@@ -32,7 +32,7 @@ class WorkerEnv:
     #: Where this rank writes whether it joined the job's process group (set per rank with ``attempt``).
     group_record: str | None = None
     #: The job, the same on every node and in every rendezvous round and restart of one launch:
-    #: its rendezvous ID and endpoint (unset for one node, whose store port torchrun picks).
+    #: its rendezvous ID and endpoint (unset for one node, whose store port is picked at its start).
     job: str | None = None
     #: A preemption signal (SIGUSR1) that came before the worker's script could handle it: kept by
     #: the launcher (no worker yet) or the worker's entry point; PreemptionGuard takes it as received.

@@ -250,6 +250,7 @@ REFUSALS = [
     (["--volume", "Ckpt:/ckpt"], "'Ckpt' is not a PersistentVolumeClaim's name"),
     (["--volume", "c:/dev/shm"], "'/dev/shm' cannot be a mount point here"),
     (["--volume", "c:ckpt"], "'ckpt' cannot be a mount point here"),
+    (["--volume", "c:/ck\npt"], "cannot be a mount point here"),
     (["--volume", "a:/ckpt", "--volume", "b:/ckpt/"], "'/ckpt' cannot be a mount point here"),
 ]
 

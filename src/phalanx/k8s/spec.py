@@ -162,17 +162,9 @@ def parse_volumes(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
         >>> parse_volumes(["checkpoints:/ckpt"])
         (('checkpoints', '/ckpt'),)
     """
-    pairs = []
-    for item in items:
-        claim, colon, path = item.partition(":")
-        if not colon or not claim or not path:
-            raise SettingsRefused(
-                f"--volume {item!r} has no CLAIM:PATH",
-                "each --volume mounts a PersistentVolumeClaim at a path in every pod.",
-                "for example --volume checkpoints:/ckpt (kubectl get pvc lists the claims)",
-            )
-        pairs.append((claim, path))
-    return tuple(pairs)
+    return _pairs(items, "--volume", ":", "CLAIM:PATH", value_required=True,
+                  why="each --volume mounts a PersistentVolumeClaim at a path in every pod.",
+                  hint="for example --volume checkpoints:/ckpt (kubectl get pvc lists the claims)")  # fmt: skip
 
 
 def _check_volumes(volumes: Sequence[tuple[str, str]], entrypoint: Entrypoint) -> None:
@@ -186,10 +178,11 @@ def _check_volumes(volumes: Sequence[tuple[str, str]], entrypoint: Entrypoint) -
                 "a claim's name is lower-case letters, digits, '-' and '.', starting and ending with a letter or digit.",
                 "kubectl get pvc lists the claims of the namespace",
             )
-        if not clean.startswith("/") or clean in ("/", "/dev/shm") or paths.count(clean) > 1:
+        if not clean.startswith("/") or clean in ("/", "/dev/shm") or paths.count(clean) > 1 or not clean.isprintable():
             raise SettingsRefused(
                 f"--volume {claim}:{path}: {path!r} cannot be a mount point here",
-                "the path must be absolute, not / or /dev/shm (the pods' shared memory), and mount one volume only.",
+                "the path must be absolute and printable, not / or /dev/shm (the pods' shared memory), and mount "
+                "one volume only.",
                 f"for example --volume {claim}:/ckpt",
             )
     folder = _flag_value(entrypoint.args, CHECKPOINT_FLAG)
@@ -263,14 +256,18 @@ def parse_env(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
         >>> parse_env(["NCCL_DEBUG=INFO", "OPTS=a=b"])
         (('NCCL_DEBUG', 'INFO'), ('OPTS', 'a=b'))
     """
+    return _pairs(items, "--env", "=", "NAME=VALUE", value_required=False,
+                  why="each --env sets one environment variable on every pod.",
+                  hint="write --env NAME=VALUE, for example --env NCCL_DEBUG=INFO (an empty value: --env NAME=)")  # fmt: skip
+
+
+def _pairs(items: Sequence[str], flag: str, separator: str, form: str, *, value_required: bool, why: str,
+           hint: str) -> tuple[tuple[str, str], ...]:  # fmt: skip
+    """``flag KEY<separator>VALUE`` items as (key, value) pairs, split at the first separator."""
     pairs = []
     for item in items:
-        name, equals, value = item.partition("=")
-        if not equals or not name:
-            raise SettingsRefused(
-                f"--env {item!r} has no NAME=VALUE",
-                "each --env sets one environment variable on every pod.",
-                "write --env NAME=VALUE, for example --env NCCL_DEBUG=INFO (an empty value: --env NAME=)",
-            )
-        pairs.append((name, value))
+        key, found, value = item.partition(separator)
+        if not found or not key or (value_required and not value):
+            raise SettingsRefused(f"{flag} {item!r} has no {form}", why, hint)
+        pairs.append((key, value))
     return tuple(pairs)

@@ -90,7 +90,8 @@ class NodeAgent:
                 self.store = lobby.store
             elif self.plan.store_address:  # one node: its store on that address alone, torchrun's shares it
                 endpoint = parse_endpoint(self.plan.rdzv_endpoint, port_zero=True)  # 0: the system picks one
-                self._alone_store, port = host_store(self.plan, endpoint)  # kept for torchrun, not read here
+                self._alone_store = host_store(self.plan, endpoint)  # kept for torchrun, not read here
+                port = self._alone_store.port
                 self.plan = dataclasses.replace(self.plan, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
             return self._launch()
         except PhalanxError as error:
@@ -472,4 +473,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     exit_quickly(main())
-

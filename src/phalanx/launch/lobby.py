@@ -36,8 +36,8 @@ STORE_READ_TIMEOUT_S = 60.0
 STORE_ANSWER_MIN_S = 2.0
 
 
-def host_store(plan: NodePlan, endpoint: Endpoint) -> tuple[Any, int]:
-    """The job's rendezvous store on the node that hosts it, and its port (the endpoint's, or the
+def host_store(plan: NodePlan, endpoint: Endpoint) -> Any:
+    """The job's rendezvous store on the node that hosts it (its ``port``: the endpoint's, or the
     one the system picked for port 0). torchrun's c10d backend then makes its own store on the same
     port, multi-tenant, and so shares this one.
 
@@ -63,7 +63,7 @@ def host_store(plan: NodePlan, endpoint: Endpoint) -> tuple[Any, int]:
             "another job (or an old one still running) holds that port: stop it, or pick another port "
             "in --rdzv-endpoint on every node",
         ) from None
-    return store, store.port
+    return store
 
 
 def _listen(address: str, port: int) -> tuple[int, int]:
@@ -97,7 +97,7 @@ class Lobby:
         from torch.distributed import TCPStore
 
         if self.plan.is_host:
-            self.store, _ = host_store(self.plan, self.endpoint)
+            self.store = host_store(self.plan, self.endpoint)
             return
         self._wait_until_reachable(deadline)
         timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)

@@ -5,8 +5,8 @@ crafted file would run code at the first load. :class:`SafeReader` unpickles it 
 allowlist of what DCP writes there for phalanx's checkpoints (its metadata classes, dtypes,
 ``torch.Size``, a path) and refuses anything else. ``BytesStorageMetadata`` is refused too: it
 marks a pickled value, which DCP's load would unpickle with ``weights_only=False``, and phalanx
-stores tensors only (:mod:`.encoding`). Checked against torch 2.13's ``FileSystemReader.read_metadata``, which
-it replaces: the same result, the same ``load_id``.
+stores tensors only (:mod:`.encoding`). Checked against torch 2.13's
+``FileSystemReader.read_metadata``, which it replaces: the same result, the same ``load_id``.
 """
 
 from __future__ import annotations
