@@ -18,7 +18,7 @@ STAMP := $(VENV)/.phalanx-installed
 TORCH_COMPAT ?= 2.8.0 2.10.0 2.14.1
 COMPAT_VENVS := $(foreach version,$(TORCH_COMPAT),.venv-torch-$(version)/.phalanx-installed)
 
-.PHONY: demo test test-cluster test-compat compat-venvs cluster-deps bench clean
+.PHONY: demo test lint test-cluster test-compat compat-venvs cluster-deps bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,8 +36,16 @@ demo: $(STAMP)
 # time is spent waiting (for processes to start, for timeouts), so two pytest-xdist workers share
 # it; the test beds' tests run on one of them, one at a time (tests/conftest.py).
 TEST_WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup
+
+# The linter, the formatter's check (pyproject.toml's [tool.ruff]; `ruff format` applies it) and
+# the docstrings' examples as doctests. Part of make test.
+LINTED := src tests benchmarks examples
+lint: $(STAMP)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules src/phalanx
 
 # The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
 # namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own

@@ -51,8 +51,9 @@ from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
 
-from phalanx.testbed import Host, Shaping, run_together, test_bed
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
+
+from phalanx.testbed import Host, Shaping, run_together, test_bed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,17 @@ def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argpar
         codes, output = [done.returncode], done.stdout + done.stderr
     else:
         a, b = hosts
-        line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{port}", *worker]
+        line = [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            f"{a.address}:{port}",
+            *worker,
+        ]
         outcomes = run_together([a.command(line), b.command(line)], timeout=args.timeout, cwd=folder)
         codes, output = [o.returncode for o in outcomes], "\n".join(o.output for o in outcomes)
     if any(codes):
@@ -118,13 +129,21 @@ def measure(link: str, args: argparse.Namespace) -> dict:
                   for (auto_head, _), (best_head, _) in zip(runs["auto"]["seconds_head_rest"],
                                                             runs[best]["seconds_head_rest"])]  # fmt: skip
     return {
-        "link": link, "method": args.method, "model": args.model, "steps": args.steps, "repeats": args.repeats,
-        "median_samples_per_second": median, "best_fixed": best,
+        "link": link,
+        "method": args.method,
+        "model": args.model,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "median_samples_per_second": median,
+        "best_fixed": best,
         "ratio_to_best_fixed": {mode: median[mode] / median[best] for mode in MODES},
         # Each round's runs ran side by side: their ratio leaves out what the machine did between rounds.
-        "paired_ratio_to_best_fixed": {mode: statistics.median(a / b for a, b in zip(runs[mode]["samples_per_second"],
-                                                                                   runs[best]["samples_per_second"]))
-                                       for mode in MODES},  # fmt: skip
+        "paired_ratio_to_best_fixed": {
+            mode: statistics.median(
+                a / b for a, b in zip(runs[mode]["samples_per_second"], runs[best]["samples_per_second"])
+            )
+            for mode in MODES
+        },
         "steady_ratio_to_best_fixed": {mode: rest[best] / rest[mode] for mode in MODES},
         "steady_from": args.steady_from,
         "auto_trial_cost_steps": statistics.median(trial_cost),
@@ -133,15 +152,19 @@ def measure(link: str, args: argparse.Namespace) -> dict:
         "auto_phases": [s["phases"] for s in runs["auto"]["summaries"]],
         "auto_trial_steps": [s["trial_steps"] for s in runs["auto"]["summaries"]],
         "samples_per_second": {mode: run["samples_per_second"] for mode, run in runs.items()},
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--steps", type=int, default=2000, help="steps per run, auto's trial (12 to 88 steps) included")
-    parser.add_argument("--steady-from", type=int, default=100,
-                        help="the steps after this many are steady: auto's trial (at most 88 steps) is over")
+    parser.add_argument(
+        "--steady-from",
+        type=int,
+        default=100,
+        help="the steps after this many are steady: auto's trial (at most 88 steps) is over",
+    )
     parser.add_argument("--link", nargs="+", default=["loopback", "1gbit", "veth"], choices=list(RATES))
     parser.add_argument("--method", choices=["in-process", "launches"], default="in-process")
     parser.add_argument("--model", choices=["linear", "mlp"], default="linear")
@@ -161,7 +184,9 @@ def main() -> None:
         results.append(measure(link, args))
         targets = [Target(f"samples/s, --compression auto / the best fixed choice ({r['link']}, {r['steps']} steps)",
                           r["ratio_to_best_fixed"]["auto"], TARGET, at_least=True) for r in results]  # fmt: skip
-        write_report(args.json, results, targets, smoke=args.smoke)  # after each link: an interrupted run keeps what it has
+        write_report(
+            args.json, results, targets, smoke=args.smoke
+        )  # after each link: an interrupted run keeps what it has
     print(f"{'link':<9} {'mode':<9} {'samples/s':>10} {'x best fixed':>13} {'paired':>7} {'steady':>7}  "
           "auto chose (phases of its trial) / its trial's cost")  # fmt: skip
     for result in results:
@@ -173,10 +198,12 @@ def main() -> None:
             print(f"{result['link']:<9} {mode:<9} {result['median_samples_per_second'][mode]:>10.0f} "
                   f"{result['ratio_to_best_fixed'][mode]:>12.3f}x {result['paired_ratio_to_best_fixed'][mode]:>6.3f}x "
                   f"{result['steady_ratio_to_best_fixed'][mode]:>6.3f}x  {chose}")  # fmt: skip
-    print(f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
-          f"{args.method}); paired: the median of each round's ratio; steady: after step {args.steady_from}, auto's "
-          "choice alone;\ncost: auto's first steps took that many more steps' time than the best fixed choice's; "
-          f"target: auto >= {TARGET}x the best fixed choice over 2000 steps")
+    print(
+        f"medians of {args.repeats} interleaved runs of {args.steps} steps each ({args.model} model, 2 processes, "
+        f"{args.method}); paired: the median of each round's ratio; steady: after step {args.steady_from}, auto's "
+        "choice alone;\ncost: auto's first steps took that many more steps' time than the best fixed choice's; "
+        f"target: auto >= {TARGET}x the best fixed choice over 2000 steps"
+    )
 
 
 if __name__ == "__main__":

@@ -71,8 +71,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
@@ -177,7 +178,11 @@ def run_size(size: Size, rounds: int, folder: Path, skipped: dict[str, str], log
     argv = [sys.executable, "-m", "phalanx", "run", "--nproc-per-node", str(WORLD_SIZE), "--log-dir", str(logs),
             __file__, "--worker", json.dumps({"label": size.label, "rounds": rounds, "dir": str(folder / size.label),
                                               "skipped": skipped, "result": str(result_file)})]  # fmt: skip
-    env = {**os.environ, "PHALANX_STALL_TIMEOUT": STALL_TIMEOUT_S, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "PHALANX_STALL_TIMEOUT": STALL_TIMEOUT_S,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
     console = logs / f"console-{size.label}.txt"
     with console.open("wb") as output:
         done = subprocess.run(argv, env=env, stdout=output, stderr=subprocess.STDOUT, cwd=folder)
@@ -272,17 +277,25 @@ def report(label: str, summary: dict[str, Any]) -> None:
         value = found["value"]
         shown = "-" if value is None else (f"{value / 2**20:.0f} MiB" if found["unit"] == "bytes" else f"{value:.2f}x")
         limit = f"{found['limit'] / 2**20:.0f} MiB" if found["unit"] == "bytes" else f"{found['limit']}x"
-        note = " (async_save keeps a host copy of the whole share until the write ends: by design)" if (
-            found["name"].startswith("phalanx-async save peak")) else ""
+        note = (
+            " (async_save keeps a host copy of the whole share until the write ends: by design)"
+            if (found["name"].startswith("phalanx-async save peak"))
+            else ""
+        )
         print(f"target {found['name']}: {shown} (limit {limit}): {found['verdict']}{note}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="100M,500M", help="model sizes in parameters, comma-separated (default 100M,500M)")
+    parser.add_argument(
+        "--sizes", default="100M,500M", help="model sizes in parameters, comma-separated (default 100M,500M)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="--sizes 10M --rounds 2 (seconds): proves that the benchmark runs, judges nothing")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="--sizes 10M --rounds 2 (seconds): proves that the benchmark runs, judges nothing",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where checkpoints are written (default: a temp folder "
                         "beside /tmp's); removed afterwards")  # fmt: skip
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "checkpoint.json")
@@ -298,8 +311,13 @@ def main() -> None:
     sizes = [Size(label.strip()) for label in args.sizes.split(",") if label.strip()]
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"world_size": WORLD_SIZE, "cpus": os.cpu_count(),
-                               "memory_total_bytes": psutil.virtual_memory().total, "sizes": {}, "skipped_sizes": {}}
+    results: dict[str, Any] = {
+        "world_size": WORLD_SIZE,
+        "cpus": os.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total,
+        "sizes": {},
+        "skipped_sizes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="phalanx-ckpt-bench-", dir=args.dir) as scratch:
         folder = Path(scratch)
         logs = folder / "logs"
@@ -390,7 +408,9 @@ def worker(settings: dict[str, Any]) -> None:
     from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
     from phalanx.runtime.checkpoint.folder import committed_name
 
-    context = phalanx.init(timeout=float(STALL_TIMEOUT_S))  # also gloo's limit for each collective: a 500M save takes minutes
+    context = phalanx.init(
+        timeout=float(STALL_TIMEOUT_S)
+    )  # also gloo's limit for each collective: a 500M save takes minutes
     rank = context.rank
     size = Size(settings["label"])
     root = Path(settings["dir"])
@@ -476,8 +496,9 @@ def worker(settings: dict[str, Any]) -> None:
     def state() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
-    def measure(method: str, path: Path, save: Callable[[], None], load: Callable[[], None] | None,
-                removals: list[Path]) -> dict[str, Any]:
+    def measure(
+        method: str, path: Path, save: Callable[[], None], load: Callable[[], None] | None, removals: list[Path]
+    ) -> dict[str, Any]:
         """A synchronous method's save, then its load into the zeroed state; its files removed after."""
         row: dict[str, Any] = {}
         if still_fits(method, "save"):
@@ -609,7 +630,7 @@ def worker(settings: dict[str, Any]) -> None:
                   "torch-save": torch_save, "dcp": bare_dcp}  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {method: [] for method in METHODS}
     for round_ in range(settings["rounds"]):
-        order = METHODS[round_ % len(METHODS):] + METHODS[:round_ % len(METHODS)]
+        order = METHODS[round_ % len(METHODS) :] + METHODS[: round_ % len(METHODS)]
         for method in order:
             row = run_method[method](round_ + 1)
             row["round"], row["position"] = round_, order.index(method)
@@ -620,8 +641,16 @@ def worker(settings: dict[str, Any]) -> None:
     for manager in managers.values():
         manager.close()
     if rank == 0:
-        Path(settings["result"]).write_text(json.dumps({"rounds": settings["rounds"], "runs": runs, "skipped": {
-            k: v for k, v in skipped.items() if k not in settings["skipped"]}, "memory_peak_method": peak.method}))
+        Path(settings["result"]).write_text(
+            json.dumps(
+                {
+                    "rounds": settings["rounds"],
+                    "runs": runs,
+                    "skipped": {k: v for k, v in skipped.items() if k not in settings["skipped"]},
+                    "memory_peak_method": peak.method,
+                }
+            )
+        )
     context.close()
 
 

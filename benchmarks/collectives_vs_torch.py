@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from phalanx.testbed import Shaping, run_together, test_bed
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
+
+from phalanx.testbed import Shaping, run_together, test_bed
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024**2
@@ -54,7 +55,9 @@ def phalanx_bench(*launch: str, sizes: list[int], iters: int, logs: str) -> dict
 def plain_loop(sizes: list[int], iters: int) -> dict[int, float]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(REPO / "benchmarks" / "plain_collective_loop.py"), *map(str, sizes), "--iters", str(iters)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    )
     if done.returncode != 0:
         raise SystemExit(f"plain loop failed:\n{done.stderr[-3000:]}")
     line = next(line for line in done.stdout.splitlines() if line.startswith("{"))
@@ -64,6 +67,7 @@ def plain_loop(sizes: list[int], iters: int) -> dict[int, float]:
 def loopback(repeats: int, iters: int, logs: str, sizes: list[int], warm_up: bool = True) -> dict:
     ours, plain = [], []
     for round_ in range(repeats + warm_up):
+
         def run_mine() -> dict[int, float]:
             return phalanx_bench("--nproc-per-node", "2", sizes=sizes, iters=iters, logs=logs)
 
@@ -108,7 +112,9 @@ def one_gbit(repeats: int, logs: str, size: str = "64M", iters: int = 10) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=50, help="timed calls per size and run, on both sides (default 50)")
+    parser.add_argument(
+        "--iters", type=int, default=50, help="timed calls per size and run, on both sides (default 50)"
+    )
     parser.add_argument("--scenario", nargs="+", default=["loopback", "1gbit"], choices=["loopback", "1gbit"])
     parser.add_argument("--smoke", action="store_true", help="one round of 2 calls of 1 MiB per scenario (seconds): "
                         "proves that the benchmark runs, judges nothing")  # fmt: skip

@@ -45,8 +45,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # phalanx.testbed, also from a checkout that is not installed
 
-from phalanx.testbed import run_together  # noqa: E402
 from targets import Target, write_report  # noqa: E402  (benchmarks/: a script's folder is on its path)
+
+from phalanx.testbed import run_together  # noqa: E402
 
 SCRIPT = REPO / "benchmarks" / "fabric_script.py"
 HOSTS = ["h1", "h2"]
@@ -168,7 +169,9 @@ def describe(run: Run) -> str:
     verdict = "ok" if run.ok else "ABORT" if run.aborted else "HANG" if run.hung else "FAILED"
     seconds = max(h.seconds for h in run.hosts)
     extra = f"  leftovers {sum(h.leftovers for h in run.hosts)}" if any(h.leftovers for h in run.hosts) else ""
-    return f"{run.launcher:8s} run {run.index + 1:3d}: {verdict:6s} {codes}  trained={run.trained}  {seconds:.1f} s{extra}"
+    return (
+        f"{run.launcher:8s} run {run.index + 1:3d}: {verdict:6s} {codes}  trained={run.trained}  {seconds:.1f} s{extra}"
+    )
 
 
 def summary(runs: list[Run]) -> dict[str, dict]:
@@ -227,7 +230,10 @@ def main() -> None:
     runs: list[Run] = []
     interrupted = False
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fabric-exits-") as work, test_bed(f"fx{os.getpid() % 100000}", HOSTS) as bed:
+    with (
+        tempfile.TemporaryDirectory(prefix="fabric-exits-") as work,
+        test_bed(f"fx{os.getpid() % 100000}", HOSTS) as bed,
+    ):
         print(f"two hosts: {', '.join(f'{h.name} {h.address}' for h in bed.hosts)}; {args.runs} runs of "
               f"{', '.join(launchers)}, {args.timeout:.0f} s each at most", flush=True)  # fmt: skip
         try:
@@ -254,7 +260,9 @@ def main() -> None:
             "timeout_s": args.timeout,
             "steps": args.steps,
             "summary": table,
-            "runs": [{**asdict(r), "ok": r.ok, "aborted": r.aborted, "hung": r.hung, "trained": r.trained} for r in runs],
+            "runs": [
+                {**asdict(r), "ok": r.ok, "aborted": r.aborted, "hung": r.hung, "trained": r.trained} for r in runs
+            ],
         }
         mine = table["phalanx"]
         target = Target(f"failed runs of a Fabric script under phalanx run, of {mine['runs']} (two hosts)", mine["failed"],

@@ -68,7 +68,9 @@ def timed_run(argvs: list[list[str]]) -> tuple[float, float]:
     """(wall seconds, seconds to the first-step marker) for commands started together."""
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     started = time.perf_counter()
-    processes = [subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) for a in argvs]
+    processes = [
+        subprocess.Popen(a, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) for a in argvs
+    ]
     first_step = float("nan")
     for line in processes[0].stdout:  # rank 0 runs under the first command
         if MARKER in line and first_step != first_step:
@@ -81,7 +83,9 @@ def timed_run(argvs: list[list[str]]) -> tuple[float, float]:
 
 
 def measure(scenario: str, repeats: int, example: list[str]) -> dict[str, object]:
-    samples: dict[str, dict[str, list[float]]] = {name: {"wall": [], "first_step": []} for name in ("torchrun", "phalanx")}
+    samples: dict[str, dict[str, list[float]]] = {
+        name: {"wall": [], "first_step": []} for name in ("torchrun", "phalanx")
+    }
     with tempfile.TemporaryDirectory() as logs:
         if repeats > 1:  # (not in a smoke run)
             timed_run(commands(scenario, "torchrun", logs, example))  # warms the file cache, not counted
@@ -111,7 +115,9 @@ def main() -> None:
     for result in results:
         for metric in ("wall", "first_step"):
             torchrun, phalanx = result["median_s"]["torchrun"][metric], result["median_s"]["phalanx"][metric]
-            print(f"{result['scenario']:<9} {metric:<11} {torchrun:>13.2f} {phalanx:>12.2f} {result['ratio'][metric]:>6.3f}x")
+            print(
+                f"{result['scenario']:<9} {metric:<11} {torchrun:>13.2f} {phalanx:>12.2f} {result['ratio'][metric]:>6.3f}x"
+            )
     print(f"medians of {repeats} interleaved runs each; target: ratio <= {TARGET}")
     targets = [Target(f"{METRICS[metric]}, phalanx run / torchrun ({SCENARIOS[r['scenario']]})", r["ratio"][metric], TARGET,
                       at_least=False)

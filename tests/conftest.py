@@ -112,7 +112,9 @@ def workdir(tmp_path: Path) -> Path:
     yield tmp_path
     deadline = time.monotonic() + 10
     while True:
-        leaked = [p for p in psutil.process_iter(["pid", "cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+        leaked = [
+            p for p in psutil.process_iter(["pid", "cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+        ]
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -127,10 +127,17 @@ PRIVATE_NAMES = (
     PrivateName(_AGENT, "_remaining_restarts", _RESTARTS, assigned_by="SimpleElasticAgent"),
     PrivateName(_AGENT, "_exit_barrier_timeout", _RESTARTS, assigned_by="SimpleElasticAgent"),
     PrivateName(_AGENT, "_worker_group", _RESTARTS, assigned_by="SimpleElasticAgent"),
-    PrivateName("torch.distributed.elastic.multiprocessing.api", "_terminate_process_handler",
-                "a second Ctrl-C that ends the workers at once"),  # fmt: skip
-    PrivateName("torch.distributed.elastic.multiprocessing.api", "_local_ranks_filter",
-                "--local-ranks-filter with phalanx's per-rank logs", assigned_by="DefaultLogsSpecs"),  # fmt: skip
+    PrivateName(
+        "torch.distributed.elastic.multiprocessing.api",
+        "_terminate_process_handler",
+        "a second Ctrl-C that ends the workers at once",
+    ),
+    PrivateName(
+        "torch.distributed.elastic.multiprocessing.api",
+        "_local_ranks_filter",
+        "--local-ranks-filter with phalanx's per-rank logs",
+        assigned_by="DefaultLogsSpecs",
+    ),
     PrivateName("torch._C._distributed_c10d", "_dump_fr_trace", _RECORDER),
     PrivateName("torch._C._distributed_c10d", "_dump_nccl_trace", _RECORDER + " on NCCL", cuda_only=True),
     PrivateName("torch.distributed.distributed_c10d", "_world.pg_names", "the stall report's members of a subgroup"),

@@ -35,7 +35,9 @@ def check_definitions(report: dict, ranks: int) -> None:
         assert result["avg_busbw"] == pytest.approx(sum(cells) / len(cells), rel=1e-12)
 
 
-@pytest.mark.parametrize("layout, ranks", [(("--nproc-per-node", "2"), 2), (("--simulate-nodes", "2", "--nproc-per-node", "2"), 4)])
+@pytest.mark.parametrize(
+    "layout, ranks", [(("--nproc-per-node", "2"), 2), (("--simulate-nodes", "2", "--nproc-per-node", "2"), 4)]
+)
 def test_every_collective_obeys_the_definitions(phalanx, layout, ranks: int) -> None:
     done = phalanx("bench", "collectives", *layout, *SMALL, "--json", timeout=240)
     assert done.returncode == 0, done.output

@@ -19,7 +19,9 @@ def check_definitions(report: dict, world: int, batch: int) -> None:
         assert row["step_ms"] > 0 and row["compute_ms"] > 0 and row["baseline_step_ms"] > 0
         assert row["samples_per_s"] == pytest.approx(world * batch / (row["step_ms"] / 1e3), rel=1e-9)
         assert row["baseline_samples_per_s"] == pytest.approx(batch / (row["baseline_step_ms"] / 1e3), rel=1e-9)
-        assert row["scaling_efficiency"] == pytest.approx(row["samples_per_s"] / (world * row["baseline_samples_per_s"]), rel=1e-9)
+        assert row["scaling_efficiency"] == pytest.approx(
+            row["samples_per_s"] / (world * row["baseline_samples_per_s"]), rel=1e-9
+        )
         assert row["comm_fraction"] == pytest.approx(max(0.0, 1 - row["compute_ms"] / row["step_ms"]), abs=1e-12)
         assert 0 <= row["comm_fraction"] < 1
         # the ranks that wait out rank 0's baseline block in a socket read: they take no CPU from it
@@ -27,7 +29,9 @@ def check_definitions(report: dict, world: int, batch: int) -> None:
 
 
 def test_two_processes_report_each_compression(phalanx) -> None:
-    done = phalanx("bench", "ddp", "--nproc-per-node", "2", "--model", "mlp", "--compression", "none,fp16", *FEW_STEPS, timeout=120)
+    done = phalanx(
+        "bench", "ddp", "--nproc-per-node", "2", "--model", "mlp", "--compression", "none,fp16", *FEW_STEPS, timeout=120
+    )
     assert done.returncode == 0, done.output
     report = json.loads(done.stdout)
     check_definitions(report, world=2, batch=8)

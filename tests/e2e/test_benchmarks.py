@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO, run_command
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import summary  # noqa: E402  (benchmarks/summary.py)
+import summary
 
 #: Scripts that other benchmarks run or import, and this runner itself.
 HELPERS = {"auto_compression_worker", "fabric_script", "plain_collective_loop", "turns", "targets", "summary"}
@@ -79,13 +79,17 @@ def test_smoke_run_writes_every_target(benchmark: summary.Benchmark, workdir: Pa
         assert target["verdict"] == "smoke run: not judged", target
     if benchmark.name in MORE_CHECKS:
         MORE_CHECKS[benchmark.name](written, done.stdout)
-    assert not [p for p in workdir.iterdir() if p.name.startswith("phalanx-ckpt-bench-")], "a checkpoint folder was left"
+    assert not [p for p in workdir.iterdir() if p.name.startswith("phalanx-ckpt-bench-")], (
+        "a checkpoint folder was left"
+    )
 
 
 def test_a_failed_benchmark_is_named_in_the_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A benchmark that fails shows in the table with its exit code, not as a missing row."""
     broken = summary.Benchmark("launch_overhead")
-    monkeypatch.setattr(summary.Benchmark, "argv", lambda self, report, smoke: [sys.executable, "-c", "raise SystemExit(3)"])
+    monkeypatch.setattr(
+        summary.Benchmark, "argv", lambda self, report, smoke: [sys.executable, "-c", "raise SystemExit(3)"]
+    )
     found = summary.run(broken, tmp_path, smoke=True)
     assert found["failed"].startswith("exit code 3"), found
     shown = summary.table({"launch_overhead": found})

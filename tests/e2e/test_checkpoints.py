@@ -33,7 +33,10 @@ def test_node_local_folders_keep_a_whole_copy_each_and_rank_0_may_move(workdir):
     assert not reference["node_local"]  # one folder that both nodes see
     train(workdir, "crashed", "--checkpoint-dir", "local", "--node-local", "--crash-after", "12", code=1)
     for node in ("node0", "node1"):  # each node holds every step, with both ranks' own state
-        assert sorted(p.name for p in (workdir / "local" / node).iterdir() if p.name != LOCK_NAME) == ["step-000000005", "step-000000010"]
+        assert sorted(p.name for p in (workdir / "local" / node).iterdir() if p.name != LOCK_NAME) == [
+            "step-000000005",
+            "step-000000010",
+        ]
     # The node that now holds rank 0 uses the folder the other node wrote.
     resumed = train(workdir, "resumed", "--checkpoint-dir", "local", "--node-local", "--shift", "1")
     assert resumed["node_local"] and resumed["resumed_from_step"] == 10  # mid-epoch: 13 steps per epoch

@@ -69,7 +69,9 @@ def worker(workdir: Path, name: str, *args: str) -> tuple[list[dict], str]:
 def test_auto_trains_and_every_rank_keeps_the_same_choice(workdir, launcher):
     out = workdir / "metrics.json"
     # 5 epochs of 28 steps: room for the longest trial (the screen and 4 phases, 88 steps) and then some.
-    result = launch(workdir, TRAIN, "--epochs", "5", "--compression", "auto", "--metrics-json", str(out), launcher=launcher)
+    result = launch(
+        workdir, TRAIN, "--epochs", "5", "--compression", "auto", "--metrics-json", str(out), launcher=launcher
+    )
     metrics = json.loads(out.read_text())
     summary = metrics["compression"]
     assert metrics["world_size"] == 2 and metrics["accuracy"] > 0.7, metrics
@@ -180,7 +182,9 @@ def test_auto_resumed_mid_trial_continues_the_trial_where_it_stopped(workdir):
 def test_auto_measures_close_candidates_again_and_a_resume_goes_on_with_that_phase(workdir):
     # close 10: every candidate is close, so the second phase measures all three again.
     two_phases = TRIAL + PHASE
-    full, resumed, output = interrupted(workdir, "auto", 30, "--phases", "2", "--close", "10", steps=len(two_phases) + 4)
+    full, resumed, output = interrupted(
+        workdir, "auto", 30, "--phases", "2", "--close", "10", steps=len(two_phases) + 4
+    )
     assert [full["used"][str(s)] for s in range(len(two_phases))] == two_phases
     assert full["summary"]["phases"] == [["none", "fp16", "powersgd"]] * 2 == resumed["summary"]["phases"]
     assert full["summary"]["timed_steps"] == {"none": 12, "fp16": 12, "powersgd": 12}

@@ -60,7 +60,9 @@ def assert_same_training(single: tuple[Path, dict], folder: Path, name: str, wor
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_more_processes_with_smaller_batches_give_the_same_model_and_the_same_global_loss(workdir, single_process, nproc):
+def test_more_processes_with_smaller_batches_give_the_same_model_and_the_same_global_loss(
+    workdir, single_process, nproc
+):
     multi = train(workdir, f"w{nproc}", *EQUIVALENCE_ARGS, "--batch-size", str(32 // nproc), nproc=nproc)
     assert_same_training(single_process, workdir, f"w{nproc}", nproc)
     # The JSONL file: rank 0 wrote one record per logged step, with the loss of every rank's
@@ -220,7 +222,9 @@ def test_a_second_job_on_a_checkpoint_folder_is_refused_and_a_killed_ones_lock_t
         second = run_command(job("1"), timeout=120, cwd=workdir)
         assert second.returncode == 2, second.output
         assert f"the checkpoint folder {checkpoints} is in use by another job" in second.output, second.output
-        assert f"launcher PID {first.pid}" in second.output and "HINT: give this job a checkpoint folder" in second.output
+        assert (
+            f"launcher PID {first.pid}" in second.output and "HINT: give this job a checkpoint folder" in second.output
+        )
         assert first.poll() is None  # the first job goes on
     finally:
         kill_group(first.pid)
@@ -228,7 +232,7 @@ def test_a_second_job_on_a_checkpoint_folder_is_refused_and_a_killed_ones_lock_t
     assert lock.exists()  # SIGKILL: nothing removed it
     third = run_command(job("1"), timeout=120, cwd=workdir)
     assert third.returncode == 0, third.output
-    assert f"taking over the lock of a job that is gone (job " in third.output, third.output
+    assert "taking over the lock of a job that is gone (job " in third.output, third.output
     assert f"launcher PID {first.pid}" in third.output
     assert not lock.exists()  # removed at the end of the job that held it
 
@@ -315,7 +319,11 @@ def test_a_finished_run_can_be_run_again_for_nothing_or_continued_with_more_epoc
     again = train(workdir, "again", "--epochs", "2", *ck)
     assert "the training had finished: nothing is left to train" in again["output"], again["output"]
     assert "no step trained in this run" in again["output"]
-    assert (again["resumed_from_step"], again["steps"], again["samples_per_second"]) == (first["steps"], first["steps"], None)
+    assert (again["resumed_from_step"], again["steps"], again["samples_per_second"]) == (
+        first["steps"],
+        first["steps"],
+        None,
+    )
     assert again["params_sha256"] == first["params_sha256"]
     other_batches = run_command(phalanx_argv("run", TRAIN, "--epochs", "2", "--batch-size", "64", *ck), timeout=120,
                                 cwd=workdir)  # fmt: skip
@@ -341,7 +349,9 @@ def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
     assert "consistent" not in result.stdout
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
     assert "it refused its settings" in cause
-    assert re.search(r"\n  (refused too|stopped by their agent): rank [01]\n", cause)  # the other had refused, or not yet
+    assert re.search(
+        r"\n  (refused too|stopped by their agent): rank [01]\n", cause
+    )  # the other had refused, or not yet
     assert "phalanx: error: the ranks disagree before the first step\n  " in cause and "Traceback" not in cause
     for rank in (0, 1):
         log = next(workdir.glob(f"phalanx-logs/*/attempt_0/rank{rank}/stderr.log")).read_text()
@@ -360,7 +370,9 @@ def test_compression_modes_train(workdir, compression):
 @pytest.mark.parametrize("restarts", ["0", "2"])
 def test_bf16_on_gloo_is_refused_with_a_hint_and_never_restarted(phalanx, workdir, restarts):
     """With --max-restarts, torchrun alone would start the same refusal twice more."""
-    result = phalanx("run", "--nproc-per-node", "2", "--max-restarts", restarts, TRAIN, "--epochs", "1", "--compression", "bf16")
+    result = phalanx(
+        "run", "--nproc-per-node", "2", "--max-restarts", restarts, TRAIN, "--epochs", "1", "--compression", "bf16"
+    )
     assert result.returncode == 2, result.output  # ExitCode.REFUSED, as a refusal before the start
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]  # the message, not the traceback
     assert "phalanx: error: compression bf16 on the gloo backend (cpu)" in cause and "Traceback" not in cause
@@ -407,7 +419,9 @@ def test_a_stall_in_a_process_group_names_its_member_that_never_called_the_colle
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
     assert "in collective #3 (gloo:all_reduce) of process group 1 (pair)" in cause
     stalled = [line.strip() for line in cause.splitlines() if line.strip().startswith("stalled:")]
-    assert stalled == ["stalled: rank 1 on node0: never called collective #3; last completed #2 (gloo:all_reduce, step 30)"]
+    assert stalled == [
+        "stalled: rank 1 on node0: never called collective #3; last completed #2 (gloo:all_reduce, step 30)"
+    ]
     assert "stopped by their agent: ranks 1, 2" in cause
     assert "not reached" not in result.stdout
 
@@ -470,7 +484,9 @@ def test_a_preemption_after_the_last_step_finishes_the_run(workdir, signal_step)
     assert json.loads(out.read_text())["steps"] == 28
 
 
-def test_preemption_votes_are_rare_on_short_steps_ride_on_logging_points_and_every_rank_stops_after_the_same_step(workdir):
+def test_preemption_votes_are_rare_on_short_steps_ride_on_logging_points_and_every_rank_stops_after_the_same_step(
+    workdir,
+):
     """Until step 200 a logging point every 10 steps carries the vote: the guard issues no
     collective of its own there (but for its first vote) and the logged means are right. After it,
     the guard votes in collectives of its own about every period (0.3 s here), not at every

@@ -43,7 +43,7 @@ def test_two_simulated_nodes_of_two_processes(phalanx, workdir):
     assert result.returncode == 0, result.output
     records = {int(p.stem[4:]): json.loads(p.read_text()) for p in workdir.glob("rank*.json")}
     assert sorted(records) == [0, 1, 2, 3]
-    for rank, env in records.items():
+    for env in records.values():
         assert env["WORLD_SIZE"] == "4" and env["LOCAL_WORLD_SIZE"] == "2"
         assert env["allreduce"] == 0 + 1 + 2 + 3
         assert env["argv"] == ["--flag", "x"]  # script arguments untouched
@@ -62,7 +62,8 @@ def test_two_simulated_nodes_of_two_processes(phalanx, workdir):
     assert plan == {0: ("127.0.0.101", "0-1", "0-1"), 1: ("127.0.0.102", "2-3", "0-1")}, result.stderr
     assert "world size 4" in result.stderr
     for node, (_, ranks, _) in plan.items():
-        assert all(records[r]["PHALANX_NODE"] == f"node{node}" for r in by_node[f"node{node}"])
+        first, last = (int(r) for r in ranks.split("-"))
+        assert by_node[f"node{node}"] == list(range(first, last + 1)), (node, ranks, by_node)
 
     # the console shows rank 0 only, prefixed; every rank has its own log file
     assert "[node0 rank0]: hello from rank 0" in result.stdout
@@ -88,13 +89,14 @@ def test_a_failing_worker_gives_its_root_cause(phalanx, workdir):
 
 def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
     script = copy_worker(workdir, "fail_on_rank.py")
-    result = phalanx(
-        "run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1"}
-    )
+    result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1"})
     assert result.returncode == 0, result.output
     assert "restart 1" in result.stderr  # the rank plan of the second attempt
-    assert re.search(r"phalanx: node1: rank 1 exited with code 1: ValueError: rank 1 fails on purpose \(\S+"
-                     r"/attempt_0/rank1/stderr.log\); restarting the workers \(restart 1 of 1\)\n", result.stderr), result.stderr
+    assert re.search(
+        r"phalanx: node1: rank 1 exited with code 1: ValueError: rank 1 fails on purpose \(\S+"
+        r"/attempt_0/rank1/stderr.log\); restarting the workers \(restart 1 of 1\)\n",
+        result.stderr,
+    ), result.stderr
     run_dir = next((workdir / "phalanx-logs").iterdir())
     assert "fails on purpose" in (run_dir / "attempt_0" / "rank1" / "stderr.log").read_text()
     assert "rank 1 finished" in (run_dir / "attempt_1" / "rank1" / "stdout.log").read_text()
@@ -119,7 +121,9 @@ def test_a_node_stopped_for_another_nodes_restart_counts_the_same_attempt(phalan
     for node1's restart instead of seeing it fail; torchrun's restart count stays 0 there. The
     attempts are still numbered alike on both nodes: no log is overwritten, the plan is right."""
     script = copy_worker(workdir, "fail_on_rank.py")
-    result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1", "HOLD": "4"})
+    result = phalanx(
+        "run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1", "HOLD": "4"}
+    )
     assert result.returncode == 0, result.output
     assert "world size 2, restart 1" in result.stderr, result.stderr
     run_dir = next((workdir / "phalanx-logs").iterdir())
@@ -137,8 +141,10 @@ def test_a_node_whose_workers_finished_does_not_wait_for_a_failed_one(phalanx, w
     script = copy_worker(workdir, "rank1_late.py")
     result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", max_restarts, script, timeout=60)
     assert result.returncode == 1, result.output
-    finished = ("phalanx: node0: its workers finished; exiting without waiting for the other nodes, since node1's "
-                "workers failed: rank 1 exited with code 1: ValueError: rank 1 fails after rank 0 finished (")
+    finished = (
+        "phalanx: node0: its workers finished; exiting without waiting for the other nodes, since node1's "
+        "workers failed: rank 1 exited with code 1: ValueError: rank 1 fails after rank 0 finished ("
+    )
     assert finished in result.stderr, result.stderr
     assert "phalanx: root cause: rank 1 (local rank 0) on node1" in result.stderr
     if max_restarts == "1":
@@ -246,7 +252,9 @@ def test_tutorial_example_under_phalanx(phalanx, workdir, recorder):
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", result.stdout)]
     assert len(losses) == 4 and losses[-1] < losses[0], result.stdout
     assert "training on 2 process(es)" in result.stdout
-    uncounted = "flight recorder did not count the collectives of rank {}, so phalanx cannot tell whether it communicated"
+    uncounted = (
+        "flight recorder did not count the collectives of rank {}, so phalanx cannot tell whether it communicated"
+    )
     counted = recorder == "default" and gloo_flight_recorder_on()
     assert all((uncounted.format(rank) in result.stderr) != counted for rank in (0, 1)), result.stderr
     assert "PROBLEM" not in result.stderr
@@ -323,12 +331,16 @@ def test_ranks_that_each_trained_alone_are_named_and_the_job_fails(phalanx, work
     assert "HINT: call torch.distributed.init_process_group()" in result.stderr
 
 
-@pytest.mark.parametrize("layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"])
+@pytest.mark.parametrize(
+    "layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"]
+)
 def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
     script = copy_worker(workdir, "sleeper.py")
     with launched(workdir, *layout, script, str(workdir)) as process:
         wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
-        workers = [p for p in psutil.Process(process.pid).children(recursive=True) if "sleeper.py" in " ".join(p.cmdline())]
+        workers = [
+            p for p in psutil.Process(process.pid).children(recursive=True) if "sleeper.py" in " ".join(p.cmdline())
+        ]
         assert len(workers) == 2
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
@@ -340,7 +352,9 @@ def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
         assert not alive, f"workers outlived their killed launcher: {alive}"
 
 
-@pytest.mark.parametrize("layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"])
+@pytest.mark.parametrize(
+    "layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"]
+)
 def test_ctrl_c_says_how_long_it_waits_and_a_second_one_ends_at_once(workdir, layout):
     """Workers that ignore SIGINT and SIGTERM: the first Ctrl-C (to the whole process group, as
     a terminal sends it) says that the workers get 30 s; the second kills them now. Simulated

@@ -13,14 +13,14 @@ import time
 
 os.environ["TORCH_FR_BUFFER_SIZE"] = "500"
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-from phalanx.runtime.compression import GradientCompression, make_candidate  # noqa: E402
-from phalanx.runtime.context import DistributedContext  # noqa: E402
-from phalanx.runtime.model import bf16_supported  # noqa: E402
-from phalanx.runtime.watchdog import collective_counts, flight_recorder_progress, watchdog_unavailable  # noqa: E402
+from phalanx.runtime.compression import GradientCompression, make_candidate
+from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.model import bf16_supported
+from phalanx.runtime.watchdog import collective_counts, flight_recorder_progress, watchdog_unavailable
 
 device = torch.device("cuda", 0)
 torch.cuda.set_device(device)
@@ -55,7 +55,9 @@ for name in ("fp16", "bf16", "powersgd"):
 torch.cuda.synchronize()
 c10d = torch._C._distributed_c10d
 for dump in ("_dump_nccl_trace", "_dump_fr_trace"):  # which flight recorder holds NCCL's collectives
-    entries = pickle.loads(getattr(c10d, dump)(includeStackTraces=False)).get("entries", []) if hasattr(c10d, dump) else None
+    entries = (
+        pickle.loads(getattr(c10d, dump)(includeStackTraces=False)).get("entries", []) if hasattr(c10d, dump) else None
+    )
     print(f"{dump}: {'absent' if entries is None else f'{len(entries)} entries'}")
 assert watchdog_unavailable("nccl", 300) is None, watchdog_unavailable("nccl", 300)
 deadline = time.monotonic() + 15

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
+from phalanx.testbed import run_together
 from tests.conftest import EXAMPLES
 from tests.e2e.test_compression import decisions
-from phalanx.testbed import run_together
 from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -25,7 +25,17 @@ def test_auto_over_a_shaped_link_makes_one_decision_on_both_hosts(workdir):
     out = workdir / "metrics.json"
     train = [str(EXAMPLES / "train.py"), "--epochs", "4", "--compression", "auto", "--metrics-json", str(out)]
     with two_hosts("z", rate="1gbit") as (a, b):
-        line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:29400", *train]
+        line = [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            f"{a.address}:29400",
+            *train,
+        ]
         outcomes = run_together([a.command(line), b.command(line)], timeout=180, cwd=str(workdir))
     for outcome in outcomes:
         assert outcome.returncode == 0, outcome.output[-4000:]

@@ -61,14 +61,30 @@ def test_doctor_alone_reports_the_missing_node_and_stops(workdir):
                           f"{a.address}:{PORT}", "--join-timeout", "4"])  # fmt: skip
         [alone] = run_together([line], timeout=60, cwd=str(workdir))
         assert alone.returncode == 3, alone.output[-3000:]
-        assert "only 1 of 2 nodes joined" in alone.output and f"joined: {a.address}" in alone.output, alone.output[-3000:]
+        assert "only 1 of 2 nodes joined" in alone.output and f"joined: {a.address}" in alone.output, alone.output[
+            -3000:
+        ]
 
 
 def test_nodes_started_with_different_doctor_settings_stop_with_a_table(workdir):
     with two_hosts("s") as (a, b):
         lines = [
-            host.command([sys.executable, "-m", "phalanx", "doctor", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{PORT}",
-                          "--join-timeout", "60", "--p2p-size", size])  # fmt: skip
+            host.command(
+                [
+                    sys.executable,
+                    "-m",
+                    "phalanx",
+                    "doctor",
+                    "--nnodes",
+                    "2",
+                    "--rdzv-endpoint",
+                    f"{a.address}:{PORT}",
+                    "--join-timeout",
+                    "60",
+                    "--p2p-size",
+                    size,
+                ]
+            )
             for host, size in ((a, "4M"), (b, "8M"))
         ]
         outcomes = run_together(lines, timeout=90, cwd=str(workdir))

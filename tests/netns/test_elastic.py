@@ -151,7 +151,9 @@ def test_a_third_host_joins_and_a_lost_host_leaves_and_the_epochs_stay_exact(bed
         job.wait_for("the new round", lambda: all(stopping in job.output(name) for name in ("h1", "h2")), deadline)
         for worker in paused:
             worker.resume()  # they save a checkpoint at a step both agree on, and stop
-        joined = job.wait_for("training on three hosts", lambda: any(r["world_size"] == 3 for r in job.records()), deadline)
+        joined = job.wait_for(
+            "training on three hosts", lambda: any(r["world_size"] == 3 for r in job.records()), deadline
+        )
         step_of_three = max(r["step"] for r in job.records())
         job.wait_for("a checkpoint of three hosts", lambda: any(step_of(name) > step_of_three for name in job.checkpoints()),
                      deadline)  # fmt: skip
@@ -193,9 +195,11 @@ def test_a_third_host_joins_and_a_lost_host_leaves_and_the_epochs_stay_exact(bed
     h3 = bed.host("h3").address
     plans = outputs["h1"] + outputs["h2"]
     assert "3 nodes x 1 process = world size 3" in plans and "not every node posted its ranks" not in plans
-    for name, output in outputs.items():
+    for output in outputs.values():
         assert "root cause" not in output and "no word from" not in output, output[-3000:]
         assert "exiting without waiting for the other nodes" not in output, output[-3000:]
-    print(f"MEASURED: elastic: training on 2 hosts at {trained:.1f} s; h3 started, training on 3 hosts "
-          f"{joined - trained:.1f} s later; h3 killed at {killed:.1f} s, training on 2 hosts again {resumed - killed:.1f} s "
-          f"later; the job ended at {ended:.1f} s (h3 at {h3})")
+    print(
+        f"MEASURED: elastic: training on 2 hosts at {trained:.1f} s; h3 started, training on 3 hosts "
+        f"{joined - trained:.1f} s later; h3 killed at {killed:.1f} s, training on 2 hosts again {resumed - killed:.1f} s "
+        f"later; the job ended at {ended:.1f} s (h3 at {h3})"
+    )

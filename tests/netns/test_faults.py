@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
-from phalanx.testbed import test_bed
+from phalanx.testbed import run_together, test_bed
 from tests.conftest import EXAMPLES, run_command
-from phalanx.testbed import run_together
 from tests.netns.hosts import skip_unless_namespaces_work
 
 pytestmark = [pytest.mark.netns, pytest.mark.cluster]
@@ -68,7 +67,9 @@ def wait_for_a_checkpoint(folder: Path, processes, timeout: float = 180) -> None
     deadline = time.monotonic() + timeout
     while not list((folder / "ck").glob("step-*[0-9]")):
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-            pytest.fail("no checkpoint: " + "\n".join(p.communicate()[0][-2000:] for p in processes if p.poll() is not None))
+            pytest.fail(
+                "no checkpoint: " + "\n".join(p.communicate()[0][-2000:] for p in processes if p.poll() is not None)
+            )
         time.sleep(0.1)
 
 
@@ -119,7 +120,9 @@ def test_a_host_cut_off_for_good_is_named_on_both_sides_and_a_relaunch_resumes_e
     survivor, survivor_out, seconds = ended_within(processes[0], LOST_BOUND_S)
     cut_off, cut_off_out, _ = ended_within(processes[1], LOST_BOUND_S)
     assert survivor == 1 and f"node {h2.address} sent no sign of life for " in survivor_out, survivor_out[-3000:]
-    assert cut_off == 1 and "the store's host " in cut_off_out and "did not answer for" in cut_off_out, cut_off_out[-3000:]
+    assert cut_off == 1 and "the store's host " in cut_off_out and "did not answer for" in cut_off_out, cut_off_out[
+        -3000:
+    ]
     print(f"MEASURED: host cut off for good: the survivor ended {seconds:.1f} s later")
     bed.restore_link("h2")
     relaunch_resumes_exactly(bed, tmp_path, reference)
@@ -154,7 +157,9 @@ def test_sigterm_to_every_launcher_saves_and_a_relaunch_falls_back_over_a_damage
     damaged = sorted(newest.glob("*.distcp"))[-1]
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     h1 = bed.hosts[0]
-    relaunched = run_together([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+    relaunched = run_together(
+        [job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path)
+    )
     assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
     assert f"checkpoint {newest} is damaged ({damaged.name} is truncated" in "".join(o.output for o in relaunched)
     resumed = json.loads((tmp_path / "h1.json").read_text())
@@ -174,10 +179,14 @@ def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_checkpoi
         cause = h1_output.split("phalanx: root cause:")[-1]
         assert "step-000000040 could not be written: the disk is full" in cause, h1_output[-3000:]
         assert "the previous checkpoint (step-000000020) is intact" in cause and "HINT: free space" in cause, cause
-        assert sorted(path.name for path in (tmp_path / "ck").iterdir() if path.name != LOCK_NAME) == ["step-000000020"]  # no staging left
+        assert sorted(path.name for path in (tmp_path / "ck").iterdir() if path.name != LOCK_NAME) == [
+            "step-000000020"
+        ]  # no staging left
         mount(["-o", "remount,size=16m", str(tmp_path / "ck")])
         h1 = bed.hosts[0]
-        relaunched = run_together([job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path))
+        relaunched = run_together(
+            [job_line(host, h1.address, tmp_path) for host in bed.hosts], timeout=300, cwd=str(tmp_path)
+        )
         assert [o.returncode for o in relaunched] == [0, 0], [o.output[-3000:] for o in relaunched]
         resumed = json.loads((tmp_path / "h1.json").read_text())
         assert resumed["resumed_from_step"] == 20 and resumed["params_sha256"] == reference["params_sha256"]

@@ -43,10 +43,9 @@ import pytest
 import yaml
 
 from phalanx.cli.main import main
-from phalanx.testbed import Host, test_bed
+from phalanx.testbed import Host, run_together, test_bed
 from phalanx.testbed.bed import NETNS_ETC
 from tests.conftest import EXAMPLES
-from phalanx.testbed import run_together
 from tests.netns.hosts import skip_unless_namespaces_work
 
 pytestmark = [pytest.mark.netns, pytest.mark.cluster]
@@ -110,11 +109,17 @@ def pytorchjob_pods(manifests: list[dict]) -> list[Pod]:
 
 PODS = {"indexed-job": indexed_job_pods, "trainjob": trainjob_pods, "pytorchjob": pytorchjob_pods}
 #: How phalanx run names the environment it found in each kind's pods.
-ENVIRONMENTS = {"indexed-job": "Kubernetes Indexed Job mnist: node", "trainjob": "Kubernetes pod with torchrun's PET_ "
-                "variables (a Kubeflow TrainJob or elastic PyTorchJob): node", "pytorchjob": "Kubeflow PyTorchJob mnist: node"}
+ENVIRONMENTS = {
+    "indexed-job": "Kubernetes Indexed Job mnist: node",
+    "trainjob": "Kubernetes pod with torchrun's PET_ variables (a Kubeflow TrainJob or elastic PyTorchJob): node",
+    "pytorchjob": "Kubeflow PyTorchJob mnist: node",
+}
 #: Where the pods meet: pod 0's DNS name, never an address.
-ENDPOINTS = {"indexed-job": "mnist-0.mnist:29400", "trainjob": "mnist-node-0-0.mnist:29500",
-             "pytorchjob": "mnist-master-0:23456"}
+ENDPOINTS = {
+    "indexed-job": "mnist-0.mnist:29400",
+    "trainjob": "mnist-node-0-0.mnist:29500",
+    "pytorchjob": "mnist-master-0:23456",
+}
 
 
 def hosts_file(pod: Pod, address: str, everyone: list[tuple[Pod, str]]) -> str:

@@ -82,7 +82,10 @@ def test_two_hosts_train_as_one_world_like_two_simulated_nodes(hosts):
     ssh_bed, job = hosts
     launched = launch(ssh_bed, job, "--hosts", "h1,h2", *TRAIN, "--metrics-json", str(job / "launched.json"))
     assert launched.returncode == 0, launched.output[-4000:]
-    assert "h1: [10." in launched.stdout and "h1: phalanx: rank plan: 2 nodes x 1 process = world size 2" in launched.stderr
+    assert (
+        "h1: [10." in launched.stdout
+        and "h1: phalanx: rank plan: 2 nodes x 1 process = world size 2" in launched.stderr
+    )
     assert "phalanx launch: preflight of 2 hosts" in launched.stderr
     simulated = run_command([sys.executable, "-m", "phalanx", "run", "--simulate-nodes", "2", *TRAIN, "--metrics-json",
                              str(job / "simulated.json")], timeout=150, cwd=job)  # fmt: skip
@@ -146,7 +149,9 @@ def wait_for_training(process: subprocess.Popen[str], timeout: float) -> list[st
         if not line and process.poll() is not None:
             break
     process.kill()
-    pytest.fail(f"no training step within {timeout} s:\n{''.join(seen)}{process.stderr.read() if process.stderr else ''}")
+    pytest.fail(
+        f"no training step within {timeout} s:\n{''.join(seen)}{process.stderr.read() if process.stderr else ''}"
+    )
 
 
 @pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -54,7 +54,9 @@ def test_up_exec_cut_restore_down(bed_name):
     assert [row[0] for row in rows] == ["h1", "h2"] and all(row[3:5] == ["rate", "1gbit"] for row in rows)
     h1, h2 = rows[0][1], rows[1][1]
     resolved = run_testbed("exec", "h2", "--name", bed_name, "--", "getent", "hosts", "h1", "h2")
-    assert resolved.returncode == 0 and f"{h1}" in resolved.stdout and "127.0.1.1" in resolved.stdout  # own name: the trap
+    assert (
+        resolved.returncode == 0 and f"{h1}" in resolved.stdout and "127.0.1.1" in resolved.stdout
+    )  # own name: the trap
     # A name the hosts file lacks (c10d looks up a peer's IPv4-mapped address) is answered at
     # once, not after the machine's unreachable name server's timeout (10 s).
     asked = time.monotonic()

@@ -23,7 +23,18 @@ TRAIN = [str(EXAMPLES / "tutorial_ddp.py"), "--epochs", "3", "--samples", "128",
 
 def phalanx_line(host, endpoint: str, *extra: str, script=TRAIN) -> list[str]:
     return host.command(
-        [sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:{PORT}", *extra, *script]
+        [
+            sys.executable,
+            "-m",
+            "phalanx",
+            "run",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            f"{endpoint}:{PORT}",
+            *extra,
+            *script,
+        ]
     )
 
 
@@ -125,7 +136,9 @@ def test_a_port_that_is_no_store_is_refused_within_the_join_timeout(workdir, ser
             server.wait()
         assert outcome.returncode == 3, outcome.output[-3000:]
         assert outcome.seconds < 8 + 15, outcome.seconds  # the bound, and the interpreter's start
-        assert f"something listens at the endpoint {a.address}:{PORT}, but it is not a rendezvous store" in outcome.output
+        assert (
+            f"something listens at the endpoint {a.address}:{PORT}, but it is not a rendezvous store" in outcome.output
+        )
         assert "HINT:" in outcome.output and "Traceback" not in outcome.output, outcome.output
 
 
@@ -140,7 +153,9 @@ def test_both_hosts_name_the_rank_that_failed_first(workdir):
         for outcome in outcomes:
             assert outcome.returncode == 1, outcome.output[-3000:]
             cause = outcome.output[outcome.output.index("phalanx: root cause:") :]
-            assert cause.startswith(f"phalanx: root cause: rank 1 (local rank 0) on {b.address} ({b.address}) exited with code 1")
+            assert cause.startswith(
+                f"phalanx: root cause: rank 1 (local rank 0) on {b.address} ({b.address}) exited with code 1"
+            )
             assert "ValueError: rank 1 fails on purpose" in cause
 
 

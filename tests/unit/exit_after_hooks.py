@@ -19,7 +19,6 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from phalanx.runtime.context import destroy_process_group
 from phalanx.runtime.powersgd_state import PowerSGD, Slot, _SavedBucket
 
-
 # At module level, as a training script's end often is: what the loop made lives until Python
 # shuts down, the hook's state among it.
 dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)

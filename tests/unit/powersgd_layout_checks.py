@@ -59,7 +59,12 @@ def memories_move_by_parameter_into_another_bucket_layout() -> None:
     powerSGD_hook.powerSGD_hook(powersgd.state, _SavedBucket(0, before, buffer, last=True)).wait()
     powersgd._layouts[0] = before
     errors = {k: v.clone() for k, v in _pieces(powersgd.state.error_dict[0], before, [s.numel for s in before]).items()}
-    qs = {k: v.clone() for k, v in _pieces(powersgd.state.q_memory_dict[0], _q_order(before), [s.cols for s in _q_order(before)]).items()}
+    qs = {
+        k: v.clone()
+        for k, v in _pieces(
+            powersgd.state.q_memory_dict[0], _q_order(before), [s.cols for s in _q_order(before)]
+        ).items()
+    }
     assert any(error.abs().sum() > 0 for error in errors.values())
 
     powersgd._waiting.update(powersgd._lift(lambda index: True))

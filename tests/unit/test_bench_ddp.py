@@ -27,7 +27,10 @@ def test_names_parse_in_the_order_given_and_all_expands() -> None:
 @pytest.mark.parametrize(
     "make, fragments",
     [
-        (lambda: parse_models("resnet,mlp"), ["--model 'resnet,mlp': unknown model resnet", "linear, mlp, conv, transformer"]),
+        (
+            lambda: parse_models("resnet,mlp"),
+            ["--model 'resnet,mlp': unknown model resnet", "linear, mlp, conv, transformer"],
+        ),
         (lambda: parse_models(" , "), ["unknown model (none given)"]),
         (lambda: parse_compressions("int8"), ["--compression 'int8': unknown compression int8", "none, fp16"]),
         (lambda: DdpSettings(steps=0), ["--steps 0: must be at least 1", "give --steps 1 or more"]),
@@ -120,7 +123,10 @@ def _report(**changes) -> dict:
 
 def test_the_table_shows_each_row_with_units() -> None:
     lines = format_report(_report()).splitlines()
-    assert lines[0] == "# phalanx bench ddp: 4 ranks on 2 node(s), backend gloo, batch 32 per process, medians of 20 steps after 3 warm-up"
+    assert (
+        lines[0]
+        == "# phalanx bench ddp: 4 ranks on 2 node(s), backend gloo, batch 32 per process, medians of 20 steps after 3 warm-up"
+    )
     header = next(line for line in lines if not line.startswith("#"))
     columns = ("model", "params", "compression", "world", "samples/s", "1-process samples/s", "scaling eff.",
                "step (ms)", "compute (ms)", "comm %")  # fmt: skip

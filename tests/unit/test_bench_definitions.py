@@ -12,7 +12,13 @@ from phalanx.errors import SettingsRefused
 @pytest.mark.parametrize("ranks", [2, 4, 8])
 def test_bus_factors_are_nccl_tests_formulas(ranks: int) -> None:
     ring = (ranks - 1) / ranks
-    expected = {"all_reduce": 2 * ring, "all_gather": ring, "reduce_scatter": ring, "broadcast": 1.0, "all_to_all": ring}
+    expected = {
+        "all_reduce": 2 * ring,
+        "all_gather": ring,
+        "reduce_scatter": ring,
+        "broadcast": 1.0,
+        "all_to_all": ring,
+    }
     assert {name: c.bus_factor(ranks) for name, c in COLLECTIVES.items()} == pytest.approx(expected)
 
 
@@ -37,7 +43,10 @@ def test_sizes_walk_as_nccl_tests() -> None:
     assert sizes(100, 400, 1, 150) == [100, 250, 400]
 
 
-@pytest.mark.parametrize("text, expected", [("8", 8), ("1K", 1024), ("64M", 64 * 1024**2), ("1g", 1024**3), ("0.5K", 512), ("16MiB", 16 * 1024**2)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [("8", 8), ("1K", 1024), ("64M", 64 * 1024**2), ("1g", 1024**3), ("0.5K", 512), ("16MiB", 16 * 1024**2)],
+)
 def test_sizes_parse_like_nccl_tests(text: str, expected: int) -> None:
     assert parse_size(text, "-b") == expected
 
@@ -96,4 +105,6 @@ def test_the_check_is_exact_where_the_type_is() -> None:
     exact = torch.tensor([40.0, 12.0])
     assert _count_wrong(torch.tensor([39.0, 12.0], dtype=torch.bfloat16), exact, "sum", 8) == 1  # one lost contribution
     assert _count_wrong(torch.tensor([40.0, 12.0], dtype=torch.bfloat16), exact, "sum", 8) == 0
-    assert _count_wrong(torch.tensor([300 - 256, 12], dtype=torch.int8), torch.tensor([300, 12]), "sum", 8) == 0  # wraps
+    assert (
+        _count_wrong(torch.tensor([300 - 256, 12], dtype=torch.int8), torch.tensor([300, 12]), "sum", 8) == 0
+    )  # wraps

@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import loop_overhead  # noqa: E402  (benchmark scripts, not a package)
-from turns import BlockClock, Referee, Turns  # noqa: E402
+import loop_overhead
+from turns import BlockClock, Referee, Turns
 
 
 def test_two_jobs_train_their_blocks_in_turns_and_time_only_their_own(tmp_path):
@@ -47,7 +47,9 @@ def test_two_jobs_train_their_blocks_in_turns_and_time_only_their_own(tmp_path):
 
     assert not any(thread.is_alive() for thread in threads)
     order = sorted(trained, key=lambda block: block[2])
-    assert [job for job, *_ in order] == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2
+    assert [job for job, *_ in order] == ["first"] * 2 + ["second"] * 2 + ["first"] * 2 + ["second"] * 2 + [
+        "first"
+    ] * 2 + ["second"] * 2
     for (job, _, _, end), (other, _, start, _) in zip(order, order[1:]):
         assert job == other or end <= start  # a job starts only once the other's ranks are done
     for (job, rank), clock in clocks.items():
@@ -85,7 +87,8 @@ def test_turns_add_up_to_intervals_of_log_every_steps(tmp_path):
 def test_the_median_interval_takes_the_binomial_order_statistics(count, expected):
     # the textbook table: n = 6 -> (x1, x6) at 96.9%, n = 10 -> (x2, x9), n = 50 -> (x18, x33)
     assert loop_overhead.median_interval([float(v) for v in reversed(range(count))]) == (
-        None if expected is None else tuple(float(v) for v in expected))
+        None if expected is None else tuple(float(v) for v in expected)
+    )
 
 
 @pytest.mark.parametrize(("intervals", "expected"), [

@@ -31,22 +31,30 @@ def write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def test_argv_main_path_and_exit_code_as_python_gives_them(tmp_path):
-    script = write(tmp_path, "s.py", """
+    script = write(
+        tmp_path,
+        "s.py",
+        """
         import sys
         print(sys.argv, __name__, sys.path[0])
         sys.exit(3)
-    """)
+    """,
+    )
     done = run_boot(tmp_path, script, "a", "--b")
     assert done.returncode == 3
     assert done.stdout.strip() == f"[{script!r}, 'a', '--b'] __main__ {tmp_path}"
 
 
 def test_a_traceback_reads_as_pythons_own(tmp_path):
-    script = write(tmp_path, "s.py", """
+    script = write(
+        tmp_path,
+        "s.py",
+        """
         def f():
             raise ValueError("boom")
         f()
-    """)
+    """,
+    )
     done = run_boot(tmp_path, script)
     direct = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
     assert done.returncode == direct.returncode == 1
@@ -80,14 +88,20 @@ def test_a_worker_dies_within_a_second_of_its_launcher(tmp_path):
     # is killed after that. (One killed before that is the next test's case: the worker ends as
     # it gets there, which takes as long as python's start on a loaded machine.)
     ready = tmp_path / "running"
-    script = write(tmp_path, "sleep.py", f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(120)\n")
-    parent = write(tmp_path, "parent.py", f"""
+    script = write(
+        tmp_path, "sleep.py", f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(120)\n"
+    )
+    parent = write(
+        tmp_path,
+        "parent.py",
+        f"""
         import os, subprocess, sys, time
         child = subprocess.Popen({BOOT!r} + [{script!r}],
                                  env={{**os.environ, "PHALANX_LAUNCHER_PID": str(os.getpid())}})
         print(child.pid, flush=True)
         time.sleep(120)
-    """)
+    """,
+    )
     launcher = subprocess.Popen([sys.executable, parent], stdout=subprocess.PIPE, text=True)
     try:
         child = psutil.Process(int(launcher.stdout.readline()))
@@ -111,12 +125,16 @@ def test_a_worker_whose_launcher_died_before_it_started_ends_at_once(tmp_path):
 
 def test_a_script_that_joins_a_group_of_its_world_records_it(tmp_path):
     record = tmp_path / "process_group.json"
-    script = write(tmp_path, "join.py", """
+    script = write(
+        tmp_path,
+        "join.py",
+        """
         import torch.distributed as dist
         from torch.distributed import init_process_group  # the name taken before any call
         init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
         dist.destroy_process_group()
-    """)
+    """,
+    )
     done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
     assert done.returncode == 0, done.stderr
     found = GroupRecord.read(record)
@@ -125,14 +143,18 @@ def test_a_script_that_joins_a_group_of_its_world_records_it(tmp_path):
 
 def test_a_device_mesh_counts_as_joining(tmp_path):
     record = tmp_path / "process_group.json"
-    script = write(tmp_path, "mesh.py", """
+    script = write(
+        tmp_path,
+        "mesh.py",
+        """
         import os
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0")  # a world of one: any free port
         from torch.distributed.device_mesh import init_device_mesh
         import torch.distributed as dist
         init_device_mesh("cpu", (1,))
         dist.destroy_process_group()
-    """)
+    """,
+    )
     done = run_boot(tmp_path, script, env={"PHALANX_GROUP_RECORD": str(record), "WORLD_SIZE": "1"})
     assert done.returncode == 0, done.stderr
     assert GroupRecord.read(record).joined_world == 1
@@ -153,15 +175,19 @@ def test_a_world_of_two_that_never_communicates_ran_alone(tmp_path, collective):
     group alone is no evidence. One all-reduce is, also after the group was destroyed. The two
     meet through a file: a port probed free and closed can be taken by any outgoing connection of
     a parallel test before rank 0 listens on it."""
-    script = write(tmp_path, "two.py", f"""
+    script = write(
+        tmp_path,
+        "two.py",
+        f"""
         import os, sys, torch
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=int(os.environ["RANK"]),
+        dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=int(os.environ["RANK"]),
                                 world_size=2)
         if sys.argv[1] == "yes":
             dist.all_reduce(torch.ones(1))
         dist.destroy_process_group()
-    """)
+    """,
+    )
     ranks = [subprocess.Popen([*BOOT, script, "yes" if collective else "no"], cwd=tmp_path,
                               env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
                                    "PHALANX_GROUP_RECORD": str(tmp_path / f"rank{rank}.json")})
@@ -186,11 +212,15 @@ def test_solo_ranks_and_hints():
 
 
 def test_a_usr1_before_the_script_handles_it_is_kept_for_the_preemption_guard(tmp_path):
-    script = write(tmp_path, "early.py", """
+    script = write(
+        tmp_path,
+        "early.py",
+        """
         import os, signal, time
         os.kill(os.getpid(), signal.SIGUSR1)   # as SLURM's notice passed on while the worker starts
         time.sleep(0.2)
         print(os.environ.get("PHALANX_EARLY_SIGNAL"))
-    """)
+    """,
+    )
     done = run_boot(tmp_path, script)
     assert done.returncode == 0 and done.stdout.strip() == "SIGUSR1"

@@ -61,7 +61,10 @@ def test_a_stray_file_is_named_and_left_and_a_missing_one_is_damage(tmp_path, ca
     assert "damaged" not in said
     data_file(tmp_path, 20).unlink()
     assert manager.load_latest().step == 10
-    assert "step-000000020 is damaged (the file __0_0.distcp listed by its marker phalanx.json is missing)" in capsys.readouterr().err
+    assert (
+        "step-000000020 is damaged (the file __0_0.distcp listed by its marker phalanx.json is missing)"
+        in capsys.readouterr().err
+    )
 
 
 def test_plain_values_round_trip_as_they_were(tmp_path):
@@ -72,7 +75,9 @@ def test_plain_values_round_trip_as_they_were(tmp_path):
     manager.save(1, state)
     loaded = manager.load_latest().state
     assert loaded["opt"]["state"][0]["step"].item() == 3.0 and loaded["opt"]["groups"] == [{"params": [0], "lr": 0.1}]
-    assert loaded["pos"] == (1, 2) and loaded["none"] is None and loaded["nan"] != loaded["nan"] and loaded["text"] == "é"
+    assert (
+        loaded["pos"] == (1, 2) and loaded["none"] is None and loaded["nan"] != loaded["nan"] and loaded["text"] == "é"
+    )
 
 
 def test_a_value_that_is_not_plain_is_refused_with_its_path(tmp_path):
@@ -221,7 +226,9 @@ def test_a_relaunch_measures_the_disk_by_the_newest_checkpoint(small_disk):
     with 0.4 MB left), not the state given (4 kB)."""
     manager = CheckpointManager(small_disk, init())
     manager.save(1, {"w": torch.zeros(150_000)})  # 0.6 MB on the 1 MiB disk
-    with pytest.raises(SettingsRefused, match=r"needs about 0\.6 MiB \(the newest, step-000000001, takes that much\)") as refused:
+    with pytest.raises(
+        SettingsRefused, match=r"needs about 0\.6 MiB \(the newest, step-000000001, takes that much\)"
+    ) as refused:
         manager.check({"w": torch.zeros(1000)})  # the model alone: the optimizer's moments not yet made
     assert refused.value.exit_code == 2
 
@@ -257,7 +264,9 @@ def test_a_crafted_metadata_file_cannot_run_code_even_with_its_crc_updated(tmp_p
     newest = tmp_path / "step-000000002"
     (newest / ".metadata").write_bytes(pickle.dumps(RunsCode()))
     marker = json.loads((newest / "phalanx.json").read_text())
-    marker["files"][".metadata"] = folder.file_facts(newest / ".metadata")  # the check passes: the unpickling must refuse
+    marker["files"][".metadata"] = folder.file_facts(
+        newest / ".metadata"
+    )  # the check passes: the unpickling must refuse
     (newest / "phalanx.json").write_text(json.dumps(marker))
     assert manager.load_latest().state == {"x": 1}
     out, err = capsys.readouterr()
@@ -281,7 +290,10 @@ def test_a_crafted_bytes_entry_is_damage_and_never_reaches_unpickling(tmp_path, 
     marker["files"][".metadata"] = folder.file_facts(newest / ".metadata")
     (newest / "phalanx.json").write_text(json.dumps(marker))
     assert manager.load_latest().state == {"x": 1}
-    assert "step-000000002 is damaged (its .metadata is not DCP's metadata (it lists a pickled value" in capsys.readouterr().err
+    assert (
+        "step-000000002 is damaged (its .metadata is not DCP's metadata (it lists a pickled value"
+        in capsys.readouterr().err
+    )
     assert names(tmp_path) == ["step-000000001", "step-000000002.damaged"]
 
 

@@ -58,7 +58,10 @@ def test_a_gone_job_on_this_host_is_taken_over_and_said(tmp_path, capsys):
     plant(tmp_path, holder("theirs", pid=ended.pid))
     assert FolderLock(tmp_path, holder("mine")).take() is None
     assert held_by(tmp_path) == "mine"
-    assert f"taking over the lock of a job that is gone (job theirs, on host {socket.gethostname()}, launcher PID {ended.pid}," in capsys.readouterr().err
+    assert (
+        f"taking over the lock of a job that is gone (job theirs, on host {socket.gethostname()}, launcher PID {ended.pid},"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_reused_pid_is_not_the_holder(tmp_path):

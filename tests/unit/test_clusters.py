@@ -135,7 +135,9 @@ def test_issue_example_of_pet_variables():
 
 
 def test_elastic_pytorchjob_gives_a_rendezvous_endpoint():
-    placement = detect({"PET_RDZV_ENDPOINT": "job-worker-0:23456", "PET_NNODES": "1:4", "PET_RDZV_ID": "j1"}).placement()
+    placement = detect(
+        {"PET_RDZV_ENDPOINT": "job-worker-0:23456", "PET_NNODES": "1:4", "PET_RDZV_ID": "j1"}
+    ).placement()
     assert placement.endpoint.value == Endpoint("job-worker-0", 23456)
     assert placement.nnodes.value == NodeRange(1, 4) and placement.rdzv_id.value == "j1"
 

@@ -102,8 +102,15 @@ def test_the_choice_is_within_the_margin_of_the_fastest():
 
 @pytest.mark.parametrize(
     "settings",
-    [{"rounds": 0}, {"steps_per_round": 0}, {"phases": 0}, {"close": 0.0}, {"screen": -1.0}, {"min_gain": 1.0},
-     {"min_gain": -0.1}],  # fmt: skip
+    [
+        {"rounds": 0},
+        {"steps_per_round": 0},
+        {"phases": 0},
+        {"close": 0.0},
+        {"screen": -1.0},
+        {"min_gain": 1.0},
+        {"min_gain": -0.1},
+    ],
 )
 def test_a_trial_that_cannot_compare_is_refused(settings):
     with pytest.raises(SettingsRefused):
@@ -140,7 +147,9 @@ LAYOUT_CHECKS = Path(__file__).with_name("powersgd_layout_checks.py")
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_powersgd_memories_split_and_move_as_torchs_hook_lays_them_out(check, tmp_path):
     # A process of its own: torch's hook in a gloo group can abort the process that ran it (the script says why).
-    result = run_command([sys.executable, str(LAYOUT_CHECKS), check, str(tmp_path / "store")], timeout=120, cwd=tmp_path)
+    result = run_command(
+        [sys.executable, str(LAYOUT_CHECKS), check, str(tmp_path / "store")], timeout=120, cwd=tmp_path
+    )
     assert result.returncode == 0, result.output
     assert result.stdout.strip() == f"{check}: passed"
 
@@ -184,4 +193,3 @@ def test_the_screen_drops_only_a_candidate_twice_as_slow_and_a_full_phase_follow
     decide(compression, [65.0, 30.0, 25.0])  # fp16 20% slower, but the last phase has run: the choice
     assert compression.chosen == "powersgd"
     assert "none 65.0 (out after phase 1), fp16 30.0, powersgd 25.0 ms/step" in capsys.readouterr().out
-

@@ -234,7 +234,9 @@ def test_ambiguous_or_wrong_bandwidth_is_refused_with_both_spellings(text, says)
     assert "10gbit" in refused.value.hint and "GB/s" in refused.value.hint
 
 
-@pytest.mark.parametrize("text, seconds", [("50us", 50e-6), ("50µs", 50e-6), ("0.2ms", 2e-4), ("2e-5s", 2e-5), ("0", 0.0)])
+@pytest.mark.parametrize(
+    "text, seconds", [("50us", 50e-6), ("50µs", 50e-6), ("0.2ms", 2e-4), ("2e-5s", 2e-5), ("0", 0.0)]
+)
 def test_latency_units(text, seconds):
     assert parse_latency(text) == pytest.approx(seconds, rel=1e-12)
 
@@ -290,7 +292,11 @@ def test_a_doctor_file_from_simulated_nodes_is_planned_with_a_caution(tmp_path):
                        cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.output
     assert "CAUTION: " + str(path) + " was measured by `phalanx doctor` on simulated nodes" in done.stderr, done.stderr
-    assert "its 41.6 Gbit/s = 5.2 GB/s is loopback" in done.stderr and "8 real nodes" in done.stderr and "HINT: run `phalanx doctor --json`" in done.stderr
+    assert (
+        "its 41.6 Gbit/s = 5.2 GB/s is loopback" in done.stderr
+        and "8 real nodes" in done.stderr
+        and "HINT: run `phalanx doctor --json`" in done.stderr
+    )
     assert "on simulated nodes: loopback" in " ".join(done.stdout.split()), done.stdout
 
 
@@ -386,7 +392,10 @@ def test_model_paths_refused(models_dir, path, says):
     "argv, says",
     [
         (["--params", "lots", "--nnodes", "2", "--bandwidth", "1gbit"], "is not a parameter count"),
-        (["--model", "no_such_module_xyz:build", "--nnodes", "2", "--bandwidth", "1gbit"], "importing no_such_module_xyz"),
+        (
+            ["--model", "no_such_module_xyz:build", "--nnodes", "2", "--bandwidth", "1gbit"],
+            "importing no_such_module_xyz",
+        ),
         (["--params", "25M", "--nnodes", "2"], "needs the network's bandwidth"),
         (["--params", "25M", "--nnodes", "2", "--bandwidth", "10Gb"], "leaves open whether bits or bytes"),
         (["--params", "25M", "--nnodes", "2", "--from-doctor", "DOCTOR"], "no number at network.latency_s"),
@@ -409,7 +418,9 @@ def test_plan_refusals_exit_2_with_a_hint(phalanx, workdir, argv, says):
 
 
 def test_plan_text_shows_the_tutorial_table_formula_and_verdict(phalanx):
-    result = phalanx("plan", "--params", "25M", "--nnodes", "2", "--nproc-per-node", "4", "--bandwidth", "1gbit", timeout=60)
+    result = phalanx(
+        "plan", "--params", "25M", "--nnodes", "2", "--nproc-per-node", "4", "--bandwidth", "1gbit", timeout=60
+    )
     assert result.returncode == 0, result.output
     out = result.stdout
     assert "phalanx: rank plan: 2 nodes x 4 processes = world size 8" in out

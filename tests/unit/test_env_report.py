@@ -14,7 +14,6 @@ import resource
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -75,7 +74,14 @@ def test_hostname_trap_matches_what_the_resolver_says(report):
 
 
 def test_variables_filter():
-    environ = {"NCCL_DEBUG": "INFO", "GLOO_SOCKET_IFNAME": "lo", "RANK": "3", "MY_UNRELATED": "x", "NCCLX": "y", "PATH": "/bin"}
+    environ = {
+        "NCCL_DEBUG": "INFO",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "RANK": "3",
+        "MY_UNRELATED": "x",
+        "NCCLX": "y",
+        "PATH": "/bin",
+    }
     assert machine.distributed_variables(environ) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "INFO", "RANK": "3"}
 
 
@@ -165,11 +171,18 @@ def test_gpus_and_driver_with_a_stand_in_for_torch_cuda(tmp_path):
     cuda = SimpleNamespace(is_available=lambda: True, device_count=lambda: 2, get_device_properties=lambda index: h200)
     version_file = tmp_path / "proc/driver/nvidia/version"
     version_file.parent.mkdir(parents=True)
-    version_file.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs)\n")
+    version_file.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs)\n"
+    )
     gpus = gpu_report(cuda, tmp_path)
     assert gpus.driver == "570.124.06"
-    assert [(gpu.index, gpu.name, gpu.capability) for gpu in gpus.devices] == [(0, "NVIDIA H200", "9.0"), (1, "NVIDIA H200", "9.0")]
-    version_file.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
+    assert [(gpu.index, gpu.name, gpu.capability) for gpu in gpus.devices] == [
+        (0, "NVIDIA H200", "9.0"),
+        (1, "NVIDIA H200", "9.0"),
+    ]
+    version_file.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+    )
     assert nvidia_driver_version(tmp_path) == "535.104.05"
     assert nvidia_driver_version(tmp_path / "no-driver") == "none"
     facts = torch_facts()

@@ -47,7 +47,9 @@ def test_signals_are_named_and_known_endings_get_a_hint(last_words):
 
 def test_tail_starts_at_the_last_traceback(tmp_path):
     log = tmp_path / "stderr.log"
-    log.write_text("noise\nTraceback (most recent call last):\n  old\nTraceback (most recent call last):\n  new\nKeyError: 1\n")
+    log.write_text(
+        "noise\nTraceback (most recent call last):\n  old\nTraceback (most recent call last):\n  new\nKeyError: 1\n"
+    )
     assert tail_of(log_lines(log)) == ("Traceback (most recent call last):", "  new", "KeyError: 1")
     assert tail_of(log_lines(tmp_path / "missing.log")) == ()
 
@@ -106,7 +108,9 @@ def test_only_refusals_and_preemption_are_not_restarted():
     crashed_handling = (*REFUSED_TAIL, "", "During handling of the above exception, another exception occurred:", "",
                         "[rank1]: Traceback (most recent call last):", "[rank1]: RuntimeError: CUDA error")  # fmt: skip
     assert restart_cannot_help([failure(1, 1.0, tail=crashed_handling)]) is None
-    assert "preemption" in restart_cannot_help([failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)])
+    assert "preemption" in restart_cannot_help(
+        [failure(1, 1.0, exitcode=75), failure(0, 1.1, exitcode=-signal.SIGTERM)]
+    )
     # one still saving when the agent's grace period ended, SIGKILLed 30 s after the first stop was seen
     late = [failure(1, 1.0, exitcode=75, reported=100.0), failure(0, 1.1, exitcode=-signal.SIGKILL, reported=131.0)]
     assert "preemption" in restart_cannot_help(late)
@@ -120,13 +124,27 @@ def test_only_refusals_and_preemption_are_not_restarted():
 def test_a_failure_before_a_restart_is_told_in_one_line():
     from phalanx.launch.failure import in_one_line
 
-    crash = failure(1, 1.0, tail=("[rank1]: Traceback (most recent call last):", '[rank1]:   File "t.py", line 1',
-                                  "[rank1]: ValueError: x", "[W1202 ProcessGroup.cpp] destroy_process_group() was not called"))
-    assert in_one_line([crash, failure(0, 2.0, exitcode=-signal.SIGTERM)]) == "rank 1 exited with code 1: ValueError: x (r1.log)"
+    crash = failure(
+        1,
+        1.0,
+        tail=(
+            "[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "t.py", line 1',
+            "[rank1]: ValueError: x",
+            "[W1202 ProcessGroup.cpp] destroy_process_group() was not called",
+        ),
+    )
+    assert (
+        in_one_line([crash, failure(0, 2.0, exitcode=-signal.SIGTERM)])
+        == "rank 1 exited with code 1: ValueError: x (r1.log)"
+    )
     assert in_one_line([failure(1, 1.0, tail=REFUSED_TAIL)]) == (
         "rank 1 exited with code 1: phalanx: error: compression bf16 on the gloo backend (cpu) (r1.log)"
     )
-    assert in_one_line([failure(1, 1.0, tail=("no traceback", "  last line"))]) == "rank 1 exited with code 1: last line (r1.log)"
+    assert (
+        in_one_line([failure(1, 1.0, tail=("no traceback", "  last line"))])
+        == "rank 1 exited with code 1: last line (r1.log)"
+    )
     stall = failure(0, 1.0, exitcode=4, tail=("phalanx: stall: rank 0 has waited 9 s", "  stalled: rank 1"))
     assert in_one_line([stall]) == "rank 0 exited with code 4: phalanx: stall: rank 0 has waited 9 s (r0.log)"
     killed = failure(2, 1.0, exitcode=-9, tail=())
@@ -138,10 +156,13 @@ def test_each_phalanx_error_keeps_its_own_exit_code():
     def ending(last_line):
         return [failure(0, 1.0, tail=("Traceback (most recent call last):", last_line))]
 
-    assert exit_code_for(ending("phalanx.runtime.consistency.InconsistentRanks: phalanx: error: the ranks disagree")) == 2
+    assert (
+        exit_code_for(ending("phalanx.runtime.consistency.InconsistentRanks: phalanx: error: the ranks disagree")) == 2
+    )
     assert exit_code_for(ending("phalanx.errors.PhalanxError: phalanx: error: something failed")) == 1
-    assert "exited with code 1: it stopped with a phalanx error (traceback: r0.log)\nphalanx: error: something failed" in (
-        format_root_cause(ending("phalanx.errors.PhalanxError: phalanx: error: something failed"))
+    assert (
+        "exited with code 1: it stopped with a phalanx error (traceback: r0.log)\nphalanx: error: something failed"
+        in (format_root_cause(ending("phalanx.errors.PhalanxError: phalanx: error: something failed")))
     )
     # a class this phalanx does not have (the worker runs another version): a plain failure
     assert exit_code_for(ending("phalanx.errors.NoSuchError: phalanx: error: x")) == 1
@@ -173,7 +194,10 @@ def test_a_worker_the_agent_killed_after_its_grace_period_is_never_the_cause():
     SIGKILLed 30 s later; its log went quiet first, yet the watchdog's report is the cause."""
     stall = ("phalanx: stall: rank 0 has waited 5 s (stall timeout 4 s) in collective #4 (gloo:all_reduce)",
              "  stalled: rank 1 on node0: never called collective #4; last completed #3 (gloo:all_reduce, step 2)")  # fmt: skip
-    found = [failure(0, 50.0, exitcode=4, tail=stall, reported=100.0), failure(1, 10.0, exitcode=-9, tail=(), reported=131.0)]
+    found = [
+        failure(0, 50.0, exitcode=4, tail=stall, reported=100.0),
+        failure(1, 10.0, exitcode=-9, tail=(), reported=131.0),
+    ]
     assert root_cause(found).rank == 0 and exit_code_for(found) == 4
     assert "  stopped by their agent: rank 1" in format_root_cause(found)
     # killed when the agent first looked (the out-of-memory killer): the cause

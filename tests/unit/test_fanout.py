@@ -97,14 +97,16 @@ def test_ctrl_c_asks_every_host_and_a_second_one_kills_at_once(tmp_path):
     deaf = ("import signal, time; [signal.signal(s, signal.SIG_IGN) for s in (2, 15)]; print('deaf', flush=True); "
             "time.sleep(300)  # marker-g")  # fmt: skip
     script = tmp_path / "launcher.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from phalanx.ssh.fanout import run_on_hosts
         from tests.unit.test_fanout import HOSTS, LocalShell, guarded
         print("started", flush=True)
         sys.exit(run_on_hosts(HOSTS, LocalShell(), [guarded({deaf!r}, grace=60)] * 2, 60))
-    """))
+    """)
+    )
     launcher = subprocess.Popen([PYTHON, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)  # fmt: skip
     try:

@@ -59,7 +59,9 @@ def test_add_keeps_no_autograd_graph_and_reset_starts_over(context):
     weight = torch.ones(3, requires_grad=True)
     mean.add(3, loss=(weight * 2).sum())
     values = [value for _, row in mean._pending for value in row]
-    assert not any(isinstance(value, torch.Tensor) and value.requires_grad for value in values)  # the graph can be freed
+    assert not any(
+        isinstance(value, torch.Tensor) and value.requires_grad for value in values
+    )  # the graph can be freed
     assert mean.compute()["loss"] == pytest.approx(2.0)
     mean.reset()
     result = mean.compute()

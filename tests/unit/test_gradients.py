@@ -31,7 +31,9 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch():
     model.zero_grad()
     for index, part in enumerate(range(0, 12, 4)):  # a plain module: accumulate is a no-op context
         with accumulate(model, index, every=3, total=3) as micro:
-            (torch.nn.functional.mse_loss(model(inputs[part : part + 4]), target[part : part + 4]) * micro.loss_scale).backward()
+            (
+                torch.nn.functional.mse_loss(model(inputs[part : part + 4]), target[part : part + 4]) * micro.loss_scale
+            ).backward()
     assert micro.sync
     for accumulated, expected in zip((p.grad for p in model.parameters()), whole):
         torch.testing.assert_close(accumulated, expected)

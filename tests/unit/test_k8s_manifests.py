@@ -81,7 +81,9 @@ ALL_OPTIONS = ("--nnodes", "3", "--gpus-per-node", "4", "--cpu", "8", "--memory"
 
 
 @pytest.mark.parametrize("kind", ["indexed-job", "trainjob", "pytorchjob"])
-@pytest.mark.parametrize("options", [(), ALL_OPTIONS, ("--nnodes", "2", "-m", "pkg.train")], ids=["minimal", "all", "module"])
+@pytest.mark.parametrize(
+    "options", [(), ALL_OPTIONS, ("--nnodes", "2", "-m", "pkg.train")], ids=["minimal", "all", "module"]
+)
 def test_every_kind_passes_its_schema(capsys, kind, options):
     manifests = render(capsys, "--kind", kind, *options, *(() if "-m" in options else ("train.py",)), "--epochs", "3")
     assert [m["kind"] for m in manifests] == {"indexed-job": ["Service", "Job"], "trainjob": ["TrainJob"],
@@ -100,7 +102,11 @@ def test_every_kind_passes_its_schema(capsys, kind, options):
         ("trainjob", lambda m: m["spec"]["trainer"].update(numNodes="2"), "'2' is not of type 'integer'"),
         ("trainjob", lambda m: m["spec"].pop("runtimeRef"), "'runtimeRef' is a required property"),
         ("pytorchjob", lambda m: m["spec"].update(nprocPerNode=2), "2 is not of type 'string'"),
-        ("pytorchjob", lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"].update(replica=1), "'replica' was unexpected"),
+        (
+            "pytorchjob",
+            lambda m: m["spec"]["pytorchReplicaSpecs"]["Master"].update(replica=1),
+            "'replica' was unexpected",
+        ),
     ],
 )
 def test_a_broken_manifest_is_refused_by_the_same_validation(capsys, kind, break_it, says):
@@ -132,9 +138,18 @@ def test_an_indexed_job_and_the_headless_service_that_names_its_pods(capsys):
     manifests = by_kind(render(capsys, *ALL_OPTIONS, "--headless-service", "workers", "train.py", "--epochs", "3"))
     service, job = manifests["Service"], manifests["Job"]
     assert service["metadata"]["name"] == "workers" and job["metadata"]["name"] == "resnet"
-    assert service["spec"] == {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"job-name": "resnet"}}
+    assert service["spec"] == {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {"job-name": "resnet"},
+    }
     spec = job["spec"]
-    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == ("Indexed", 3, 3, 9)
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (
+        "Indexed",
+        3,
+        3,
+        9,
+    )
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onExitCodes": {"containerName": "train", "operator": "In", "values": [2, 5]}},
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
@@ -176,7 +191,9 @@ def test_a_pytorchjob_has_a_master_and_the_other_nodes_as_workers(capsys):
     assert {role: (r["replicas"], r["restartPolicy"]) for role, r in replicas.items()} == {
         "Master": (1, "OnFailure"), "Worker": (2, "OnFailure")}  # fmt: skip
     (container,) = replicas["Worker"]["template"]["spec"]["containers"]
-    assert container["name"] == "pytorch" and container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+    assert container["name"] == "pytorch" and container["ports"] == [
+        {"name": "pytorchjob-port", "containerPort": 23456}
+    ]
     assert container["command"] == ["phalanx", "run", "--max-restarts", "1", "train.py"]
     assert "PYTHONUNBUFFERED" not in str(container["env"])  # the operator sets it itself
     (single,) = render(capsys, "--kind", "pytorchjob", "train.py")
@@ -312,8 +329,10 @@ def test_a_checkpoint_folder_on_a_claim_is_mounted_in_every_pod(capsys, kind):
     pods = pod_specs(manifests)
     assert pods, manifests
     for pod_spec in pods:
-        assert pod_spec["volumes"][1:] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "ckpt"}},
-                                           {"name": "volume-1", "persistentVolumeClaim": {"claimName": "datasets.v1"}}]
+        assert pod_spec["volumes"][1:] == [
+            {"name": "volume-0", "persistentVolumeClaim": {"claimName": "ckpt"}},
+            {"name": "volume-1", "persistentVolumeClaim": {"claimName": "datasets.v1"}},
+        ]
         (container,) = pod_spec["containers"]
         assert container["volumeMounts"][1:] == [{"name": "volume-0", "mountPath": "/ckpt"},
                                                  {"name": "volume-1", "mountPath": "/data"}], container  # fmt: skip
@@ -329,4 +348,3 @@ def test_a_checkpoint_folder_on_the_pods_own_filesystem_is_refused(capsys, given
     folder = given[-1].split("=")[-1]
     assert f"the script's --checkpoint-dir {folder} is on the pod's own filesystem" in err, err
     assert f"HINT: mount a PersistentVolumeClaim there: --volume CLAIM:{folder}" in err, err
-

@@ -45,7 +45,13 @@ def test_torchrun_underscore_spelling(script):
 
 def test_every_flag_has_an_environment_variable(script):
     names = {option.env_var for option in LAUNCH_OPTIONS}
-    assert {"PHALANX_NNODES", "PHALANX_NPROC_PER_NODE", "PHALANX_RDZV_ENDPOINT", "PHALANX_SIMULATE_NODES", "PHALANX_DRY_RUN"} <= names
+    assert {
+        "PHALANX_NNODES",
+        "PHALANX_NPROC_PER_NODE",
+        "PHALANX_RDZV_ENDPOINT",
+        "PHALANX_SIMULATE_NODES",
+        "PHALANX_DRY_RUN",
+    } <= names
     result = spec([script], {"PHALANX_NPROC_PER_NODE": "3", "PHALANX_DRY_RUN": "1", "PHALANX_BACKEND": "gloo"})
     assert result.nproc_per_node == 3 and result.dry_run and result.backend == "gloo"
 

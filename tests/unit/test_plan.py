@@ -10,7 +10,7 @@ from phalanx.launch import gpus, network, plan
 from phalanx.launch.plan import NodePlan, plan_nodes
 from phalanx.launch.spec import Entrypoint, LaunchSpec
 from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
-from phalanx.launch.values import Endpoint, NodeRange
+from phalanx.launch.values import Endpoint
 from tests.unit import node_plans
 
 

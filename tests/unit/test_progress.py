@@ -129,7 +129,7 @@ def render(output: str) -> list[str]:
         elif char == "\r":
             column = 0
         else:
-            line[column:column + 1] = [char]
+            line[column : column + 1] = [char]
             column += 1
     if line:
         screen.append("".join(line).rstrip())

@@ -27,7 +27,9 @@ def refusal(capsys, *argv: str) -> str:
 
 
 def test_zero_processes_per_node(capsys, script):
-    assert "--nproc-per-node 0: a node runs at least 1 worker process" in refusal(capsys, "run", "--nproc-per-node", "0", script)
+    assert "--nproc-per-node 0: a node runs at least 1 worker process" in refusal(
+        capsys, "run", "--nproc-per-node", "0", script
+    )
 
 
 def test_a_loopback_interface_for_several_nodes(capsys, script):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -145,8 +147,55 @@ def test_what_the_first_save_would_fail_on_is_refused_before_the_first_step(tmp_
 
 def test_a_loader_whose_sampling_would_be_dropped_is_refused(tmp_path, context):
     data = TensorDataset(torch.zeros(8, 1))
-    weighted = torch.utils.data.DataLoader(data, batch_size=2, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8))
+    weighted = torch.utils.data.DataLoader(
+        data, batch_size=2, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 8, 8)
+    )
     with pytest.raises(SettingsRefused, match="a DataLoader with a WeightedRandomSampler"):
         phalanx.Run(context=context).setup_dataloader(weighted)
-    kept = phalanx.Run(context=context).setup_dataloader(torch.utils.data.DataLoader(data, batch_size=2, shuffle=True, timeout=5))
+    kept = phalanx.Run(context=context).setup_dataloader(
+        torch.utils.data.DataLoader(data, batch_size=2, shuffle=True, timeout=5)
+    )
     assert kept.timeout == 5 and kept.sampler.shuffle and kept.batch_size == 2
+
+
+def test_clip_gradients_unscales_loss_scaled_gradients_first_and_logs_the_norm(tmp_path, context):
+    # fp16 autocast is CUDA only; the GradScaler that fp16 uses scales on the CPU alike.
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    reference = torch.nn.Linear(4, 2)
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    true_norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in reference.parameters()]))
+
+    run = phalanx.Run(context=context, log_every=1, metrics_jsonl=tmp_path / "metrics.jsonl")
+    model = run.setup_model(torch.nn.Linear(4, 2))
+    model.load_state_dict(reference.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    run.track(optimizer=optimizer, scaler=scaler)
+    loader = run.setup_dataloader(TensorDataset(x, y), batch_size=16, shuffle=False)
+    for _ in run.epochs(1):
+        for batch_x, batch_y in loader:
+            scaler.scale(torch.nn.functional.cross_entropy(model(batch_x), batch_y)).backward()
+            norm = run.clip_gradients(true_norm.item() / 2)
+            clipped = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()]))
+            scaler.step(optimizer)  # no second unscale: torch would raise
+            scaler.update()
+            optimizer.zero_grad()
+            run.step()
+    run.close()
+    assert torch.allclose(norm, true_norm), (norm, true_norm)  # the norm of the unscaled gradients
+    assert torch.allclose(clipped, true_norm / 2, rtol=1e-4)
+    assert not torch.equal(model.weight, reference.weight)  # the step was taken, not skipped
+    logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["grad_norm"] == pytest.approx(true_norm.item(), rel=1e-5), logged
+
+
+def test_clip_gradients_needs_a_model_and_with_loss_scaling_a_tracked_optimizer(context):
+    run = phalanx.Run(context=context)
+    with pytest.raises(ValueError, match="setup_model"):
+        run.clip_gradients(1.0)
+    run.setup_model(torch.nn.Linear(4, 2))
+    run.track(scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError, match="no tracked optimizer"):
+        run.clip_gradients(1.0)
+    run.close()

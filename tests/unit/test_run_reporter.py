@@ -24,8 +24,14 @@ def new_reporter(context, tmp_path):
     made = []
 
     def make(step: int = 0, name: str = "m.jsonl"):
-        reporter = Reporter(context, epochs=3, total_steps=9, step=step, boundary=phalanx.SharedReduction(context),
-                            metrics_jsonl=tmp_path / name)
+        reporter = Reporter(
+            context,
+            epochs=3,
+            total_steps=9,
+            step=step,
+            boundary=phalanx.SharedReduction(context),
+            metrics_jsonl=tmp_path / name,
+        )
         reporter.progress = phalanx.ProgressReporter(9, stream=io.StringIO())  # plain lines, as in a log
         made.append(reporter)
         return reporter
@@ -67,7 +73,9 @@ def test_an_epoch_end_is_shown_with_the_next_logging_point_and_logged_steps_are_
     out = shown(reporter)
     assert "epoch 1/3  step 3  loss 2.0000" in out  # the epoch's mean, not the window's
     assert "step 4/9" in out and out.index("epoch 1/3") < out.index("step 4/9")  # in the order they happened
-    assert [(r["step"], r["epoch"], r["loss"], r["samples"]) for r in records(tmp_path / "m.jsonl")] == [(4, 2, 2.75, 16)]
+    assert [(r["step"], r["epoch"], r["loss"], r["samples"]) for r in records(tmp_path / "m.jsonl")] == [
+        (4, 2, 2.75, 16)
+    ]
 
 
 def test_settle_shows_the_epochs_ended_since_the_last_point_without_logging_a_step(reporter, tmp_path):

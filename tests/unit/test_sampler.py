@@ -9,7 +9,9 @@ from phalanx.errors import SettingsRefused
 from phalanx.runtime.data import ResumableSampler
 
 
-@pytest.mark.parametrize("length, world, drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (7, 2, False), (5, 8, False)])
+@pytest.mark.parametrize(
+    "length, world, drop_last", [(10, 3, False), (10, 3, True), (12, 4, False), (7, 2, False), (5, 8, False)]
+)
 def test_same_shards_as_distributed_sampler_every_epoch(length, world, drop_last):
     for rank in range(world):
         ours = ResumableSampler(length, rank=rank, world_size=world, seed=7, drop_last=drop_last)

@@ -34,7 +34,9 @@ def test_directives_and_the_command_every_node_runs(tmp_path, monkeypatch):
         assert line in text, line
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
     assert srun.startswith("srun --kill-on-bad-exit=1 --ntasks-per-node=1 ")
-    assert f"{sys.executable} -m phalanx run --nproc-per-node 4 --max-restarts 1 {tmp_path}/train.py --epochs 3 &" in srun
+    assert (
+        f"{sys.executable} -m phalanx run --nproc-per-node 4 --max-restarts 1 {tmp_path}/train.py --epochs 3 &" in srun
+    )
     assert "--nnodes" not in srun  # SLURM's variables give every node the node count
     assert subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True).returncode == 0
 

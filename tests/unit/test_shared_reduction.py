@@ -3,7 +3,6 @@ itself is in the e2e runs: tests/e2e/workers/preemption_votes.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import phalanx

@@ -122,7 +122,17 @@ def test_the_command_each_host_runs(script):
 
 # -- the guard on each host ---------------------------------------------------------------------
 def guard(*command: str, grace: float = 2, silence: float = 30) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "phalanx.ssh.remote", "--grace", str(grace), "--silence", str(silence), "--", *command]
+    argv = [
+        sys.executable,
+        "-m",
+        "phalanx.ssh.remote",
+        "--grace",
+        str(grace),
+        "--silence",
+        str(silence),
+        "--",
+        *command,
+    ]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -222,4 +232,3 @@ def test_a_guard_killed_outright_takes_its_command_along(tmp_path):
         assert gone(pids[:1], within=5)  # the command dies with its guard (PR_SET_PDEATHSIG)
     finally:
         kill_all(process, pids)
-

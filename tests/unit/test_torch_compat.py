@@ -14,7 +14,6 @@ import pytest
 
 from phalanx import torch_compat
 from phalanx.diagnostics import torch_facts, traps
-from phalanx.errors import SettingsRefused
 from tests.conftest import REPO, run_command
 
 PROBE = """
@@ -33,8 +32,9 @@ def test_every_private_torch_name_phalanx_uses_is_there():
     import torch
 
     gone = torch_compat.missing_names()
-    assert not gone, f"torch {torch.__version__} lacks private names phalanx uses (src/phalanx/torch_compat.py): " + "; ".join(
-        f"{name.where}: {why} -> {name.feature}" for name, why in gone
+    assert not gone, (
+        f"torch {torch.__version__} lacks private names phalanx uses (src/phalanx/torch_compat.py): "
+        + "; ".join(f"{name.where}: {why} -> {name.feature}" for name, why in gone)
     )
 
 
@@ -46,7 +46,7 @@ def test_the_flight_recorder_dump_reads_as_phalanx_reads_it(size):
     probe = subprocess.run([sys.executable, "-c", PROBE], env={**os.environ, "TORCH_FR_BUFFER_SIZE": size},
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert probe.returncode == 0, probe.stderr
-    config, status = eval(probe.stdout.splitlines()[-1])  # noqa: S307 - our own probe's repr of dicts
+    config, status = eval(probe.stdout.splitlines()[-1])
     if size == "0":
         assert config == {} and status == {}
     else:
@@ -109,7 +109,10 @@ def facts(version: str, missing: tuple[str, ...] = ()) -> torch_facts.TorchFacts
 def test_env_and_doctor_name_what_is_unsure_outside_the_range():
     assert traps.torch_range_traps(facts("2.13.0+cpu")) == []
     (newer,) = traps.torch_range_traps(facts("2.15.0"))
-    assert newer.topic == "torch-untested" and newer.what == "torch 2.15.0 is newer than the releases phalanx is tested with (2.8 to 2.14)"
+    assert (
+        newer.topic == "torch-untested"
+        and newer.what == "torch 2.15.0 is newer than the releases phalanx is tested with (2.8 to 2.14)"
+    )
     assert "the stall watchdog" in newer.why and "a second Ctrl-C" in newer.why and "reading checkpoints" in newer.why
     assert newer.hint.startswith("pip install 'torch>=2.8,<2.15'")
     gone = "torch._C._distributed_c10d._dump_fr_trace (the stall watchdog)"

@@ -20,7 +20,16 @@ def test_nnodes_accepts_counts_and_ranges(text, expected):
     assert parse_nnodes(text) == expected
 
 
-@pytest.mark.parametrize("text, says", [("0", "at least 1"), ("4:2", "larger than the maximum"), ("a", "neither"), ("1:2:3", "neither"), ("-1", "neither")])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("0", "at least 1"),
+        ("4:2", "larger than the maximum"),
+        ("a", "neither"),
+        ("1:2:3", "neither"),
+        ("-1", "neither"),
+    ],
+)
 def test_nnodes_refuses_with_reason_and_hint(text, says):
     with pytest.raises(InvalidValue) as refused:
         parse_nnodes(text)

@@ -37,7 +37,9 @@ def test_a_healthy_report_has_no_findings() -> None:
 
 def test_a_different_version_names_the_odd_node_and_is_a_problem() -> None:
     report = healthy_report()
-    report["nodes"].append(copy.deepcopy(report["nodes"][1]) | {"label": "10.0.0.3", "address": "10.0.0.3", "host": "c"})
+    report["nodes"].append(
+        copy.deepcopy(report["nodes"][1]) | {"label": "10.0.0.3", "address": "10.0.0.3", "host": "c"}
+    )
     report["nodes"][2]["facts"]["torch"] = "2.4.1"
     [finding] = verdict(report)
     assert finding.severity == "problem" and finding.topic == "differs:torch"

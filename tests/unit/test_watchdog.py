@@ -50,7 +50,9 @@ def test_the_watchdog_is_available_when_the_flight_recorder_records(tmp_path):
 
 def test_a_flight_recorder_switched_off_is_named_with_a_hint(tmp_path):
     notice = probe(tmp_path, "0")
-    assert notice.startswith("phalanx: the stall watchdog is off: TORCH_FR_BUFFER_SIZE=0 switches off torch's flight recorder")
+    assert notice.startswith(
+        "phalanx: the stall watchdog is off: TORCH_FR_BUFFER_SIZE=0 switches off torch's flight recorder"
+    )
     assert "until the backend's timeout (300 s), and no report names it" in notice
     assert notice.endswith("HINT: unset TORCH_FR_BUFFER_SIZE (phalanx sets 500)")
 
@@ -60,7 +62,6 @@ def test_a_torch_without_this_flight_recorder_is_named(monkeypatch):
     notice = watchdog_unavailable("gloo", 300)
     assert notice is not None and f"torch {torch.__version__} cannot show its flight recorder (AttributeError" in notice
     assert "HINT: use a torch whose flight recorder records gloo collectives" in notice
-
 
 
 @pytest.mark.parametrize(("argument", "variable", "says"), [
@@ -77,7 +78,9 @@ def test_a_stall_timeout_that_is_not_positive_seconds_is_refused_with_a_hint(mon
     with pytest.raises(SettingsRefused) as refused:
         stall_timeout_from_env(argument)
     assert refused.value.exit_code == 2 and says in str(refused.value)
-    assert "HINT: give the seconds a collective may stay pending before the job is aborted, for example 300" in str(refused.value)
+    assert "HINT: give the seconds a collective may stay pending before the job is aborted, for example 300" in str(
+        refused.value
+    )
 
 
 def test_the_stall_timeout_comes_from_the_argument_then_the_variable_then_the_default(monkeypatch):
@@ -180,13 +183,13 @@ def test_a_fork_waits_until_the_thread_is_out_of_torch(job_store, monkeypatch):
 
 
 def test_a_store_that_goes_away_is_said_once(monkeypatch, capsys):
-    job_store = serve_job_store(monkeypatch)
-    port = job_store.port
+    stores = [serve_job_store(monkeypatch)]
+    port = stores[0].port
     watchdog = StallWatchdog(rank=1, world_size=2, stall_timeout=300, backend="gloo", poll_s=0.05)
     watchdog.start()
     try:
-        wait_for(lambda: job_store.check([f"{watchdog.prefix}1"]))
-        del job_store  # the store's server closes: every later post fails
+        wait_for(lambda: stores[0].check([f"{watchdog.prefix}1"]))
+        stores.clear()  # the store's server closes: every later post fails
         said = ""
         deadline = time.monotonic() + 20
         while "cannot post" not in said and time.monotonic() < deadline:
@@ -247,6 +250,7 @@ def test_polls_read_every_entry_only_when_the_counts_stand_still_or_after_many_p
     assert result.returncode == 0, result.output
     polls = json.loads(result.stdout)
     counts_only = COUNTS_ONLY_POLLS
+
     def read(seq):  # (issued, completed, last completed op), per process group: only the default one here
         return [{"0": seq}, {"0": seq}, {"0": "gloo:all_reduce"}]
 
@@ -269,10 +273,16 @@ def waiting(rank, seq, group="0", desc="default_pg"):
 
 def test_a_stall_report_names_the_stalled_ranks_their_last_collective_and_step():
     me = waiting(0, 8)
-    everyone = {0: me, 1: progress(1, 7, "gloo:all_reduce", 7), 2: progress(2, 7, "gloo:broadcast", None),
-                3: progress(3, 0, "none", None)}  # rank 3 completed no collective; rank 2 marked no step
+    everyone = {
+        0: me,
+        1: progress(1, 7, "gloo:all_reduce", 7),
+        2: progress(2, 7, "gloo:broadcast", None),
+        3: progress(3, 0, "none", None),
+    }  # rank 3 completed no collective; rank 2 marked no step
     report = stall_report(me, everyone, world_size=5, timeout=300).splitlines()
-    assert report[0] == "phalanx: stall: rank 0 has waited 301 s (stall timeout 300 s) in collective #8 (gloo:all_reduce)"
+    assert (
+        report[0] == "phalanx: stall: rank 0 has waited 301 s (stall timeout 300 s) in collective #8 (gloo:all_reduce)"
+    )
     assert report[1:5] == [
         "  stalled: rank 1 on node1: never called collective #8; last completed #7 (gloo:all_reduce, step 7)",
         "  stalled: rank 2 on node2: never called collective #8; last completed #7 (gloo:broadcast)",
@@ -292,7 +302,9 @@ def test_a_stall_in_a_group_compares_that_group_s_numbers_among_its_members():
     everyone = {0: me, 1: behind, 2: progress(2, 900, "gloo:all_reduce", 40)}
     report = stall_report(me, everyone, world_size=3, timeout=300, members=frozenset({0, 1})).splitlines()
     assert report[0].endswith("in collective #3 (gloo:all_reduce) of process group 1 (metrics)")
-    assert report[1:-1] == ["  stalled: rank 1 on node1: never called collective #3; last completed #2 (gloo:broadcast, step 40)"]
+    assert report[1:-1] == [
+        "  stalled: rank 1 on node1: never called collective #3; last completed #2 (gloo:broadcast, step 40)"
+    ]
     # without the group's members (torch could not say), a rank that called nothing in it is not judged
     assert stall_report(me, everyone, 3, 300).splitlines()[1:-1] == report[1:-1]
     everyone[1] = progress(1, 3, "gloo:all_reduce", 40, group="1")

@@ -58,7 +58,11 @@ def format_table(result: dict[str, Any]) -> str:
         head = f"{row['size_bytes']:12d}  {row['count']:12d}  {result['type']:>8}  {result['redop']:>6}  {result['root']:6d}"
         lines.append(head + _cells(row["out_of_place"]) + _cells(row["in_place"]))
     status = "FAILED" if result["wrong"] else "OK"
-    lines += [f"# Out of bounds values : {result['failed_cells']} {status}", f"# Avg bus bandwidth    : {result['avg_busbw']:g}", "#"]
+    lines += [
+        f"# Out of bounds values : {result['failed_cells']} {status}",
+        f"# Avg bus bandwidth    : {result['avg_busbw']:g}",
+        "#",
+    ]
     return "\n".join(lines)
 
 
@@ -82,7 +86,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"# line rate of the link: {_line_rate_text(report)}",
         "#",
         "# Using devices",
-        *(f"#  Rank {r['rank']:2d} Pid {r['pid']:7d} on {r['node']:>12} ({r['host']}) device {r['device']}" for r in report["ranks"]),
+        *(
+            f"#  Rank {r['rank']:2d} Pid {r['pid']:7d} on {r['node']:>12} ({r['host']}) device {r['device']}"
+            for r in report["ranks"]
+        ),
         "#",
     ]
     blocks = [f"# {result['collective']}\n{format_table(result)}" for result in report["results"]]

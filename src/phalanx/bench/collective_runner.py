@@ -196,7 +196,11 @@ class CollectiveBench:
             if rank == self.settings.root:
                 self.buffers.recv[: counts.recv] = self._input(rank, 0, counts.recv, rep)
         elif name == "all_gather":
-            target = self.buffers.recv[rank * counts.send : (rank + 1) * counts.send] if in_place else self.buffers.send[: counts.send]
+            target = (
+                self.buffers.recv[rank * counts.send : (rank + 1) * counts.send]
+                if in_place
+                else self.buffers.send[: counts.send]
+            )
             target.copy_(self._input(rank, rank * counts.send, counts.send, rep))
         else:  # reduce_scatter, all_to_all: the whole send buffer
             self.buffers.send[: counts.send] = self._input(rank, 0, counts.send, rep)

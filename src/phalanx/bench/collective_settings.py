@@ -105,7 +105,9 @@ class CollectiveSettings:
         for flag, value, minimum in (("-n", self.iters, 1), ("-w", self.warmup_iters, 0), ("-c", self.check, 0),
                                      ("-r", self.root, 0), ("--corrupt", self.corrupt, 0)):  # fmt: skip
             if value < minimum:
-                raise SettingsRefused(f"{flag} {value}: must be at least {minimum}", hint=f"give {flag} {minimum} or more")
+                raise SettingsRefused(
+                    f"{flag} {value}: must be at least {minimum}", hint=f"give {flag} {minimum} or more"
+                )
         if self.average not in AVERAGE_MODES:
             modes = ", ".join(f"{key} {name}" for key, name in AVERAGE_MODES.items())
             raise SettingsRefused(f"-a {self.average} is not an averaging mode", f"the modes are {modes}.", "use -a 1")
@@ -120,7 +122,9 @@ class CollectiveSettings:
             reason = unsupported_reason(backend, name, self.dtype, self.op)
             if reason:
                 op = f" -o {self.op}" if COLLECTIVES[name].reduces else ""
-                raise SettingsRefused(f"--collective {name} -d {self.dtype}{op} on the {backend} backend", reason[0] + ".", reason[1])
+                raise SettingsRefused(
+                    f"--collective {name} -d {self.dtype}{op} on the {backend} backend", reason[0] + ".", reason[1]
+                )
         if self.root >= world_size and any(COLLECTIVES[name].rooted for name in self.collectives):
             raise SettingsRefused(
                 f"-r {self.root}, but the world has {world_size} ranks (0 to {world_size - 1})",

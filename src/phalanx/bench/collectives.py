@@ -59,11 +59,23 @@ def _ring(ranks: int) -> float:
 COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
-        Collective("all_reduce", _whole, lambda n: 1, lambda n: 2 * (n - 1) / n, reduces=True, out_of_place=False, uses_send=False),
+        Collective(
+            "all_reduce",
+            _whole,
+            lambda n: 1,
+            lambda n: 2 * (n - 1) / n,
+            reduces=True,
+            out_of_place=False,
+            uses_send=False,
+        ),
         Collective("all_gather", lambda c, n: Counts(c // n, (c // n) * n, c // n), lambda n: n, _ring),
-        Collective("reduce_scatter", lambda c, n: Counts((c // n) * n, c // n, c // n), lambda n: n, _ring, reduces=True),
+        Collective(
+            "reduce_scatter", lambda c, n: Counts((c // n) * n, c // n, c // n), lambda n: n, _ring, reduces=True
+        ),
         Collective("broadcast", _whole, lambda n: 1, lambda n: 1.0, rooted=True, out_of_place=False, uses_send=False),
-        Collective("all_to_all", lambda c, n: Counts((c // n) * n, (c // n) * n, c // n), lambda n: n, _ring, in_place=False),
+        Collective(
+            "all_to_all", lambda c, n: Counts((c // n) * n, (c // n) * n, c // n), lambda n: n, _ring, in_place=False
+        ),
     )
 }
 

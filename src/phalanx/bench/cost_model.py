@@ -104,7 +104,10 @@ def ring_allreduce_seconds(payload_bytes: float, ranks: int, link: Link, allredu
         raise ValueError(f"ranks must be at least 1 and all-reduces not negative, not {ranks} and {allreduces}")
     if ranks == 1:
         return 0.0
-    return 2 * (ranks - 1) / ranks * payload_bytes / link.bandwidth_bytes_per_s + allreduces * 2 * (ranks - 1) * link.latency_s
+    return (
+        2 * (ranks - 1) / ranks * payload_bytes / link.bandwidth_bytes_per_s
+        + allreduces * 2 * (ranks - 1) * link.latency_s
+    )
 
 
 def ddp_bucket_count(size: ModelSize) -> int:
@@ -186,9 +189,15 @@ def ring_bound(layout: Layout, network: Link | None, intra_node: Link | None) ->
         if network is None:
             raise ValueError("a layout of several nodes needs the network link")
         if intra_node is not None and intra_node.bandwidth_bytes_per_s < network.bandwidth_bytes_per_s:
-            slowest = Link(intra_node.bandwidth_bytes_per_s, network.latency_s, intra_node.bandwidth_origin, network.latency_origin)
-            return RingBound(slowest, "the intra-node link given is slower than the network, and the ring crosses it on every node")
-        return RingBound(network, f"the ring crosses the network between the {layout.nnodes} nodes; the slowest link bounds it")
+            slowest = Link(
+                intra_node.bandwidth_bytes_per_s, network.latency_s, intra_node.bandwidth_origin, network.latency_origin
+            )
+            return RingBound(
+                slowest, "the intra-node link given is slower than the network, and the ring crosses it on every node"
+            )
+        return RingBound(
+            network, f"the ring crosses the network between the {layout.nnodes} nodes; the slowest link bounds it"
+        )
     if intra_node is None:
         return None
     return RingBound(intra_node, "one node: no network; the intra-node transport (shared memory, NVLink, PCIe) decides")

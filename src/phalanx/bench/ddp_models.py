@@ -43,7 +43,11 @@ def _mlp() -> Any:
     from torch import nn
 
     return nn.Sequential(
-        nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, CLASSES)
+        nn.Linear(MLP_WIDTH, MLP_WIDTH),
+        nn.ReLU(),
+        nn.Linear(MLP_WIDTH, MLP_WIDTH),
+        nn.ReLU(),
+        nn.Linear(MLP_WIDTH, CLASSES),
     )
 
 

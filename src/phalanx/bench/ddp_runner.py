@@ -49,7 +49,9 @@ class StepTimes:
 class _TrainingStep:
     """One SGD step on a fixed synthetic batch; returns its wall time in seconds."""
 
-    def __init__(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, local_only: bool = False) -> None:
+    def __init__(
+        self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, local_only: bool = False
+    ) -> None:
         self.model, self.inputs, self.labels = model, inputs, labels
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         no_sync = getattr(model, "no_sync", None)  # a DDP model; a single process has nothing to leave out

@@ -78,12 +78,17 @@ class DdpSettings:
                 raise SettingsRefused(
                     f"{flag} {value}: must be at least {minimum}",
                     "the timings are medians over --steps measured steps, each of --batch-size samples per process."
-                    if minimum else "",
+                    if minimum
+                    else "",
                     f"give {flag} {max(minimum, 1)} or more",
                 )
-        unknown = [name for name in self.models if name not in MODELS] + [c for c in self.compressions if c not in COMPRESSIONS]
+        unknown = [name for name in self.models if name not in MODELS] + [
+            c for c in self.compressions if c not in COMPRESSIONS
+        ]
         if unknown:
-            raise ValueError(f"unknown models or compressions {unknown}: parse them with parse_models/parse_compressions")
+            raise ValueError(
+                f"unknown models or compressions {unknown}: parse them with parse_models/parse_compressions"
+            )
 
     def runnable(self, backend: str, world_size: int) -> tuple[tuple[str, ...], dict[str, str]]:
         """The compressions this job measures, and the skipped ones with the reason.

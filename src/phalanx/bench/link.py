@@ -19,7 +19,17 @@ from phalanx.errors import SettingsRefused
 from phalanx.launch.values import InvalidValue
 
 #: Decimal prefixes (k = 1000) and binary ones (Ki = 1024), lower-cased.
-UNIT_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2.0**10, "mi": 2.0**20, "gi": 2.0**30, "ti": 2.0**40}
+UNIT_PREFIXES = {
+    "": 1.0,
+    "k": 1e3,
+    "m": 1e6,
+    "g": 1e9,
+    "t": 1e12,
+    "ki": 2.0**10,
+    "mi": 2.0**20,
+    "gi": 2.0**30,
+    "ti": 2.0**40,
+}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?"
 _BANDWIDTH = re.compile(rf"^{_NUMBER}\s*([kKmMgGtT]i?)?\s*(.*)$")
 _BIT_UNITS = ("bit", "bits", "bit/s", "bits/s")

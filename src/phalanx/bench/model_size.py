@@ -95,7 +95,9 @@ def size_from_model(path: str) -> ModelSize:
     """
     hint = "give --model package.module:factory (a callable returning an nn.Module) or package.module:attribute"
     if not _MODEL_PATH.match(path):
-        raise SettingsRefused(f"--model {path!r} is not an import path with a ':'", hint=f"{hint}, e.g. --model mymodels:SimpleModel")
+        raise SettingsRefused(
+            f"--model {path!r} is not an import path with a ':'", hint=f"{hint}, e.g. --model mymodels:SimpleModel"
+        )
     module_name, attribute = path.split(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -121,7 +123,9 @@ def _as_module(target: Any, path: str, hint: str) -> Any:
     if isinstance(target, torch.nn.Module):
         return target
     if not callable(target):
-        raise SettingsRefused(f"--model {path} is of type {type(target).__name__}, neither an nn.Module nor callable", hint=hint)
+        raise SettingsRefused(
+            f"--model {path} is of type {type(target).__name__}, neither an nn.Module nor callable", hint=hint
+        )
     try:
         with torch.device("meta"):
             built = target()

@@ -16,7 +16,9 @@ from phalanx.errors import SettingsRefused
 def check_plot_path(path: str) -> None:
     target = Path(path)
     if target.suffix.lower() != ".png":
-        raise SettingsRefused(f"--plot {path}: the file must end in .png", hint=f"for example --plot {target.with_suffix('.png')}")
+        raise SettingsRefused(
+            f"--plot {path}: the file must end in .png", hint=f"for example --plot {target.with_suffix('.png')}"
+        )
     if not target.parent.resolve().is_dir():
         raise SettingsRefused(
             f"--plot {path}: the folder {target.parent} does not exist",
@@ -54,12 +56,19 @@ def plot_busbw(report: dict[str, Any], path: str) -> None:
                 axes.plot(sizes, busbw, marker="o", label=label)
     if report.get("line_rate"):
         rate = report["line_rate"] / 1e9
-        axes.axhline(rate, color="grey", linestyle="--", label=f"line rate{' of ' + report['interface'] if report['interface'] else ''} ({rate:.3g} GB/s)")
+        axes.axhline(
+            rate,
+            color="grey",
+            linestyle="--",
+            label=f"line rate{' of ' + report['interface'] if report['interface'] else ''} ({rate:.3g} GB/s)",
+        )
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda size, _: _size_label(size)))
     axes.set_xlabel("size (B)")
     axes.set_ylabel("busbw (GB/s)")
-    axes.set_title(f"phalanx bench collectives: {report['world_size']} ranks, {report['nodes']} node(s), {report['backend']}")
+    axes.set_title(
+        f"phalanx bench collectives: {report['world_size']} ranks, {report['nodes']} node(s), {report['backend']}"
+    )
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
     figure.tight_layout()

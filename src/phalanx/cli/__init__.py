@@ -1,4 +1,5 @@
 """The ``phalanx`` command line: thin parsers over the library (:mod:`phalanx.launch`)."""
+
 from __future__ import annotations
 
 import argparse

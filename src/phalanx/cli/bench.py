@@ -79,7 +79,10 @@ The report is printed by the node that ran global rank 0. Exit codes: 0 ok, 1 a 
 
 def add_parser(commands: Any) -> None:
     bench = commands.add_parser(
-        "bench", help="measure collectives (nccl-tests' method) and DDP training throughput", description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+        "bench",
+        help="measure collectives (nccl-tests' method) and DDP training throughput",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     _add_benchmark(kinds, "collectives", "collective bandwidth with nccl-tests' definitions", COLLECTIVES_HELP,
@@ -89,7 +92,9 @@ def add_parser(commands: Any) -> None:
 
 
 def _add_benchmark(kinds: Any, name: str, summary: str, description: str, add_flags: Any, handler: Any) -> None:
-    parser = kinds.add_parser(name, help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = kinds.add_parser(
+        name, help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_flags(parser)
     add_launch_options(parser)
     parser.set_defaults(handler=handler)
@@ -98,24 +103,59 @@ def _add_benchmark(kinds: Any, name: str, summary: str, description: str, add_fl
 def _add_collective_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("what to measure (nccl-tests' flags)")
     add = group.add_argument
-    add("--collective", default="all_reduce", metavar="NAMES",
-        help="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, comma-separated, or all (default all_reduce)")
+    add(
+        "--collective",
+        default="all_reduce",
+        metavar="NAMES",
+        help="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, comma-separated, or all (default all_reduce)",
+    )
     add("-b", "--minbytes", default="1K", metavar="SIZE", help="smallest size, bytes or with K/M/G (default 1K)")
     add("-e", "--maxbytes", default="64M", metavar="SIZE", help="largest size (default 64M)")
-    add("-f", "--stepfactor", default="4", metavar="N", help="multiply the size by N from one row to the next (default 4)")
+    add(
+        "-f",
+        "--stepfactor",
+        default="4",
+        metavar="N",
+        help="multiply the size by N from one row to the next (default 4)",
+    )
     add("-i", "--stepbytes", default="1M", metavar="SIZE", help="with -f 1: add this to the size instead (default 1M)")
     add("-n", "--iters", default="20", metavar="N", help="timed calls per row (default 20)")
-    add("-w", "--warmup_iters", default="5", metavar="N", help="untimed calls first, at the largest and smallest size (default 5)")
-    add("-c", "--check", default="1", metavar="N", help="check the result on fresh data N times per row; 0 skips (default 1)")
-    add("-d", "--datatype", default="float", metavar="TYPE",
-        help="int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 (default float)")
+    add(
+        "-w",
+        "--warmup_iters",
+        default="5",
+        metavar="N",
+        help="untimed calls first, at the largest and smallest size (default 5)",
+    )
+    add(
+        "-c",
+        "--check",
+        default="1",
+        metavar="N",
+        help="check the result on fresh data N times per row; 0 skips (default 1)",
+    )
+    add(
+        "-d",
+        "--datatype",
+        default="float",
+        metavar="TYPE",
+        help="int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16 (default float)",
+    )
     add("-o", "--op", default="sum", metavar="OP", help="reduction: sum, prod, max, min, avg (default sum)")
     add("-r", "--root", default="0", metavar="RANK", help="root rank of broadcast (default 0)")
-    add("-a", "--average", default="1", metavar="MODE", help="per-rank times combined as 0 rank 0, 1 mean, 2 min, 3 max (default 1)")
+    add(
+        "-a",
+        "--average",
+        default="1",
+        metavar="MODE",
+        help="per-rank times combined as 0 rank 0, 1 mean, 2 min, 3 max (default 1)",
+    )
     add("--corrupt", default="0", help=argparse.SUPPRESS)  # self-test: rank 0 alters N result elements before the check
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
-    out.add_argument("--plot", default=None, metavar="PNG", help="also draw busbw against size into this PNG (needs matplotlib)")
+    out.add_argument(
+        "--plot", default=None, metavar="PNG", help="also draw busbw against size into this PNG (needs matplotlib)"
+    )
     out.add_argument("--line-rate", default=None, metavar="RATE",
                      help="the link's line rate for the report and plot, e.g. 1gbit or 12.5GB/s "
                      "(default: the speed the OS reports for the interface, when it knows)")  # fmt: skip
@@ -131,7 +171,13 @@ def _integer(text: str, flag: str) -> int:
 
 
 def collective_settings_from_args(args: argparse.Namespace) -> Any:
-    from phalanx.bench.collective_settings import CollectiveSettings, parse_collectives, parse_dtype, parse_op, parse_size
+    from phalanx.bench.collective_settings import (
+        CollectiveSettings,
+        parse_collectives,
+        parse_dtype,
+        parse_op,
+        parse_size,
+    )
 
     return CollectiveSettings(
         collectives=parse_collectives(args.collective),
@@ -195,7 +241,12 @@ def run_collectives(args: argparse.Namespace) -> int:
         plan = plans[0]  # every node of a job runs the same backend and process count
         settings.check_world(plan.backend, plan.nnodes_max * plan.nproc_per_node)
 
-    outcome = run_tool(args, "phalanx.bench.collectives_worker", {"collectives": settings.to_dict(), "line_rate": line_rate}, check_world)
+    outcome = run_tool(
+        args,
+        "phalanx.bench.collectives_worker",
+        {"collectives": settings.to_dict(), "line_rate": line_rate},
+        check_world,
+    )
     if not _show(outcome, args, format_report, plot_busbw):
         return outcome.exit_code
     if total_wrong(outcome.report):
@@ -207,13 +258,29 @@ def _add_ddp_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("what to measure")
     add = group.add_argument
     add("--model", default="all", metavar="NAMES", help=f"{', '.join(MODELS)}, comma-separated, or all (default all)")
-    add("--compression", default="all", metavar="NAMES",
-        help="none, fp16, bf16, powersgd, comma-separated, or all that the backend can run (default all)")
-    add("--batch-size", "--batch_size", dest="batch_size", default="32", metavar="N",
-        help="samples per process per step (default 32)")
+    add(
+        "--compression",
+        default="all",
+        metavar="NAMES",
+        help="none, fp16, bf16, powersgd, comma-separated, or all that the backend can run (default all)",
+    )
+    add(
+        "--batch-size",
+        "--batch_size",
+        dest="batch_size",
+        default="32",
+        metavar="N",
+        help="samples per process per step (default 32)",
+    )
     add("--steps", default="20", metavar="N", help="timed rounds; every time is a median over them (default 20)")
-    add("--warmup-steps", "--warmup_steps", dest="warmup_steps", default="3", metavar="N",
-        help="untimed rounds first (default 3; powersgd: at least 3)")
+    add(
+        "--warmup-steps",
+        "--warmup_steps",
+        dest="warmup_steps",
+        default="3",
+        metavar="N",
+        help="untimed rounds first (default 3; powersgd: at least 3)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     out.add_argument("--plot", default=None, metavar="PNG", help="also draw samples/s per model and compression into this PNG "

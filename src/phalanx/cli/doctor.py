@@ -29,7 +29,6 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
-
 from phalanx.launch.options import add_launch_options
 
 
@@ -41,8 +40,18 @@ def add_parser(commands: Any) -> None:
         __doc__,
     )
     group = parser.add_argument_group("doctor")
-    group.add_argument("--p2p-size", default="16M", metavar="SIZE", help="message size of the point-to-point bandwidth probe (default 16M)")
-    group.add_argument("--max-bytes", default="16M", metavar="SIZE", help="largest all-reduce size; measured at 1M, 4M, ... up to it (default 16M)")
+    group.add_argument(
+        "--p2p-size",
+        default="16M",
+        metavar="SIZE",
+        help="message size of the point-to-point bandwidth probe (default 16M)",
+    )
+    group.add_argument(
+        "--max-bytes",
+        default="16M",
+        metavar="SIZE",
+        help="largest all-reduce size; measured at 1M, 4M, ... up to it (default 16M)",
+    )
     group.add_argument("--strict", action="store_true", help="exit 1 on warnings too (for CI gates)")
     group.add_argument("--json", action="store_true", help="print the report and verdict as JSON")
     add_launch_options(parser)
@@ -66,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     outcome = run_tool(args, "phalanx.diagnostics.doctor_worker", dataclasses.asdict(settings))
     if outcome.report is None:
         if outcome.exit_code == 0 and not args.dry_run:
-            say("phalanx: the doctor's report is printed by the node that ran global rank 0 (and kept in its --log-dir)")
+            say(
+                "phalanx: the doctor's report is printed by the node that ran global rank 0 (and kept in its --log-dir)"
+            )
         return outcome.exit_code
     findings = verdict(outcome.report)
     if args.json:

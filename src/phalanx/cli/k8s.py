@@ -31,8 +31,8 @@ Every pod runs `phalanx run [launch options] SCRIPT ARGS`; the node count goes i
 (--nnodes: a fixed number), --nproc-per-node defaults to --gpus-per-node (else 1), and each pod
 gets a memory-backed /dev/shm (the container's 64 MiB is too small for DataLoader workers and
 NCCL). The launch options are resolved as the pods will see them: the flags, the --config file
-(its settings become flags: the pods do not have it) and --env PHALANX_<FLAG>=...; this shell's
-variables do not reach the pods. --simulate-nodes, --standalone and --dry-run do not apply to
+(else $PHALANX_CONFIG; its settings become flags: the pods do not have it) and --env
+PHALANX_<FLAG>=...; this shell's other variables do not reach the pods. --simulate-nodes, --standalone and --dry-run do not apply to
 pods, nor --rdzv-endpoint and --headless-service where the controller names the endpoint
 (trainjob, pytorchjob); with an Indexed Job, --headless-service names the Service (default: the
 job's name).
@@ -47,7 +47,6 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
-
 from phalanx.launch.options import add_launch_options, add_script_arguments
 
 
@@ -74,7 +73,9 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--volume", action="append", default=[], metavar="CLAIM:PATH",
                        help="mount the PersistentVolumeClaim CLAIM at PATH in every pod (repeatable); the script's "
                        "--checkpoint-dir must be on one, or a retried pod starts from step 0")  # fmt: skip
-    group.add_argument("--runtime", metavar="NAME", help="trainjob: the ClusterTrainingRuntime (default torch-distributed)")
+    group.add_argument(
+        "--runtime", metavar="NAME", help="trainjob: the ClusterTrainingRuntime (default torch-distributed)"
+    )
     group.add_argument("--backoff-limit", type=int, metavar="N",
                        help="indexed-job, pytorchjob: pod failures before the job fails (default 3 x nodes: a failure "
                        "usually ends every pod)")  # fmt: skip

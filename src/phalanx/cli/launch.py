@@ -15,8 +15,8 @@ the first host holds open meanwhile). One table shows the answers; if any host f
 starts (exit 2) and each failing host gets a HINT.
 
 Then every host runs `phalanx run` in this same folder with the same Python (--remote-python to
-name another), the variables NCCL_*, GLOO_*, PYTHON* and PHALANX_* of this shell (--env for
-more), and the launch options given here. Each host's output comes back prefixed with its name.
+name another), the variables NCCL_*, GLOO_*, PYTHON*, PHALANX_* and PET_* of this shell (--env
+for more), and the launch options given here. Each host's output comes back prefixed with its name.
 Ctrl-C stops the job on every host (a second Ctrl-C kills it at once), as do SIGTERM and any
 host's failure: the others get --grace seconds to end on their own, then SIGTERM, then SIGKILL,
 and nothing is left running on any host; a lost ssh connection ends that host's processes too.
@@ -43,6 +43,7 @@ from typing import Any
 
 from phalanx.cli import command_parser
 from phalanx.launch.options import add_launch_options, add_script_arguments
+from phalanx.ssh.job import FORWARDED
 
 
 def add_parser(commands: Any) -> None:
@@ -60,12 +61,15 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--ssh-config", metavar="FILE", type=Path, help="ssh's config file (default ~/.ssh/config)")
     group.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
                        help="an ssh -o option, e.g. --ssh-option Port=2222 (repeatable)")  # fmt: skip
-    group.add_argument("--remote-python", metavar="PATH",
-                       help="the Python to run on every host (default: this one's path, the same venv everywhere)")
+    group.add_argument(
+        "--remote-python",
+        metavar="PATH",
+        help="the Python to run on every host (default: this one's path, the same venv everywhere)",
+    )
     group.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                        help="one more variable for every host (repeatable)")  # fmt: skip
     group.add_argument("--no-default-env", action="store_true",
-                       help="do not pass on NCCL_*, GLOO_*, PYTHON* and PHALANX_*")  # fmt: skip
+                       help=f"do not pass on {', '.join(FORWARDED)}")  # fmt: skip
     group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="the bound for the preflight of all hosts together (default 30)")  # fmt: skip
     group.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",

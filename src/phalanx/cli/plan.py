@@ -64,7 +64,9 @@ def add_parser(commands: Any) -> None:
         if "-" in flag:
             layout.add_argument(f"--{flag.replace('-', '_')}", dest=flag.replace("-", "_"), help=argparse.SUPPRESS)
     link = parser.add_argument_group("the link")
-    link.add_argument("--bandwidth", metavar="RATE", help="the slowest inter-node link: 1gbit, 10Gbit/s, 25gbps, 12.5GB/s")
+    link.add_argument(
+        "--bandwidth", metavar="RATE", help="the slowest inter-node link: 1gbit, 10Gbit/s, 25gbps, 12.5GB/s"
+    )
     link.add_argument(
         "--latency",
         metavar="TIME",
@@ -72,10 +74,15 @@ def add_parser(commands: Any) -> None:
         f"between nodes, {DEFAULT_INTRA_NODE_LATENCY} within one)",
     )
     link.add_argument(
-        "--from-doctor", metavar="FILE", type=Path, help="bandwidth and latency of the slowest link from `phalanx doctor --json`"
+        "--from-doctor",
+        metavar="FILE",
+        type=Path,
+        help="bandwidth and latency of the slowest link from `phalanx doctor --json`",
     )
     link.add_argument("--intra-bandwidth", metavar="RATE", help="bandwidth within a node (NVLink, PCIe, shared memory)")
-    parser.add_argument("--powersgd-rank", metavar="R", default="1", help="PowerSGD's matrix approximation rank (default 1)")
+    parser.add_argument(
+        "--powersgd-rank", metavar="R", default="1", help="PowerSGD's matrix approximation rank (default 1)"
+    )
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON")
     parser.set_defaults(handler=plan)
 
@@ -136,7 +143,9 @@ def _network_link(args: argparse.Namespace, layout: Any) -> Any:
     from phalanx.bench.link import Link, format_bandwidth, parse_bandwidth, read_doctor_file
 
     if layout.nnodes == 1:
-        given = [flag for flag, value in (("--bandwidth", args.bandwidth), ("--from-doctor", args.from_doctor)) if value]
+        given = [
+            flag for flag, value in (("--bandwidth", args.bandwidth), ("--from-doctor", args.from_doctor)) if value
+        ]
         if given:
             raise SettingsRefused(
                 f"{' and '.join(given)} with --nnodes 1",
@@ -151,7 +160,9 @@ def _network_link(args: argparse.Namespace, layout: Any) -> Any:
         )
     if args.from_doctor is not None:
         found = read_doctor_file(args.from_doctor)
-        measured = f"measured by phalanx doctor, {args.from_doctor}" + (" on simulated nodes: loopback" if found.loopback else "")
+        measured = f"measured by phalanx doctor, {args.from_doctor}" + (
+            " on simulated nodes: loopback" if found.loopback else ""
+        )
         if found.loopback:
             say(f"phalanx: CAUTION: {args.from_doctor} was measured by `phalanx doctor` on simulated nodes of one machine: "
                 f"its {format_bandwidth(found.bandwidth_bytes_per_s)} is loopback's, not a network's, so the times below "

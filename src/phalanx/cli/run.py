@@ -36,7 +36,6 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
-
 from phalanx.launch.options import add_launch_options, add_script_arguments, spec_from_args
 
 

@@ -29,7 +29,6 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
-
 from phalanx.launch.options import add_launch_options, add_script_arguments
 
 
@@ -62,17 +61,19 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phalanx.clusters.slurm_job import job_from_args, submit
+    from pathlib import Path
+
     from phalanx.clusters.sbatch import render
+    from phalanx.clusters.slurm_job import job_from_args, submit
     from phalanx.console import say
     from phalanx.launch.job import check_log_dir
-
-    from pathlib import Path
 
     job = job_from_args(args)
     text = render(job)
     # SLURM creates no folder for the job's log: a job whose folder is missing fails with no word
-    check_log_dir((Path(job.workdir) / job.output).parent, "SLURM writes the batch job's log there (slurm-<job ID>.out).")
+    check_log_dir(
+        (Path(job.workdir) / job.output).parent, "SLURM writes the batch job's log there (slurm-<job ID>.out)."
+    )
     if not args.submit:
         print(text, end="")
         say(f"phalanx slurm: submit it with `sbatch FILE`; its log: {job.workdir}/{job.output} (%j is the job ID)")

@@ -120,7 +120,9 @@ class ClusterEnvironment(abc.ABC):
             )
         rank = self._int(rank_variable) or Found(0, f"{rank_variable} not set: node 0")
         if rank.value >= len(hosts):
-            raise self._refuse_variable(f"{rank.source} with {len(hosts)} node(s) in {listed}", "a node rank below the node count")
+            raise self._refuse_variable(
+                f"{rank.source} with {len(hosts)} node(s) in {listed}", "a node rank below the node count"
+            )
         return nnodes, rank
 
     def _refuse_variable(self, source: str, expected: str) -> SettingsRefused:

@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 from phalanx.clusters.sbatch import SlurmJob, check_time_limit
+from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
+from phalanx.launch.options import given_flags, given_settings, refuse_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import NodeRange
 
@@ -38,11 +39,19 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         if value is not None and value < 1:
             raise SettingsRefused(f"{name} {value}: it must be at least 1", hint=f"for example {name} 4")
     if args.max_requeues < 0:
-        raise SettingsRefused(f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3")
-    config_path = Path(args.config).resolve() if args.config else None
-    config = read_config_file(config_path) if config_path else {}
-    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
-    settings = resolve_settings(flags, os.environ, config, config_path)
+        raise SettingsRefused(
+            f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3"
+        )
+    inherited = [name for name in TorchrunVariables.markers if name in os.environ]
+    if inherited:
+        raise SettingsRefused(
+            f"{', '.join(f'{name}={os.environ[name]}' for name in inherited)} set in this shell",
+            "the batch job's nodes inherit this shell's variables, and torchrun's PET_ variables beside SLURM's "
+            "describe the job twice: phalanx run would refuse to start on every node.",
+            f"unset {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",
+        )
+    settings, config_path, _ = given_settings(args, os.environ)
+    config_path = config_path.resolve() if config_path else None  # the batch script runs elsewhere
     # from a flag, a variable every node would inherit, or the config
     refuse_settings(settings, _NOT_FOR_SLURM, "phalanx slurm", "to rehearse first: phalanx run --simulate-nodes N ...")
     nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
@@ -68,7 +77,13 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
 
 def _run_command(args: argparse.Namespace, config_path: Path | None) -> list[str]:
     """``python -m phalanx run`` with the launch flags given, as every node runs it."""
-    command = [sys.executable, "-m", "phalanx", "run", *given_flags(vars(args), leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM})]
+    command = [
+        sys.executable,
+        "-m",
+        "phalanx",
+        "run",
+        *given_flags(vars(args), leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM}),
+    ]
     if config_path is not None:
         command += ["--config", str(config_path)]
     if args.module:
@@ -97,7 +112,10 @@ def submit(job: SlurmJob, text: str) -> int:
             "look with squeue --me, and submit the script again if it is not there",
         ) from None
     if done.returncode != 0:
-        say(f"phalanx: error: sbatch refused {script}:\n  " + "\n  ".join((done.stderr or done.stdout).strip().splitlines()))
+        say(
+            f"phalanx: error: sbatch refused {script}:\n  "
+            + "\n  ".join((done.stderr or done.stdout).strip().splitlines())
+        )
         say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")
         return ExitCode.REFUSED
     job_id = done.stdout.strip().split(";")[0]

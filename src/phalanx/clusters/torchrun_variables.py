@@ -37,7 +37,9 @@ class TorchrunVariables(ClusterEnvironment):
             node_rank=rank,
             endpoint=self._endpoint(),
             rdzv_id=self._parsed("PET_RDZV_ID", values.parse_rdzv_id, "1 to 64 letters, digits, '.', '_' or '-'"),
-            nproc_per_node=self._parsed("PET_NPROC_PER_NODE", values.parse_nproc_per_node, "a number, auto, gpu or cpu"),
+            nproc_per_node=self._parsed(
+                "PET_NPROC_PER_NODE", values.parse_nproc_per_node, "a number, auto, gpu or cpu"
+            ),
             dns_may_lag=True,
         )
 
@@ -60,5 +62,7 @@ class TorchrunVariables(ClusterEnvironment):
         try:
             endpoint = values.parse_endpoint(joined)
         except values.InvalidValue:
-            raise self._refuse_variable(f"{address.source}, {port.source}", "a host name or IP address and a port") from None
+            raise self._refuse_variable(
+                f"{address.source}, {port.source}", "a host name or IP address and a port"
+            ) from None
         return Found(endpoint, f"{address.source}, {port.source}")

@@ -18,25 +18,37 @@ def _nodes_table(report: dict[str, Any]) -> str:
         ("host", [node["host"] for node in nodes]),
         ("interface", [node["interface"] for node in nodes]),
         ("processes / GPUs", [f"{node['processes']} / {node['gpus']}" for node in nodes]),
-        ("clock offset", ["rank 0" if 0 in node["ranks"] else f"{offsets.get(node['ranks'][0], 0.0):+.3f} s" for node in nodes]),
+        (
+            "clock offset",
+            ["rank 0" if 0 in node["ranks"] else f"{offsets.get(node['ranks'][0], 0.0):+.3f} s" for node in nodes],
+        ),
     ]
     keys = sorted({key for node in nodes for key in node["facts"]}, key=lambda key: (key.startswith("env "), key))
     compared = [(key, [node["facts"].get(key, "(not set)") for node in nodes]) for key in keys]
     rows = [[name, *values, ""] for name, values in placed]
     rows += [[name, *values, "<- differs" if len(set(values)) > 1 else ""] for name, values in compared]
-    return "nodes (the rows below the line must be equal on every node)\n" + format_table(headers, [*rows[:4], ["-" * 16] + [""] * (len(headers) - 1), *rows[4:]])
+    return "nodes (the rows below the line must be equal on every node)\n" + format_table(
+        headers, [*rows[:4], ["-" * 16] + [""] * (len(headers) - 1), *rows[4:]]
+    )
 
 
 def _links_table(report: dict[str, Any]) -> str:
     labels = rank_nodes(report)
     if not report["links"]:
         return "links between nodes\n  none: one node (run with --nnodes or --simulate-nodes to measure links)"
+
     def rate(link: dict[str, Any], scale: float) -> str:
         value = link["bandwidth_bytes_per_s"]
         return "too short to time" if value is None else f"{value * scale:.3g}"
 
     rows = [
-        [labels[link["source"]], labels[link["target"]], f"{link['latency_s'] * 1e6:.0f}", rate(link, 8 / 1e9), rate(link, 1e-9)]
+        [
+            labels[link["source"]],
+            labels[link["target"]],
+            f"{link['latency_s'] * 1e6:.0f}",
+            rate(link, 8 / 1e9),
+            rate(link, 1e-9),
+        ]
         for link in report["links"]
     ]
     size = report["settings"]["p2p_bytes"]
@@ -47,7 +59,12 @@ def _links_table(report: dict[str, Any]) -> str:
 def _allreduce_table(report: dict[str, Any]) -> str:
     result = report["allreduce"]
     rows = [
-        [row["size_bytes"], f"{row['in_place']['time_us']:.0f}", f"{row['in_place']['busbw']:.3g}", row["in_place"]["wrong"]]
+        [
+            row["size_bytes"],
+            f"{row['in_place']['time_us']:.0f}",
+            f"{row['in_place']['busbw']:.3g}",
+            row["in_place"]["wrong"],
+        ]
         for row in result["rows"]
     ]
     title = f"all_reduce over all {report['world_size']} ranks (busbw as nccl-tests: algbw x 2(n-1)/n)"
@@ -57,7 +74,9 @@ def _allreduce_table(report: dict[str, Any]) -> str:
 def _compute_table(report: dict[str, Any]) -> str:
     labels = rank_nodes(report)
     median = statistics.median(c["gflops"] for c in report["compute"])
-    rows = [[c["rank"], labels[c["rank"]], f"{c['gflops']:.1f}", f"{c['gflops'] / median:.1%}"] for c in report["compute"]]
+    rows = [
+        [c["rank"], labels[c["rank"]], f"{c['gflops']:.1f}", f"{c['gflops'] / median:.1%}"] for c in report["compute"]
+    ]
     size = report["compute"][0]["matrix"]
     title = f"compute ({size}x{size} float32 matmul on every rank at once)"
     return title + "\n" + format_table(["rank", "node", "GFLOP/s", "of median"], rows)

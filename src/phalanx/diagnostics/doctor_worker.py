@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
-from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.doctor_settings import DoctorSettings
+from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.probes import Probe
 from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
@@ -76,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
         timer = _PhaseTimer()
         offsets = timer.run("clocks", lambda: probe.clock_offsets(leads))
-        links = timer.run("links", lambda: [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]])
+        links = timer.run(
+            "links", lambda: [probe.link(a, b, settings.p2p_bytes) for i, a in enumerate(leads) for b in leads[i + 1 :]]
+        )
         allreduce_settings = settings.allreduce()
         rows = timer.run("all-reduce", lambda: CollectiveBench(allreduce_settings, "all_reduce", context.device).rows())
         compute = timer.run("compute", probe.compute)

@@ -150,7 +150,5 @@ def comparable_facts(report: EnvReport) -> dict[str, str]:
         "gpu count": str(len(report.gpus.devices)),
         "gpu names": ", ".join(gpu.name for gpu in report.gpus.devices),
     }
-    facts.update(
-        {f"env {name}": value for name, value in report.variables.items() if name not in PER_NODE_VARIABLES}
-    )
+    facts.update({f"env {name}": value for name, value in report.variables.items() if name not in PER_NODE_VARIABLES})
     return facts

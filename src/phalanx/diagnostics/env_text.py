@@ -101,7 +101,10 @@ def _torch(report: EnvReport) -> str:
     backends = ", ".join(f"{name} {'yes' if available else 'no'}" for name, available in torch.backends().items())
     return _pairs(
         [
-            ("version", f"{torch.version} ({outside_range(torch.version) or f'phalanx is tested with {tested_range()}'})"),
+            (
+                "version",
+                f"{torch.version} ({outside_range(torch.version) or f'phalanx is tested with {tested_range()}'})",
+            ),
             ("cuda", cuda),
             ("cudnn", torch.cudnn or "none"),
             ("nccl", torch.nccl or "none (not in this build)"),

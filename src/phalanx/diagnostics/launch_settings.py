@@ -15,17 +15,13 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch.options import ENV_PREFIX, LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
 from phalanx.launch.spec import LaunchSpec
 
 #: A setting's value as JSON holds it: numbers and switches as they are, the rest as text.
-JsonValue = Union[str, int, float, bool, None]
-
-#: The variable `phalanx run` reads the config file's path from when --config is not given.
-CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
+JsonValue = str | int | float | bool | None
 
 
 @dataclass(frozen=True)
@@ -36,12 +32,6 @@ class ResolvedSetting:
     origin: str  # the variable's name, the config file's path, or "LaunchSpec default"
     refused: str | None = None  # why `phalanx run` would refuse the value (None: it is fine)
     hint: str | None = None
-
-
-def config_path_from(config_flag: str | None, environ: Mapping[str, str]) -> Path | None:
-    """The config file as `phalanx run` finds it: --config, else $PHALANX_CONFIG, else none."""
-    text = config_flag if config_flag is not None else environ.get(CONFIG_VARIABLE)
-    return Path(text) if text else None
 
 
 def load_config(path: Path | None) -> dict[str, object]:

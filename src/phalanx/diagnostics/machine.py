@@ -28,7 +28,14 @@ UNKNOWN = "unknown"
 #: Prefixes of the variables that steer torch.distributed, its backends and phalanx.
 VARIABLE_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "PHALANX_", "PET_", "SLURM_", "SKYPILOT_")
 #: torchrun's per-process variables, and the GPU mask, listed when set.
-VARIABLE_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "JOB_COMPLETION_INDEX")
+VARIABLE_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "JOB_COMPLETION_INDEX",
+)
 
 
 @dataclass(frozen=True)

@@ -90,10 +90,13 @@ def hostname_findings(report: dict[str, Any]) -> list[Finding]:
         return []  # simulated nodes share this host on purpose
     by_host = Counter(node["host"] for node in report["nodes"])
     return [
-        Finding("problem", "duplicate-hostname",
-                f"{count} nodes report the hostname {host!r}",
-                "give every machine its own hostname: NCCL and torchrun tell hosts apart by it "
-                "(hostnamectl set-hostname NAME)")  # fmt: skip
+        Finding(
+            "problem",
+            "duplicate-hostname",
+            f"{count} nodes report the hostname {host!r}",
+            "give every machine its own hostname: NCCL and torchrun tell hosts apart by it "
+            "(hostnamectl set-hostname NAME)",
+        )
         for host, count in by_host.items()
         if count > 1
     ]
@@ -117,10 +120,13 @@ def gpu_findings(report: dict[str, Any]) -> list[Finding]:
 def clock_findings(report: dict[str, Any]) -> list[Finding]:
     labels, names = rank_nodes(report), node_names(report)
     return [
-        Finding("warning", "clock-offset",
-                f"{names[labels[c['rank']]]}'s clock is {abs(c['offset_s']):.2f} s {'ahead of' if c['offset_s'] > 0 else 'behind'} "
-                "rank 0's",
-                "run NTP (chrony or systemd-timesyncd) on every node, so that their logs can be put side by side")  # fmt: skip
+        Finding(
+            "warning",
+            "clock-offset",
+            f"{names[labels[c['rank']]]}'s clock is {abs(c['offset_s']):.2f} s {'ahead of' if c['offset_s'] > 0 else 'behind'} "
+            "rank 0's",
+            "run NTP (chrony or systemd-timesyncd) on every node, so that their logs can be put side by side",
+        )
         for c in report["clock_offsets"]
         if abs(c["offset_s"]) > CLOCK_OFFSET_S
     ]
@@ -130,10 +136,13 @@ def link_findings(report: dict[str, Any]) -> list[Finding]:
     labels = rank_nodes(report)
     unmeasured = [link for link in report["links"] if link["bandwidth_bytes_per_s"] is None]
     findings = [
-        Finding("warning", "link-unmeasured",
-                f"the link {labels[link['source']]} -> {labels[link['target']]} could not be timed: the transfer took no "
-                "longer than a small message's round trip",
-                "run again with a larger --p2p-size, on quieter nodes")  # fmt: skip
+        Finding(
+            "warning",
+            "link-unmeasured",
+            f"the link {labels[link['source']]} -> {labels[link['target']]} could not be timed: the transfer took no "
+            "longer than a small message's round trip",
+            "run again with a larger --p2p-size, on quieter nodes",
+        )
         for link in unmeasured
     ]
     links = [link for link in report["links"] if link["bandwidth_bytes_per_s"] is not None]
@@ -176,11 +185,14 @@ def straggler_findings(report: dict[str, Any]) -> list[Finding]:
     median = statistics.median(speeds.values())
     labels = rank_nodes(report)
     return [
-        Finding("warning", "straggler",
-                f"rank {rank} on {labels[rank]} computes {speed:.1f} GFLOP/s, {speed / median:.1%} of the median "
-                f"{median:.1f} (a straggler is below {STRAGGLER_RATIO:.0%})",
-                "every step waits for the slowest rank: look for other jobs, CPU frequency limits or a "
-                "throttled GPU on that node (nvidia-smi -q -d PERFORMANCE)")  # fmt: skip
+        Finding(
+            "warning",
+            "straggler",
+            f"rank {rank} on {labels[rank]} computes {speed:.1f} GFLOP/s, {speed / median:.1%} of the median "
+            f"{median:.1f} (a straggler is below {STRAGGLER_RATIO:.0%})",
+            "every step waits for the slowest rank: look for other jobs, CPU frequency limits or a "
+            "throttled GPU on that node (nvidia-smi -q -d PERFORMANCE)",
+        )
         for rank, speed in sorted(speeds.items())
         if speed < STRAGGLER_RATIO * median
     ]

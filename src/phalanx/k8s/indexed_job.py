@@ -56,14 +56,22 @@ def render(spec: ManifestSpec) -> list[Manifest]:
                 "completions": spec.nodes,
                 "parallelism": spec.nodes,
                 "backoffLimit": spec.backoff,
-                "podFailurePolicy": {"rules": [
-                    # phalanx run refused the settings, or the ranks never formed one job: a retry
-                    # would fail the same way.
-                    {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In",
-                                                          "values": list(PERMANENT_EXIT_CODES)}},
-                    # An eviction, a preemption or a drained node is not the job's failure.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                ]},  # fmt: skip
+                "podFailurePolicy": {
+                    "rules": [
+                        # phalanx run refused the settings, or the ranks never formed one job: a retry
+                        # would fail the same way.
+                        {
+                            "action": "FailJob",
+                            "onExitCodes": {
+                                "containerName": CONTAINER,
+                                "operator": "In",
+                                "values": list(PERMANENT_EXIT_CODES),
+                            },
+                        },
+                        # An eviction, a preemption or a drained node is not the job's failure.
+                        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    ]
+                },
                 "template": pod.pod_template(
                     spec, pod.container(spec, CONTAINER, command), subdomain=service, restartPolicy="Never"
                 ),

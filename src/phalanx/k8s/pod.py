@@ -51,7 +51,10 @@ def env(spec: ManifestSpec) -> list[Manifest]:
 
 def claim_volumes(spec: ManifestSpec) -> list[Manifest]:
     """The pods' volumes of ``--volume CLAIM:PATH``, each a PersistentVolumeClaim."""
-    return [{"name": f"volume-{k}", "persistentVolumeClaim": {"claimName": claim}} for k, (claim, _) in enumerate(spec.volumes)]
+    return [
+        {"name": f"volume-{k}", "persistentVolumeClaim": {"claimName": claim}}
+        for k, (claim, _) in enumerate(spec.volumes)
+    ]
 
 
 def mounts(spec: ManifestSpec) -> list[Manifest]:

@@ -9,6 +9,7 @@ variables (``PHALANX_<FLAG>``), never from this shell's variables, which do not 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -18,7 +19,7 @@ from phalanx.errors import SettingsRefused
 from phalanx.k8s.kinds import kind_named
 from phalanx.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
 from phalanx.k8s.trainjob import KIND as TRAINJOB
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
+from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, given_settings, refuse_settings
 from phalanx.launch.spec import Entrypoint
 from phalanx.launch.values import Resolved, parse_flag
 
@@ -59,13 +60,15 @@ def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
     entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
     env = parse_env(args.env)
     check_env(env, kind)
-    config_path = Path(args.config) if args.config else None
-    config = read_config_file(config_path) if config_path else {}
-    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
-    settings = resolve_settings(flags, dict(env), config, config_path)
+    # The config file is read here (its settings become flags); the pods see only --env.
+    settings, _, config = given_settings(args, os.environ, variables=dict(env))
     command = f"phalanx k8s --kind {kind.name}"
-    refuse_settings(settings, _NOT_IN_A_POD, command, "to rehearse on this machine first: phalanx run --simulate-nodes N ...")
-    refuse_settings(settings, kind.controller_options, command, "the controller's endpoint is the one every pod can reach")
+    refuse_settings(
+        settings, _NOT_IN_A_POD, command, "to rehearse on this machine first: phalanx run --simulate-nodes N ..."
+    )
+    refuse_settings(
+        settings, kind.controller_options, command, "the controller's endpoint is the one every pod can reach"
+    )
     _refuse_kind_options(args, kind.name)
     return ManifestSpec(
         kind=kind,

@@ -23,7 +23,9 @@ _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 #: The longest DNS label: a pod's host name, a Service's name.
 MAX_LABEL = 63
 #: A resource quantity as Kubernetes reads it (the pattern of the CRDs' resource fields).
-_QUANTITY = re.compile(r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+_QUANTITY = re.compile(
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 #: An environment variable's name as the kubelet takes it (k8s.io/apimachinery IsEnvVarName).
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 #: A PersistentVolumeClaim's name: a DNS-1123 subdomain.
@@ -113,7 +115,8 @@ class ManifestSpec:
             )
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise SettingsRefused(
-                f"--gpus-per-node {self.gpus_per_node}: it must be at least 1", hint="leave it out for pods without GPUs"
+                f"--gpus-per-node {self.gpus_per_node}: it must be at least 1",
+                hint="leave it out for pods without GPUs",
             )
         if self.backoff_limit is not None and self.backoff_limit < 0:
             raise SettingsRefused(
@@ -193,7 +196,8 @@ def _check_volumes(volumes: Sequence[tuple[str, str]], entrypoint: Entrypoint) -
             "a pod that is retried or rescheduled starts with an empty one: the checkpoints are gone, and the "
             "training starts from step 0.",
             f"mount a PersistentVolumeClaim there: --volume CLAIM:{mount_point} (ReadWriteMany when the pods of several "
-            "nodes share the folder)" + ("" if folder.startswith("/") else f", and give {CHECKPOINT_FLAG} {mount_point}"),
+            "nodes share the folder)"
+            + ("" if folder.startswith("/") else f", and give {CHECKPOINT_FLAG} {mount_point}"),
         )
 
 

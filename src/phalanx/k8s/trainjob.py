@@ -58,10 +58,14 @@ def render(spec: ManifestSpec) -> list[Manifest]:
             "spec": {
                 "runtimeRef": {"name": spec.runtime},
                 "trainer": trainer,
-                "runtimePatches": [{
-                    "manager": PATCH_MANAGER,
-                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": NODE, "template": shm}]}}},
-                }],  # fmt: skip
+                "runtimePatches": [
+                    {
+                        "manager": PATCH_MANAGER,
+                        "trainingRuntimeSpec": {
+                            "template": {"spec": {"replicatedJobs": [{"name": NODE, "template": shm}]}}
+                        },
+                    }
+                ],
             },
         }
     ]

@@ -213,7 +213,9 @@ class NodeAgent:
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
         if not store_lost:  # for the other nodes, whose workers fail next: the cause comes first in their report
             self._post_if_store_up(lambda: self.store.append(f"{self.prefix}lost", f"{self.plan.node_label}: {why}\n"))
-        workers = [p for p in psutil.Process().children(recursive=True) if _alive(p)]  # not the zombies of a pod's PID 1
+        workers = [
+            p for p in psutil.Process().children(recursive=True) if _alive(p)
+        ]  # not the zombies of a pod's PID 1
         for process in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
@@ -270,7 +272,9 @@ class NodeAgent:
         (torch's agent says it at INFO only). A node that ends the job tells the others, whose
         workers failed because its own stopped."""
         node, most = self.plan.node_label, self.plan.max_restarts
-        reason = failure.restart_cannot_help(found) or (f"{self.lost}: a restart would wait for it" if self.lost else None)
+        reason = failure.restart_cannot_help(found) or (
+            f"{self.lost}: a restart would wait for it" if self.lost else None
+        )
         if reason is not None:
             self._post_end_of_job(f"{node} ends the job: {reason}")
         else:
@@ -301,7 +305,7 @@ class NodeAgent:
                     return None
                 time.sleep(0.05)
             return self.store.get(ends).decode()
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host: restart as torchrun would
+        except Exception as error:
             raise_if_signal(error)
             return None
 
@@ -327,7 +331,7 @@ class NodeAgent:
                 if len(self._posted("finished")) >= self.nodes_in_job:
                     return True
                 time.sleep(0.1)
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host: torch's barrier says so
+        except Exception as error:
             raise_if_signal(error)
             return True
         say(f"phalanx: {node}: its workers finished; the other nodes' workers did not finish within {timeout:g} s, "
@@ -356,7 +360,9 @@ class NodeAgent:
     def _post_failures(self, found: list[failure.RankFailure]) -> None:
         """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
         self._post_if_store_up(
-            lambda: self.store.append(f"{self.round_prefix}failures", json.dumps([dataclasses.asdict(f) for f in found]) + "\n")
+            lambda: self.store.append(
+                f"{self.round_prefix}failures", json.dumps([dataclasses.asdict(f) for f in found]) + "\n"
+            )
         )
 
     def _post_if_store_up(self, post: Callable[[], object]) -> None:
@@ -365,7 +371,7 @@ class NodeAgent:
             return
         try:
             post()
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+        except Exception as error:
             raise_if_signal(error)
 
     def _failures_posted(self) -> list[failure.RankFailure]:
@@ -412,7 +418,7 @@ class NodeAgent:
             return []
         try:
             return posted(self.store, self.prefix, "lost")
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+        except Exception as error:
             raise_if_signal(error)
             return []
 
@@ -426,7 +432,7 @@ class NodeAgent:
         try:
             nodes = self.board.labels(self.nodes_in_job)
             ended = self._nodes_that_ended(self.store)
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+        except Exception as error:
             raise_if_signal(error)
             return []
         return [node for node in nodes if node != self.plan.node_label and node not in ended]
@@ -441,7 +447,7 @@ class NodeAgent:
                 time.sleep(0.1)
             mine = {(f.node, f.rank) for f in found}
             return [f for f in self._failures_posted() if (f.node, f.rank) not in mine]
-        except Exception as error:  # noqa: BLE001 - the store may be gone with its host; local view only
+        except Exception as error:
             raise_if_signal(error)
             return []
 

@@ -34,6 +34,7 @@ from phalanx.launch.group_record import GroupWatch
 from phalanx.launch.signals import die_with_parent
 from phalanx.worker_env import WorkerEnv
 
+
 def _note_early_signal(signum: int, _frame: object) -> None:
     os.environ.update(WorkerEnv(early_signal=signal.Signals(signum).name).to_env())
 
@@ -87,7 +88,7 @@ def run(argv: list[str]) -> int | str | None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit as stop:
         return stop.code
-    except BaseException as error:  # noqa: BLE001 - reported as the interpreter reports it
+    except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
         trimmed = _user_traceback(error.__traceback__)

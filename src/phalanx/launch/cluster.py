@@ -82,7 +82,9 @@ def _summary(placement: Placement, resolved: Mapping[str, Resolved]) -> str:
     """The decision block's cluster line: which job, which node of how many, what was read."""
     where = placement.environment
     if placement.node_rank is not None:
-        count = placement.nnodes.value if placement.nnodes is not None else getattr(resolved.get("nnodes"), "value", None)
+        count = (
+            placement.nnodes.value if placement.nnodes is not None else getattr(resolved.get("nnodes"), "value", None)
+        )
         where += f": node {placement.node_rank.value}" + (f" of {count}" if count is not None else "")
     read = ", ".join(placement.sources())
     return f"{where}\n             read: {read}" if read else where
@@ -94,7 +96,9 @@ def _check_node_count(placement: Placement, resolved: Mapping[str, Resolved]) ->
     theirs = placement.nnodes
     rows = []
     if "nnodes" in resolved and resolved["nnodes"].value != theirs.value and resolved["nnodes"].origin != theirs.source:
-        rows.append(["nnodes", f"{resolved['nnodes'].value} ({resolved['nnodes'].origin})", f"{theirs.value} ({theirs.source})"])
+        rows.append(
+            ["nnodes", f"{resolved['nnodes'].value} ({resolved['nnodes'].origin})", f"{theirs.value} ({theirs.source})"]
+        )
     standalone = resolved.get("standalone")
     if standalone is not None and standalone.value and theirs.value.max > 1:
         rows.append(["standalone", f"1 node ({standalone.origin})", f"{theirs.value} ({theirs.source})"])

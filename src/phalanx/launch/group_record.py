@@ -126,7 +126,6 @@ class GroupWatch:
         except OSError:
             pass  # the log folder is gone: the launcher then makes no claim about this rank
 
-
     def _collectives_issued(self) -> int | None:
         """The collectives this process issued in all its groups, by torch's flight recorders
         (which keep their counts after the groups are destroyed); None where they cannot tell.
@@ -140,7 +139,7 @@ class GroupWatch:
         for recorder in recorders:
             try:
                 counts.append(collectives_issued(recorder))
-            except Exception:  # noqa: BLE001 - a torch whose recorder cannot be read: no claim from it
+            except Exception:
                 counts.append(None)
         total = sum(count for count in counts if count is not None)
         if total > 0:
@@ -191,10 +190,16 @@ def hint_for(records: Sequence[GroupRecord]) -> str:
     """The HINT for ranks that ran alone, by the framework their script used."""
     frameworks = {name for record in records for name in record.frameworks}
     if "accelerate" in frameworks:
-        return ("Accelerate joins the world on CPUs only with ACCELERATE_USE_CPU=1 (what `accelerate launch --cpu` "
-                "sets): export ACCELERATE_USE_CPU=1 before phalanx run; with GPUs, check that CUDA sees them")
+        return (
+            "Accelerate joins the world on CPUs only with ACCELERATE_USE_CPU=1 (what `accelerate launch --cpu` "
+            "sets): export ACCELERATE_USE_CPU=1 before phalanx run; with GPUs, check that CUDA sees them"
+        )
     if frameworks & {"lightning", "pytorch_lightning"}:
-        return ("give Lightning the job's size: Trainer(num_nodes=N, devices=K, strategy='ddp') with N and K as in "
-                "phalanx run; a Trainer on one device runs alone in every process")
-    return ("call torch.distributed.init_process_group() (or phalanx.init()) and train with DDP; ranks that are "
-            "meant to work alone (an evaluation sharded by RANK) say so with --independent-ranks")
+        return (
+            "give Lightning the job's size: Trainer(num_nodes=N, devices=K, strategy='ddp') with N and K as in "
+            "phalanx run; a Trainer on one device runs alone in every process"
+        )
+    return (
+        "call torch.distributed.init_process_group() (or phalanx.init()) and train with DDP; ranks that are "
+        "meant to work alone (an evaluation sharded by RANK) say so with --independent-ranks"
+    )

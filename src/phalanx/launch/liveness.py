@@ -89,7 +89,7 @@ class Liveness:
                 store.add(self._key(self.me), 1)
                 counts = {node: store.add(self._key(node), 0) for node in self.others}
                 ended = self.ended(store)
-            except Exception as error:  # noqa: BLE001 - the store unreachable: the watch counts the time
+            except Exception as error:
                 raise_if_signal(error)
                 store = None
             else:

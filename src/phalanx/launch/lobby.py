@@ -115,7 +115,7 @@ class Lobby:
         def run() -> None:
             try:
                 outcome["store"] = connect()
-            except Exception as error:  # noqa: BLE001 - said below, whatever torch raised
+            except Exception as error:
                 outcome["error"] = error
 
         thread = threading.Thread(target=run, name="phalanx-store-connect", daemon=True)
@@ -146,7 +146,9 @@ class Lobby:
         started = self.clock()
         self._next_progress = started + PROGRESS_EVERY_S
         while True:
-            outcome = network.probe_tcp(self.endpoint.host, self.endpoint.port, timeout=min(2.0, self.plan.join_timeout))
+            outcome = network.probe_tcp(
+                self.endpoint.host, self.endpoint.port, timeout=min(2.0, self.plan.join_timeout)
+            )
             if outcome.startswith("accepted"):
                 return
             now = self.clock()

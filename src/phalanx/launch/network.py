@@ -194,7 +194,9 @@ def choose(
     if is_host:
         owner = interface_owning(endpoint_ip, interfaces)
         assert owner is not None  # is_host says so
-        return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "the endpoint is this host's address")
+        return NetworkChoice(
+            endpoint, endpoint_ip, True, endpoint_ip, owner.name, "the endpoint is this host's address"
+        )
     local_addr, owner = _routed_address(endpoint_ip, endpoint.port, interfaces, named)
     return NetworkChoice(
         endpoint, endpoint_ip, False, local_addr, owner.name, f"the route to {endpoint_ip} leaves through {owner.name}"
@@ -280,7 +282,7 @@ def probe_tcp(host: str, port: int, timeout: float = 3.0) -> str:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return "accepted (something listens there)"
-    except socket.timeout:
+    except TimeoutError:
         return f"timed out after {timeout:g} s (a firewall may drop the packets, or the host is down)"
     except ConnectionRefusedError:
         return "refused (the host is up, but nothing listens on that port yet)"

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from phalanx.errors import SettingsRefused
 from phalanx.launch import values
-from phalanx.launch.values import Resolved
 from phalanx.launch.cluster import with_cluster_environment
 from phalanx.launch.spec import Entrypoint, LaunchSpec
+from phalanx.launch.values import Resolved
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -164,15 +164,24 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "the ranks are meant to work alone (an evaluation sharded by RANK): no check that they communicated",
         is_switch=True,
     ),
-    Option("all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True),
-    Option("dry-run", values.parse_flag, "print the plan and the torchrun command of each node, start nothing", is_switch=True),
+    Option(
+        "all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True
+    ),
+    Option(
+        "dry-run",
+        values.parse_flag,
+        "print the plan and the torchrun command of each node, start nothing",
+        is_switch=True,
+    ),
 )
 
 _BY_FIELD = {option.field: option for option in LAUNCH_OPTIONS}
 
 
-_ENDPOINT = ("the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
-             "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node")
+_ENDPOINT = (
+    "the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
+    "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node",
+)
 #: torchrun's flags that phalanx does not take: flag -> (what phalanx does instead, what to type).
 TORCHRUN_ONLY = {
     "no-python": ("phalanx run starts SCRIPT with this Python (or a module, with -m)",
@@ -206,7 +215,9 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
             spellings.append((f"--{option.field}", argparse.SUPPRESS))  # torchrun's spelling, kept out of --help
         for name, help_text in spellings:
             if option.is_switch:
-                group.add_argument(name, dest=option.field, action="store_const", const=True, default=None, help=help_text)
+                group.add_argument(
+                    name, dest=option.field, action="store_const", const=True, default=None, help=help_text
+                )
             else:
                 group.add_argument(name, dest=option.field, default=None, metavar=option.metavar, help=help_text)
     group.add_argument(
@@ -285,13 +296,17 @@ def read_config_file(path: Path) -> dict[str, object]:
                               f"{error.start} is not UTF-8, and TOML files are.", "save it as UTF-8") from None  # fmt: skip
     table = table.get("run", table)  # settings may sit at the top or under [run]
     if not isinstance(table, dict):
-        raise SettingsRefused(f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help")
+        raise SettingsRefused(
+            f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help"
+        )
     settings: dict[str, object] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in _BY_FIELD:
             known = ", ".join(option.flag for option in LAUNCH_OPTIONS)
-            raise SettingsRefused(f"--config {path}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it")
+            raise SettingsRefused(
+                f"--config {path}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it"
+            )
         settings[name] = value
     return settings
 
@@ -319,6 +334,51 @@ def resolve_settings(
     return resolved
 
 
+#: The variable every command reads the config file's path from when --config is not given.
+CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
+
+
+class GivenSettings(NamedTuple):
+    """A command's launch settings as given, with the config file they were read from."""
+
+    settings: dict[str, Resolved]  # by field: each given one, with where it came from
+    config_path: Path | None  # --config, else $PHALANX_CONFIG, else None
+    config: dict[str, object]  # that file's settings
+
+
+def config_path_from(config_flag: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file every command reads: --config, else $PHALANX_CONFIG, else none."""
+    text = config_flag if config_flag is not None else environ.get(CONFIG_VARIABLE)
+    return Path(text) if text else None
+
+
+def given_settings(
+    args: argparse.Namespace, environ: Mapping[str, str], variables: Mapping[str, str] | None = None
+) -> GivenSettings:
+    """The launch options a command was given: flags > PET_<FLAG> > PHALANX_<FLAG> > config file.
+
+    Every command that starts a job (run, launch, slurm, k8s) resolves its settings here, so the
+    same flags, variables and config file give the same job whichever command starts it.
+
+    Args:
+        args: the parsed command line (its launch options and ``config``).
+        environ: this shell's variables, where ``PHALANX_CONFIG`` is read.
+        variables: the variables the nodes will see, where ``PET_``/``PHALANX_<FLAG>`` are
+            read (default ``environ``; `phalanx k8s` gives the pods' ``--env``).
+
+    Returns:
+        The settings, the config file's path and its settings.
+
+    Raises:
+        SettingsRefused: a value, or the config file, cannot be used.
+    """
+    config_path = config_path_from(args.config, environ)
+    config = read_config_file(config_path) if config_path else {}
+    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
+    settings = resolve_settings(flags, environ if variables is None else variables, config, config_path)
+    return GivenSettings(settings, config_path, config)
+
+
 def spec_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None, entrypoint: Entrypoint | None = None
 ) -> LaunchSpec:
@@ -328,15 +388,13 @@ def spec_from_args(
     workers (doctor, bench); their parsers have the launch options but no SCRIPT.
     """
     environ = os.environ if environ is None else environ
-    config_text = args.config if args.config is not None else environ.get(ENV_PREFIX + "CONFIG")
-    config_path = Path(config_text) if config_text else None
-    config = read_config_file(config_path) if config_path else {}
-    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
-    settings = with_cluster_environment(resolve_settings(flags, environ, config, config_path), environ)
+    given, config_path, _ = given_settings(args, environ)
+    settings = with_cluster_environment(given, environ)
     if entrypoint is None:
         if not args.training_script:
             raise SettingsRefused(
-                "no training script given", hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]"
+                "no training script given",
+                hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]",
             )
         entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
     return LaunchSpec(entrypoint=entrypoint, config_file=config_path, **settings)

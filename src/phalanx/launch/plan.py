@@ -145,11 +145,15 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
             )
     source = f"{wanted}" if isinstance(wanted, int) else f"{wanted}: {nproc}"
     gpu_text = f"{gpu_count} GPU{'s' if gpu_count != 1 else ''}" if gpu_count else "no GPU"
-    notes = [f"backend    {backend} ({spec.backend}; {gpu_text}), {source} process{'es' if nproc != 1 else ''} per node"]
+    notes = [
+        f"backend    {backend} ({spec.backend}; {gpu_text}), {source} process{'es' if nproc != 1 else ''} per node"
+    ]
     on_host = nproc * nodes_on_host
     if backend == "gloo" and on_host > CPU_OVERSUBSCRIPTION * cpu_count:
-        notes.append(f"warning    {on_host} worker processes on this host's {cpu_count} CPU cores: each gets a sliver of "
-                     "a core and the memory of a Python with torch; --nproc-per-node cpu runs one per core")
+        notes.append(
+            f"warning    {on_host} worker processes on this host's {cpu_count} CPU cores: each gets a sliver of "
+            "a core and the memory of a Python with torch; --nproc-per-node cpu runs one per core"
+        )
     return _Resources(nproc, backend, gpu_count, tuple(notes))
 
 

@@ -81,7 +81,7 @@ def restarts_only_when_they_can_help(
 def _asks_restart(judge: Judge, failures: dict[int, Any], remaining: int) -> bool:
     try:
         return judge(failures, remaining)
-    except Exception as error:  # noqa: BLE001 - a judge that fails (a log it cannot read) restarts, as torchrun would
+    except Exception as error:
         raise_if_signal(error)
         return True
 

@@ -38,6 +38,6 @@ def agree_on_round(job_store: Any, job_prefix: str, round_store: Any, fallback: 
     try:
         proposal = str(job_store.add(f"{job_prefix}rounds", 1))
         return round_store.compare_set(ROUND_KEY, "", proposal).decode()
-    except Exception as error:  # noqa: BLE001 - the store may be gone with its host
+    except Exception as error:
         raise_if_signal(error)
         return fallback

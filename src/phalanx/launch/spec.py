@@ -114,6 +114,7 @@ class LaunchSpec:
         if self.endpoint_origin:
             return f"the endpoint {self.rdzv_endpoint} ({self.endpoint_origin})"
         return f"--rdzv-endpoint {self.rdzv_endpoint}"
+
     #: Settings beyond the launch settings that every node must share, compared by the lobby
     #: like them (phalanx's own tools put theirs here: nodes measuring differently would hang).
     extra_fingerprint: tuple[tuple[str, str], ...] = ()

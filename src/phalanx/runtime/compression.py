@@ -332,8 +332,7 @@ class GradientCompression:
         if self.from_checkpoint:
             notes.append("kept from the checkpoint")
         note = f" ({'; '.join(notes)})" if notes else ""
-        return (f"phalanx: compression auto chose {self.chosen}{note}: {measured} ms/step "
-                f"({timed}, slowest rank)")
+        return f"phalanx: compression auto chose {self.chosen}{note}: {measured} ms/step ({timed}, slowest rank)"
 
     def _measured(self, name: str, ms: float) -> str:
         if not math.isfinite(ms):
@@ -400,7 +399,9 @@ class GradientCompression:
                                 "so it starts afresh (not an exact continuation)")  # fmt: skip
             return
         for name, candidate in self.candidates.items():
-            candidate.load(state["shared"][name], rank_state[name] if rank_state is not None else None, self.context.device)
+            candidate.load(
+                state["shared"][name], rank_state[name] if rank_state is not None else None, self.context.device
+            )
         if rank_state is None and "powersgd" in self.candidates:
             self._announce_main("phalanx: the checkpoint was written by another number of processes: PowerSGD's error "
                                 "feedback restarts from zero")  # fmt: skip

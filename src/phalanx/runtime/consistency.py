@@ -25,7 +25,9 @@ class InconsistentRanks(PhalanxError, RuntimeError):
     exit_code = ExitCode.REFUSED
 
 
-def rank_fingerprint(context: DistributedContext, model: torch.nn.Module | None, dataset: Sized | None) -> dict[str, Any]:
+def rank_fingerprint(
+    context: DistributedContext, model: torch.nn.Module | None, dataset: Sized | None
+) -> dict[str, Any]:
     """What this rank must agree on with the others: world size, backend, torch, model, dataset."""
     fingerprint: dict[str, Any] = {
         "world size": context.world_size,
@@ -58,7 +60,8 @@ def check_consistency(
             problems.append(f"{key}: {parts}")
     if problems:
         raise InconsistentRanks(
-            "the ranks disagree before the first step", "\n".join(problems),
+            "the ranks disagree before the first step",
+            "\n".join(problems),
             "every rank must build the same model and dataset from the same code and data "
             "(check the files and arguments on every node)",
         )

@@ -220,7 +220,9 @@ class ResumableLoader(DataLoader):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: ResumableLoader counts whole batches of at least 1 sample")
         if kwargs.get("in_order") is False:
-            raise ValueError("in_order=False: ResumableLoader resumes after the batches delivered, which must come in order")
+            raise ValueError(
+                "in_order=False: ResumableLoader resumes after the batches delivered, which must come in order"
+            )
         kwargs["worker_init_fn"] = _IgnorePreemptionSignals(kwargs.get("worker_init_fn"))
         self._own_generator = kwargs.get("generator") is None
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)

@@ -143,7 +143,8 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, norm_type: float = 2
     Call it after the synchronising backward. In DDP the gradients are all-reduced by then, so
     every rank holds the same gradients, computes the same norm and clips them alike: no
     collective is needed here and the replicas stay identical. With fp16 and a GradScaler,
-    unscale first (:meth:`phalanx.runtime.precision.MixedPrecision.unscale`).
+    unscale first (:meth:`phalanx.runtime.precision.MixedPrecision.unscale`), or use
+    :meth:`phalanx.Run.clip_gradients`, which does.
 
     Args:
         model: the model whose parameters' gradients are clipped.

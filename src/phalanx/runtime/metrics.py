@@ -7,7 +7,6 @@ import torch
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
 
-
 #: Kept per-batch values are summed into the totals this often: a bounded list, one reduction per many steps.
 _FOLD_EVERY = 256
 _CPU = torch.device("cpu")

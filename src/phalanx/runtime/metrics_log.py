@@ -32,7 +32,10 @@ class JsonlMetrics:
     def write(self, record: dict[str, Any]) -> None:
         """Appends ``record`` as one line, flushed; NaN and infinities become null."""
         # NaN/inf are not JSON: null keeps every line readable by any JSON parser.
-        clean = {key: (None if isinstance(value, float) and not math.isfinite(value) else value) for key, value in record.items()}
+        clean = {
+            key: (None if isinstance(value, float) and not math.isfinite(value) else value)
+            for key, value in record.items()
+        }
         self._file.write(json.dumps(clean) + "\n")
         self._file.flush()
 

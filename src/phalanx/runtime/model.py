@@ -17,9 +17,7 @@ _ATTRIBUTE = "_phalanx_compression"
 
 def bf16_supported(context: DistributedContext) -> bool:
     """torch's bf16 hook needs NCCL 2.10+ on CUDA; gloo cannot reduce bf16 gradients."""
-    return (
-        context.backend == "nccl" and context.device.type == "cuda" and torch.cuda.nccl.version() >= (2, 10)
-    )
+    return context.backend == "nccl" and context.device.type == "cuda" and torch.cuda.nccl.version() >= (2, 10)
 
 
 def auto_candidates(context: DistributedContext) -> tuple[str, ...]:
@@ -40,7 +38,9 @@ def wrap_model(
     and the checkpointable compression state: :func:`compression_of`.
     """
     if compression not in COMPRESSIONS:
-        raise SettingsRefused(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}", hint="pick one of those")
+        raise SettingsRefused(
+            f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}", hint="pick one of those"
+        )
     if compression == "bf16" and context.is_distributed and not bf16_supported(context):
         raise SettingsRefused(
             f"compression bf16 on the {context.backend} backend ({context.device.type})",
@@ -74,7 +74,9 @@ def compression_of(model: torch.nn.Module) -> GradientCompression:
     ``.summary()`` for metrics, ``.state_dict()`` / ``.load_state_dict()`` for checkpoints."""
     found = getattr(model, _ATTRIBUTE, None)
     if found is None:
-        raise ValueError("this model did not come from phalanx.runtime.model.wrap_model, so phalanx chose no compression for it")
+        raise ValueError(
+            "this model did not come from phalanx.runtime.model.wrap_model, so phalanx chose no compression for it"
+        )
     return found
 
 

@@ -127,7 +127,9 @@ class PowerSGD:
 
     def __call__(self, bucket: Any) -> Future[torch.Tensor]:
         index = bucket.index()
-        layout = bucket_layout(bucket, self._names, self.state.matrix_approximation_rank, self.state.min_compression_rate)
+        layout = bucket_layout(
+            bucket, self._names, self.state.matrix_approximation_rank, self.state.min_compression_rate
+        )
         if self._layouts.get(index, layout) != layout:
             saved = self._restored_buckets_holding(layout)
             if saved:
@@ -180,7 +182,9 @@ class PowerSGD:
                     memories.setdefault(name, {})["error"] = error
             if index in self.state.q_memory_dict:
                 order = _q_order(layout)
-                for name, q in _pieces(self.state.q_memory_dict.pop(index), order, [s.cols * s.rank for s in order]).items():
+                for name, q in _pieces(
+                    self.state.q_memory_dict.pop(index), order, [s.cols * s.rank for s in order]
+                ).items():
                     memories.setdefault(name, {})["q"] = q
             self.state.p_memory_dict.pop(index, None)
         return memories

@@ -63,7 +63,9 @@ class MixedPrecision:
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
         if self.name not in PRECISIONS:
-            raise SettingsRefused(f"precision {self.name!r} is not one of {', '.join(PRECISIONS)}", hint="pick one of those")
+            raise SettingsRefused(
+                f"precision {self.name!r} is not one of {', '.join(PRECISIONS)}", hint="pick one of those"
+            )
         problem = unsupported(self.name, self.device)
         if problem:
             why, hint = problem

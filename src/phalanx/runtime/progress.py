@@ -59,7 +59,11 @@ class StepReport:
             A dict of the report's fields without the totals (and without ``grad_norm`` when None).
         """
         # Not dataclasses.asdict: its deep copy costs more than the rest of a report.
-        kept = {field.name: getattr(self, field.name) for field in fields(self) if field.name not in ("total_steps", "epochs")}
+        kept = {
+            field.name: getattr(self, field.name)
+            for field in fields(self)
+            if field.name not in ("total_steps", "epochs")
+        }
         if kept["grad_norm"] is None:
             del kept["grad_norm"]
         return kept

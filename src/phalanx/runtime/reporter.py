@@ -137,7 +137,11 @@ class Reporter:
         step in lockstep."""
         self.finish()
         now = self._settle(reduce_totals=step != self._logged_step)
-        return {"running": self._logged if now is None else now, "logged": self._logged, "epoch_logged": self._epoch_logged}
+        return {
+            "running": self._logged if now is None else now,
+            "logged": self._logged,
+            "epoch_logged": self._epoch_logged,
+        }
 
     def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the

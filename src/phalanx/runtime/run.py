@@ -28,13 +28,13 @@ from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableLoader, ResumableSampler
-from phalanx.runtime.gradients import MicroStep, accumulate
+from phalanx.runtime.gradients import MicroStep, accumulate, clip_gradients
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
+from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
 from phalanx.worker_env import WorkerEnv
-
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
 _LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "worker_init_fn", "generator",
@@ -131,7 +131,11 @@ class Run:
         async_checkpoints: bool = False, log_every: int = 10, metrics_jsonl: str | Path | None = None,
         tensorboard: str | Path | None = None, accumulate: int = 1, context: DistributedContext | None = None,
     ) -> None:  # fmt: skip
-        for name, value in (("checkpoint_every", checkpoint_every), ("log_every", log_every), ("accumulate", accumulate)):
+        for name, value in (
+            ("checkpoint_every", checkpoint_every),
+            ("log_every", log_every),
+            ("accumulate", accumulate),
+        ):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name}={value!r}: a number of steps of at least 1")
         self._owns_context = context is None
@@ -144,7 +148,9 @@ class Run:
         self._model: torch.nn.Module | None = None
         self._loader: ResumableLoader | None = None
         self._boundary = SharedReduction(self.context)
-        self._preemption = PreemptionGuard(self.context)  # SIGTERM, SIGUSR1, SIGINT: every rank stops after the same step
+        self._preemption = PreemptionGuard(
+            self.context
+        )  # SIGTERM, SIGUSR1, SIGINT: every rank stops after the same step
         self._reporter: Reporter | None = None
         self._values: dict[str, torch.Tensor | float] = {}
         self.global_step = 0
@@ -235,7 +241,10 @@ class Run:
         self._refuse_after_restore("setup_dataloader")
         if isinstance(data, DataLoader):
             sampler = data.sampler
-            if not isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler)) or data.batch_size is None:
+            if (
+                not isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler))
+                or data.batch_size is None
+            ):
                 raise SettingsRefused(
                     f"a DataLoader with a {type(sampler).__name__}" + (" and a batch_sampler" if data.batch_size is None else ""),
                     "the loader from run.setup_dataloader() shards the data as DistributedSampler does, shuffled or not, "
@@ -243,12 +252,18 @@ class Run:
                     "pass the dataset and batch size to run.setup_dataloader(), or keep your loader and checkpoint its "
                     "position yourself (run.track)",
                 )  # fmt: skip
-            shuffle = isinstance(sampler, RandomSampler) or (isinstance(sampler, DistributedSampler) and sampler.shuffle)
+            shuffle = isinstance(sampler, RandomSampler) or (
+                isinstance(sampler, DistributedSampler) and sampler.shuffle
+            )
             seed = sampler.seed if isinstance(sampler, DistributedSampler) else seed
             taken = {name: getattr(data, name) for name in _LOADER_OPTIONS}
             if data.num_workers == 0:
                 taken.pop("prefetch_factor")  # DataLoader refuses it without workers
-            batch_size, drop_last, loader_options = batch_size or data.batch_size, data.drop_last, {**taken, **loader_options}
+            batch_size, drop_last, loader_options = (
+                batch_size or data.batch_size,
+                data.drop_last,
+                {**taken, **loader_options},
+            )
             data = data.dataset
         else:
             loader_options["drop_last"] = drop_last
@@ -275,7 +290,9 @@ class Run:
         self._refuse_after_restore("track")
         for name, value in objects.items():
             if name in _RESERVED or (name in ("model", "data") and name in self._tracked):
-                raise ValueError(f"track({name}=...): the run keeps its own {name!r} in the checkpoint; pick another name")
+                raise ValueError(
+                    f"track({name}=...): the run keeps its own {name!r} in the checkpoint; pick another name"
+                )
             if not isinstance(value, Stateful):
                 raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
             self._tracked[name] = value
@@ -350,7 +367,9 @@ class Run:
         if self._carried_reporter is not None:
             self._reporter.load_checkpoint_state(self._carried_reporter)
         if self.resumed_from is not None:
-            done = "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
+            done = (
+                "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
+            )
             self.print(f"resumed from step {self.resumed_from} ({self._resumed_path}){done}")
         self._real_seen, self._started = self._loader.real_delivered, time.perf_counter()
         while not self._finished:
@@ -414,9 +433,54 @@ class Run:
 
         Example::
 
-            run.log(grad_norm=phalanx.clip_gradients(model, 1.0), lr=scheduler.get_last_lr()[0])
+            run.log(lr=scheduler.get_last_lr()[0])
         """
         self._values.update(values)
+
+    def clip_gradients(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the model's gradients to a global norm of at most ``max_norm``, unscaling fp16
+        loss-scaled gradients first, and logs the norm they had as ``grad_norm``.
+
+        With fp16, the gradients are scaled by the GradScaler until its step: clipping them as
+        they are would clip ``scale`` times too hard. So the tracked optimizers are unscaled
+        first, by the tracked :class:`~phalanx.MixedPrecision` (or GradScaler): do not call
+        ``unscale`` yourself. Call it where the optimizer would step (on an accumulation
+        window's last micro-batch), before that step.
+
+        Args:
+            max_norm: the largest global norm allowed; positive.
+            norm_type: the norm's order (``float("inf")``: the largest absolute value).
+
+        Returns:
+            The gradients' global norm before clipping, a 0-dim tensor (read only at the
+            logging point, so no device sync here).
+
+        Raises:
+            SettingsRefused: ``max_norm`` is not positive.
+            ValueError: no model was set up (:meth:`setup_model` first).
+
+        Example::
+
+            precision.backward(loss)
+            run.clip_gradients(1.0)
+            precision.step(optimizer)
+        """
+        if self._model is None:
+            raise ValueError("run.clip_gradients(): no model to clip; call run.setup_model(model) first")
+        optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
+        scalers = [value.scaler if isinstance(value, MixedPrecision) else value for value in self._tracked.values()]
+        for scaler in scalers:
+            if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+                if not optimizers:
+                    raise ValueError(
+                        "run.clip_gradients(): the gradients are loss-scaled (fp16), and no tracked optimizer says "
+                        "which ones to unscale; run.track(optimizer=optimizer) first"
+                    )
+                for optimizer in optimizers:
+                    scaler.unscale_(optimizer)
+        norm = clip_gradients(self._model, max_norm, norm_type)
+        self._values["grad_norm"] = norm
+        return norm
 
     def step(self, loss: torch.Tensor | None = None) -> None:
         """Marks an optimizer step done: the logging point, the preemption vote, the checkpoint.
@@ -511,7 +575,9 @@ class Run:
         summary = {"world_size": self.world_size, "steps": self.global_step, "resumed_from_step": self.resumed_from,
                    "samples_per_second": rate.item() if trained else None}  # fmt: skip
         if self._model is not None:
-            summary.update(params_sha256=parameters_sha256(self._model), compression=compression_of(self._model).summary())
+            summary.update(
+                params_sha256=parameters_sha256(self._model), compression=compression_of(self._model).summary()
+            )
         return summary
 
     def close(self) -> None:
@@ -545,7 +611,9 @@ class Run:
     def _in_loop(self, what: str) -> tuple[Reporter, ResumableLoader]:
         """The logging and the loader, which exist inside :meth:`epochs`; a clear error elsewhere."""
         if self._reporter is None or self._loader is None:
-            raise RuntimeError(f"run.{what}() belongs inside the loop over run.epochs(), which needs run.setup_dataloader()")
+            raise RuntimeError(
+                f"run.{what}() belongs inside the loop over run.epochs(), which needs run.setup_dataloader()"
+            )
         return self._reporter, self._loader
 
     @property

@@ -180,7 +180,7 @@ def group_members(name: str) -> frozenset[int] | None:
         for group, group_name in dist.distributed_c10d._world.pg_names.items():  # every group this process made
             if group_name == name:
                 return frozenset(dist.get_process_group_ranks(group))
-    except Exception:  # noqa: BLE001 - torch's registry of groups is private: without it, every rank is a member
+    except Exception:
         return None
     return None
 
@@ -192,11 +192,16 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
 
     from phalanx.torch_compat import tested_range
 
-    other_torch = f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with {tested_range()})"
+    other_torch = (
+        f"use a torch whose flight recorder records {backend} collectives (phalanx is tested with {tested_range()})"
+    )
     try:
         issued = any(flight_recorder_progress(0, "", None, backend).issued.values())
-    except Exception as error:  # noqa: BLE001 - a torch without this flight recorder, or another format of it
-        problem, hint = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})", other_torch
+    except Exception as error:
+        problem, hint = (
+            f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})",
+            other_torch,
+        )
     else:
         if issued:
             return None
@@ -204,7 +209,10 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
             problem = f"{FLIGHT_RECORDER_VARIABLE}=0 switches off torch's flight recorder, which the watchdog reads"
             hint = f"unset {FLIGHT_RECORDER_VARIABLE} (phalanx sets {FLIGHT_RECORDER_ENTRIES})"
         else:
-            problem, hint = f"torch {torch.__version__}'s flight recorder does not record {backend} collectives", other_torch
+            problem, hint = (
+                f"torch {torch.__version__}'s flight recorder does not record {backend} collectives",
+                other_torch,
+            )
     return (f"phalanx: the stall watchdog is off: {problem}. A rank that stops holds the others until the "
             f"backend's timeout ({backend_timeout_s:g} s), and no report names it.\nHINT: {hint}")  # fmt: skip
 
@@ -273,9 +281,11 @@ def poll_failed_notice(rank: int, action: str, error: Exception, poll_s: float, 
     why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"  # not torch's C++ frames
     hint = (f"check that the job's store ({store}, MASTER_ADDR:MASTER_PORT) is reachable from this node"
             if "store" in action else "the flight recorder is torch's: the error above is its own")  # fmt: skip
-    return (f"phalanx: the stall watchdog of rank {rank} cannot {action} ({why}). Until it can, this rank "
-            f"reports no stall, and other ranks' reports use its last post (or none). It tries again every "
-            f"{poll_s:g} s and says when it polls again.\nHINT: when the job is not ending, {hint}")
+    return (
+        f"phalanx: the stall watchdog of rank {rank} cannot {action} ({why}). Until it can, this rank "
+        f"reports no stall, and other ranks' reports use its last post (or none). It tries again every "
+        f"{poll_s:g} s and says when it polls again.\nHINT: when the job is not ending, {hint}"
+    )
 
 
 class StallWatchdog:
@@ -283,14 +293,18 @@ class StallWatchdog:
     stays pending past ``stall_timeout``, ends the job with a report of the stalled ranks.
     """
 
-    def __init__(self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None) -> None:
+    def __init__(
+        self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None
+    ) -> None:
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.stall_timeout = stall_timeout
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
         launched = WorkerEnv.from_env(os.environ)
         self.node = launched.node or os.uname().nodename
         # The attempt as phalanx run counts it (alike on every node), else as plain torchrun does.
-        attempt = launched.attempt if launched.attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        attempt = (
+            launched.attempt if launched.attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        )
         self.prefix = f"phalanx/watchdog/{attempt}/"
         self.step: int | None = None
         self._stop = threading.Event()
@@ -344,7 +358,7 @@ class StallWatchdog:
                     self._store.set(f"{self.prefix}{self.rank}", json.dumps(asdict(me)))
                     if me.pending_seq is not None and me.pending_for_s > self.stall_timeout:
                         self._abort(me)
-            except Exception as error:  # noqa: BLE001 - a poll must never end the training
+            except Exception as error:
                 if self._stop.is_set():  # the job is ending and the store went first
                     return
                 if not failing:
@@ -372,11 +386,15 @@ class StallWatchdog:
         self._counts, self._first_poll = counts, False
         # The first poll has no counts to compare with: it keeps them for the next one. Reading
         # every entry instead would pause every run, seconds into it, for nothing a report needs.
-        if counts is not None and (first or self._counts_only < COUNTS_ONLY_POLLS and not stood_still(previous, counts)):
+        if counts is not None and (
+            first or self._counts_only < COUNTS_ONLY_POLLS and not stood_still(previous, counts)
+        ):
             self._counts_only += 1
             return None
         self._counts_only = 0
-        self._progress = with_earlier(flight_recorder_progress(self.rank, self.node, self.step, self.backend), self._progress)
+        self._progress = with_earlier(
+            flight_recorder_progress(self.rank, self.node, self.step, self.backend), self._progress
+        )
         return self._progress
 
     def _abort(self, me: Progress) -> None:

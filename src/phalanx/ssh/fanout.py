@@ -212,8 +212,10 @@ def _job_code(remotes: list[_Remote], failure: _Remote | None, stop: int | None)
     codes = ", ".join(f"{remote.host.label} {remote.code}" for remote in remotes)
     if failure is not None:
         code = failure.code or ExitCode.FAILED
-        say(f"phalanx launch: exit codes {codes}; the job's is {code}, from {failure.host.label}, the first host to end "
-            "with a failure (the root cause is in the hosts' output above)")
+        say(
+            f"phalanx launch: exit codes {codes}; the job's is {code}, from {failure.host.label}, the first host to end "
+            "with a failure (the root cause is in the hosts' output above)"
+        )
         return code
     if stop is not None:  # every host's own code where they agree on a clean end (0, or 75 after a checkpoint)
         ended = {remote.code for remote in remotes}

@@ -18,7 +18,7 @@ from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, read_config_file, refuse_settings, resolve_settings
+from phalanx.launch.options import CONFIG_VARIABLE, given_flags, given_settings, refuse_settings
 from phalanx.launch.values import DEFAULT_RDZV_PORT, Resolved
 from phalanx.ssh.fanout import run_on_hosts
 from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
@@ -26,7 +26,7 @@ from phalanx.ssh.preflight import Expectation, run_preflight
 from phalanx.ssh.transport import Ssh
 
 #: Variables passed on to every host unless --no-default-env: NCCL's, Gloo's, Python's and phalanx's own.
-FORWARDED = ("NCCL_*", "GLOO_*", "PYTHON*", "PHALANX_*")
+FORWARDED = ("NCCL_*", "GLOO_*", "PYTHON*", "PHALANX_*", "PET_*")
 #: Launch options phalanx launch sets itself on every host.
 _SET_HERE = ("nnodes", "nproc_per_node", "rdzv_endpoint", "rdzv_id", "dry_run")
 #: Launch options that describe a run on this machine alone.
@@ -70,12 +70,10 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     hosts = _hosts(args)
     if not args.training_script:
-        raise SettingsRefused("no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]")
-    config_text = args.config or environ.get("PHALANX_CONFIG")
-    config_path = Path(config_text) if config_text else None
-    config = read_config_file(config_path) if config_path else {}
-    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
-    settings = resolve_settings(flags, environ, config, config_path)
+        raise SettingsRefused(
+            "no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]"
+        )
+    settings, config_path, _ = given_settings(args, environ)
     refuse_settings(settings, _NOT_FOR_HOSTS, "phalanx launch", "phalanx launch runs one node on each host it is given")
     if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:
         raise SettingsRefused(
@@ -176,11 +174,13 @@ def _nproc(hosts: list[SshHost], given: Resolved | None) -> str:
 def _environment(environ: Mapping[str, str], names: list[str], default: bool) -> dict[str, str]:
     """The variables every host gets: the defaults' patterns, then ``--env NAME[=VALUE]``."""
     chosen = {k: v for k, v in environ.items() if default and any(fnmatch.fnmatchcase(k, p) for p in FORWARDED)}
-    chosen.pop("PHALANX_CONFIG", None)  # a path on this machine; --config is passed on as a flag
+    chosen.pop(CONFIG_VARIABLE, None)  # a path on this machine; --config is passed on as a flag
     for item in names:
         name, equals, value = item.partition("=")
         if not name.isidentifier():
-            raise SettingsRefused(f"--env {item}: {name!r} is not a variable name", hint="--env NAME or --env NAME=VALUE")
+            raise SettingsRefused(
+                f"--env {item}: {name!r} is not a variable name", hint="--env NAME or --env NAME=VALUE"
+            )
         if equals:
             chosen[name] = value
         elif name in environ:

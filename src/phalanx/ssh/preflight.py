@@ -27,6 +27,7 @@ from phalanx.errors import SettingsRefused
 from phalanx.ssh.hosts import SshHost
 from phalanx.ssh.transport import SSH_FAILED, Ssh, probe_command
 
+
 @dataclass(frozen=True)
 class Expectation:
     """What every host must have: the launcher's view of the job."""
@@ -67,7 +68,17 @@ class Preflight:
         return self.endpoint is not None and not any(check.problems for check in self.checks)
 
     def table(self) -> str:
-        headers = ["host", "ssh", "python", "phalanx", "torch", "files", "gpus", "route to first host", "rendezvous port"]
+        headers = [
+            "host",
+            "ssh",
+            "python",
+            "phalanx",
+            "torch",
+            "files",
+            "gpus",
+            "route to first host",
+            "rendezvous port",
+        ]
         rows = [[check.host.label, *(check.cells.get(h, "-") for h in headers[1:])] for check in self.checks]
         return format_table(headers, rows)
 
@@ -118,7 +129,9 @@ def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeo
             reach = probe_command(expect.python, "reach", request, expect.env)
             reachable = [check for check in checks if check.facts is not None]
             # a round of its own, however long the first took: a connect may take its 3 s
-            answers = _on_every_host([check.host for check in reachable], ssh, reach, max(deadline, time.monotonic() + 10))
+            answers = _on_every_host(
+                [check.host for check in reachable], ssh, reach, max(deadline, time.monotonic() + 10)
+            )
             endpoint = _read_reach(reachable, answers, candidates, expect.port)
     finally:
         _close(listener)
@@ -170,7 +183,9 @@ def _read_facts(check: HostCheck, answer: _Answer, expect: Expectation) -> None:
     name = check.host.label
     if answer.code is None:
         check.cells["ssh"] = "no answer"
-        check.refuse("did not answer in time", f"check that it is up and that `ssh {check.host.name} true` returns at once")
+        check.refuse(
+            "did not answer in time", f"check that it is up and that `ssh {check.host.name} true` returns at once"
+        )
         return
     if answer.code == SSH_FAILED:
         check.cells["ssh"] = "failed"
@@ -209,7 +224,9 @@ def _compare_files(check: HostCheck, found: dict[str, str], expect: Expectation)
     for path, ours in expect.files.items():
         theirs = found.get(path, "error: no answer")
         if theirs.startswith("error: "):
-            check.refuse(f"{path} cannot be read there ({theirs[7:]})", f"copy it: scp {path} {check.host.name}:{expect.cwd}/")
+            check.refuse(
+                f"{path} cannot be read there ({theirs[7:]})", f"copy it: scp {path} {check.host.name}:{expect.cwd}/"
+            )
             differ.append(path)
         elif ours is not None and theirs != ours:
             check.refuse(f"{path} differs from this machine's (SHA-256 {theirs[:12]} there, {ours[:12]} here)",
@@ -337,4 +354,3 @@ def _close(listener: subprocess.Popen[str]) -> None:
     except (OSError, subprocess.TimeoutExpired):
         listener.kill()
         listener.wait()
-

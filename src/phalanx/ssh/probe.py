@@ -141,7 +141,7 @@ def _connect(address, port, token):
                 if not block:
                     break
                 received += block
-    except socket.timeout:
+    except TimeoutError:
         return "timed out"
     except OSError as error:
         return (error.strerror or str(error)).lower()

@@ -70,4 +70,6 @@ def probe_command(python: str, mode: str, request: dict[str, object], env: Mappi
     source = base64.b64encode(Path(probe.__file__).read_bytes()).decode()
     program = f"import base64; exec(base64.b64decode('{source}'))"
     assignments = [f"{name}={value}" for name, value in sorted(env.items())]
-    return shlex.join([*(["env", *assignments] if assignments else []), python, "-c", program, mode, json.dumps(request)])
+    return shlex.join(
+        [*(["env", *assignments] if assignments else []), python, "-c", program, mode, json.dumps(request)]
+    )

@@ -4,5 +4,15 @@
 from phalanx.testbed.bed import Host, Shaping, TestBed, beds, build, check_can_build, tear_down, test_bed
 from phalanx.testbed.together import Outcome, run_together
 
-__all__ = ["Host", "Outcome", "Shaping", "TestBed", "beds", "build", "check_can_build", "run_together", "tear_down",
-           "test_bed"]
+__all__ = [
+    "Host",
+    "Outcome",
+    "Shaping",
+    "TestBed",
+    "beds",
+    "build",
+    "check_can_build",
+    "run_together",
+    "tear_down",
+    "test_bed",
+]

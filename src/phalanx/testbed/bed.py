@@ -112,7 +112,9 @@ class TestBed:
             if host.name == name:
                 return host
         known = ", ".join(host.name for host in self.hosts)
-        raise SettingsRefused(f"test bed {self.name!r} has no host {name!r}", f"its hosts: {known}", "pick one of those")
+        raise SettingsRefused(
+            f"test bed {self.name!r} has no host {name!r}", f"its hosts: {known}", "pick one of those"
+        )
 
     # -- shaping and cuts ------------------------------------------------------------------
     def shape(self, shaping: Shaping, hosts: Sequence[str] | None = None) -> None:
@@ -208,9 +210,7 @@ def check_can_build() -> None:
         )
 
 
-def build(
-    name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None
-) -> TestBed:
+def build(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None) -> TestBed:
     """Creates a bed; on any failure or interruption (SIGINT, SIGTERM), removes what it made.
 
     Args:
@@ -394,7 +394,9 @@ def _free_subnet() -> int:
 
 def _check_subnet(subnet: int) -> None:
     if not 0 <= subnet <= 255:
-        raise SettingsRefused(f"--subnet {subnet}: the second byte of 10.x.0.0 is 0 to 255", hint="for example --subnet 200")
+        raise SettingsRefused(
+            f"--subnet {subnet}: the second byte of 10.x.0.0 is 0 to 255", hint="for example --subnet 200"
+        )
     if subnet in _used_subnets():
         raise SettingsRefused(
             f"--subnet {subnet}: 10.{subnet}.0.0/24 is in use here (a route or another bed)",
@@ -424,7 +426,9 @@ def _check_names(name: str, host_names: Sequence[str]) -> None:
             "for example --name phx",
         )
     if not 1 <= len(host_names) <= 250:
-        raise SettingsRefused(f"a test bed of {len(host_names)} hosts", "it has room for 1 to 250.", "for example --hosts 2")
+        raise SettingsRefused(
+            f"a test bed of {len(host_names)} hosts", "it has room for 1 to 250.", "for example --hosts 2"
+        )
     bad = [host for host in host_names if not _HOST.match(host)]
     if bad or len(set(host_names)) != len(host_names):
         raise SettingsRefused(

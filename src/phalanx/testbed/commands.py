@@ -25,7 +25,9 @@ def _shaping(args: argparse.Namespace) -> Shaping:
     for value, pattern, flag, example in ((args.rate, _RATE, "--rate", "1gbit"), (args.delay, _TIME, "--delay", "1ms"),
                                           (args.loss, _PERCENT, "--loss", "0.1%")):  # fmt: skip
         if value is not None and not pattern.match(value):
-            raise SettingsRefused(f"{flag} {value!r} is not written as tc reads it", hint=f"for example {flag} {example}")
+            raise SettingsRefused(
+                f"{flag} {value!r} is not written as tc reads it", hint=f"for example {flag} {example}"
+            )
     return Shaping(args.rate, args.delay, args.loss)
 
 
@@ -168,4 +170,3 @@ def _table(bed: TestBed) -> str:
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
     "up": up, "shape": shape, "cut": cut, "restore": restore, "exec": run_in, "status": status, "down": down,
 }  # fmt: skip
-

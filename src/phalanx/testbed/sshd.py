@@ -63,7 +63,9 @@ def sshd_on(
     _PRIVILEGE_SEPARATION.mkdir(mode=0o755, exist_ok=True)
     for key in ("host_key", "client_key"):
         if not (folder / key).exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / key)], check=True, timeout=30)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / key)], check=True, timeout=30
+            )
     (folder / "authorized_keys").write_text((folder / "client_key.pub").read_text())
     (folder / "sshd_config").write_text(_sshd_config(folder))
     config = folder / "ssh_config"
@@ -71,7 +73,9 @@ def sshd_on(
     daemons = []
     try:
         for host in bed.hosts:
-            mounts = " && ".join(f"mount --bind {source} {target}" for source, target in (private or {}).get(host.name, ()))
+            mounts = " && ".join(
+                f"mount --bind {source} {target}" for source, target in (private or {}).get(host.name, ())
+            )
             script = f'{mounts + " && " if mounts else ""}exec "$@"'
             argv = host.command(["sh", "-c", script, "sh", sshd, "-D", "-e", "-f", str(folder / "sshd_config")])
             log = (folder / f"sshd-{host.name}.log").open("w")

@@ -47,10 +47,11 @@ def run_together(
         One :class:`Outcome` per command, in order.
 
     Example:
-        >>> a, b = bed.hosts  # doctest: +SKIP
-        >>> line = ["phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:29500", "train.py"]
-        >>> [o.returncode for o in run_together([a.command(line), b.command(line)], timeout=300)]  # doctest: +SKIP
-        [0, 0]
+        >>> outcomes = run_together([["sh", "-c", "echo one"], ["sh", "-c", "exit 3"]], timeout=10)
+        >>> [(o.returncode, o.output) for o in outcomes]
+        [(0, 'one\\n'), (3, '')]
+
+        On a test bed, each argv is ``host.command(line)`` with the same ``line`` for every host.
     """
     started = time.monotonic()
     processes = [

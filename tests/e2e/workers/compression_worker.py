@@ -61,8 +61,9 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path)
     parser.add_argument("--save-at", type=int, default=None)
     parser.add_argument("--stop", action="store_true", help="exit right after the save")
-    parser.add_argument("--no-compression-state", action="store_true",
-                        help="control: resume without the checkpoint's compression state")
+    parser.add_argument(
+        "--no-compression-state", action="store_true", help="control: resume without the checkpoint's compression state"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--phases", type=int, default=1, help="1: the trial's steps do not depend on its timings")
@@ -95,7 +96,14 @@ def main() -> None:
         restore_rng_state(latest.rank_state["rng"])
         step = resumed_from = latest.step
 
-    record: dict = {"rank": context.rank, "used": {}, "sha_after": {}, "worst_error": {}, "biases_exact": True, "losses": []}
+    record: dict = {
+        "rank": context.rank,
+        "used": {},
+        "sha_after": {},
+        "worst_error": {},
+        "biases_exact": True,
+        "losses": [],
+    }
     while step < args.steps:
         images, labels = batch(step, context.rank, context.world_size)
         expected = true_average_gradients(reference, model, images, labels)

@@ -12,8 +12,20 @@ out = Path(sys.argv[1])
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(total)
-keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PHALANX_NODE", "PHALANX_BACKEND", "OMP_NUM_THREADS")
+keys = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
+    "PHALANX_NODE",
+    "PHALANX_BACKEND",
+    "OMP_NUM_THREADS",
+)
 record = {key: os.environ.get(key) for key in keys}
 record["allreduce"] = total.item()
 record["argv"] = sys.argv[2:]

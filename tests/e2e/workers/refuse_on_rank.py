@@ -13,6 +13,8 @@ from phalanx.errors import SettingsRefused
 refuse_rank = int(sys.argv[1])
 context = phalanx.init()
 if context.rank == refuse_rank:
-    raise SettingsRefused("a setting only this node cannot run", "this node lacks what it needs", "change it on this node")
+    raise SettingsRefused(
+        "a setting only this node cannot run", "this node lacks what it needs", "change it on this node"
+    )
 dist.all_reduce(torch.ones(1))
 context.close()

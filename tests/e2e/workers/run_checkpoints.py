@@ -35,7 +35,9 @@ if args.node_local:
     folder = folder / f"node{(int(os.environ['GROUP_RANK']) + args.shift) % nodes}"
 run = phalanx.Run(folder, checkpoint_every=args.every, async_checkpoints=args.async_checkpoints, log_every=1000)
 torch.manual_seed(0)
-model = run.setup_model(torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 4)))
+model = run.setup_model(
+    torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 4))
+)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 run.track(optimizer=optimizer)
 data = TensorDataset(torch.randn(200, 16, generator=torch.Generator().manual_seed(1)), torch.arange(200) % 4)

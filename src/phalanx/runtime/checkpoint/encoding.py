@@ -56,7 +56,9 @@ def _encode(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(value, dict):
         for key in value:
             if not isinstance(key, (str, int, float, bool)):
-                raise NotStorable(f"{path}: a key of type {type(key).__name__} ({key!r}); checkpoint keys are str or int")
+                raise NotStorable(
+                    f"{path}: a key of type {type(key).__name__} ({key!r}); checkpoint keys are str or int"
+                )
         return {_ITEMS: [[key, _encode(item, f"{path}/{key}", tensors)] for key, item in value.items()]}
     raise NotStorable(f"{path}: a {type(value).__module__}.{type(value).__qualname__}; a checkpoint holds tensors "
                       "and plain values (numbers, strings, lists, dicts), so that loading one cannot run code")  # fmt: skip

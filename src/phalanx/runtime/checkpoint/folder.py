@@ -54,7 +54,9 @@ def check_folder(directory: Path) -> None:
     checkpoint: a file, one that cannot be made or written, or a full disk."""
     hint = "give --checkpoint-dir (or the checkpoint folder) as a writable folder on a disk with room"
     if directory.exists() and not directory.is_dir():
-        raise SettingsRefused(f"the checkpoint folder {directory} is a file", "checkpoints are folders inside it.", hint)
+        raise SettingsRefused(
+            f"the checkpoint folder {directory} is a file", "checkpoints are folders inside it.", hint
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(directory).free
@@ -106,7 +108,9 @@ def read_marker(folder: Path) -> dict[str, Any]:
     """The commit marker's contents. Raises ValueError when it is not one this version writes."""
     marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     if not isinstance(marker, dict) or marker.get("format") != FORMAT:
-        raise ValueError(f"format {marker.get('format') if isinstance(marker, dict) else '?'}, this version reads {FORMAT}")
+        raise ValueError(
+            f"format {marker.get('format') if isinstance(marker, dict) else '?'}, this version reads {FORMAT}"
+        )
     return marker
 
 

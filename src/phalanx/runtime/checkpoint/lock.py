@@ -75,7 +75,9 @@ def this_job(environ: Mapping[str, str] = os.environ) -> Holder:
     if worker.job:
         job = worker.job
     elif "MASTER_PORT" in environ:
-        job = job_name(environ.get("TORCHELASTIC_RUN_ID", ""), f"{environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}")
+        job = job_name(
+            environ.get("TORCHELASTIC_RUN_ID", ""), f"{environ.get('MASTER_ADDR', '')}:{environ['MASTER_PORT']}"
+        )
     else:
         job = f"of process {os.getpid()}"
     launcher = worker.launcher_pid or (os.getppid() if "TORCHELASTIC_RUN_ID" in environ else os.getpid())

@@ -91,7 +91,9 @@ class CheckpointManager:
         SettingsRefused: the folder cannot be used (see ``directory``).
     """
 
-    def __init__(self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False) -> None:
+    def __init__(
+        self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
         self.directory, self.context, self.keep, self.async_save = Path(directory), context, keep, async_save
@@ -211,8 +213,10 @@ class CheckpointManager:
                 staging.mkdir()
             self._barrier()
             if self._writes_files or not self._alone:
-                dcp.save(flat, storage_writer=dcp.FileSystemWriter(staging), process_group=self._group, no_dist=self._alone)
-        except (Exception, dcp.api.CheckpointException) as caught:  # noqa: BLE001 - a BaseException; said below
+                dcp.save(
+                    flat, storage_writer=dcp.FileSystemWriter(staging), process_group=self._group, no_dist=self._alone
+                )
+        except (Exception, dcp.api.CheckpointException) as caught:
             error = caught
         failures = self._all(describe(error, self.directory))
         if not any(failures):
@@ -222,7 +226,9 @@ class CheckpointManager:
             if self._writes_files:
                 folder.remove_staging(self.directory)
             kept = folder.committed(self.directory)
-            raise not_saved(self.directory / folder.committed_name(step), failed, self.keep, kept[0][1] if kept else None)
+            raise not_saved(
+                self.directory / folder.committed_name(step), failed, self.keep, kept[0][1] if kept else None
+            )
         if self._writes_files:
             folder.prune(self.directory, self.keep)
         self._barrier()
@@ -232,10 +238,15 @@ class CheckpointManager:
         try:
             facts = self._facts(staging)
             if self._writes_files:
-                marker = {"step": step, "world_size": self.context.world_size, "node_local": self.node_local, "files": facts}
+                marker = {
+                    "step": step,
+                    "world_size": self.context.world_size,
+                    "node_local": self.node_local,
+                    "files": facts,
+                }
                 folder.write_marker(staging, marker)
                 folder.commit(staging, step)
-        except Exception as error:  # noqa: BLE001 - returned: every rank must learn of it
+        except Exception as error:
             return error
         return None
 
@@ -245,7 +256,9 @@ class CheckpointManager:
         mine: dict[str, dict[str, int]] | OSError = {}
         try:
             if me is not None:
-                mine = {name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]}
+                mine = {
+                    name: folder.file_facts(checkpoint / name) for name in folder.data_files(checkpoint)[me::readers]
+                }
         except OSError as error:  # still joins the collective below: no rank is left waiting in it
             mine = error
         parts = [mine] if self.node_local else self._all(mine)  # node-local: each node's copy is its first process's
@@ -294,7 +307,11 @@ class CheckpointManager:
                                       "nothing older is tried (that would throw away the newer training).",
                                       "check the folder's permissions and its file system, then run the same command "
                                       "again")  # fmt: skip
-            copies = [p for p, leader in zip(problems, leaders) if leader] if self.node_local else [next(filter(None, problems))]
+            copies = (
+                [p for p, leader in zip(problems, leaders) if leader]
+                if self.node_local
+                else [next(filter(None, problems))]
+            )
             if any(p is None for p in copies):
                 somewhere = somewhere or step  # whole on some nodes, not on all
             damaged = mine if self.node_local else copies[0]

@@ -35,7 +35,9 @@ _ALLOWED = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if name in _ALLOWED.get(module, ()) or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        if name in _ALLOWED.get(module, ()) or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
             return super().find_class(module, name)
         if name == "BytesStorageMetadata":
             raise pickle.UnpicklingError("it lists a pickled value, which loading would unpickle, and phalanx stores "
