@@ -53,7 +53,7 @@ from pathlib import Path
 
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
-from phalanx.testbed import Host, Shaping, run_together, test_bed
+from phalanx.testbed import Host, Shaping, phalanx_argv, run_together, test_bed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,17 +86,7 @@ def launch(hosts: tuple[Host, Host] | None, worker_args: list[str], args: argpar
         codes, output = [done.returncode], done.stdout + done.stderr
     else:
         a, b = hosts
-        line = [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "run",
-            "--nnodes",
-            "2",
-            "--rdzv-endpoint",
-            f"{a.address}:{port}",
-            *worker,
-        ]
+        line = phalanx_argv("run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{port}", *worker)
         outcomes = run_together([a.command(line), b.command(line)], timeout=args.timeout, cwd=folder)
         codes, output = [o.returncode for o in outcomes], "\n".join(o.output for o in outcomes)
     if any(codes):

@@ -9,11 +9,10 @@ the same candidate from the same numbers and the run completes and learns.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from phalanx.testbed import run_together
+from phalanx.testbed import phalanx_argv, run_together
 from tests.conftest import EXAMPLES
 from tests.e2e.test_compression import decisions
 from tests.netns.hosts import two_hosts
@@ -25,17 +24,7 @@ def test_auto_over_a_shaped_link_makes_one_decision_on_both_hosts(workdir):
     out = workdir / "metrics.json"
     train = [str(EXAMPLES / "train.py"), "--epochs", "4", "--compression", "auto", "--metrics-json", str(out)]
     with two_hosts("z", rate="1gbit") as (a, b):
-        line = [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "run",
-            "--nnodes",
-            "2",
-            "--rdzv-endpoint",
-            f"{a.address}:29400",
-            *train,
-        ]
+        line = phalanx_argv("run", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:29400", *train)
         outcomes = run_together([a.command(line), b.command(line)], timeout=180, cwd=str(workdir))
     for outcome in outcomes:
         assert outcome.returncode == 0, outcome.output[-4000:]

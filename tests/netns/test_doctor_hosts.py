@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from phalanx.testbed import run_together
+from phalanx.testbed import phalanx_argv, run_together
 from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -68,25 +68,8 @@ def test_doctor_alone_reports_the_missing_node_and_stops(workdir):
 
 def test_nodes_started_with_different_doctor_settings_stop_with_a_table(workdir):
     with two_hosts("s") as (a, b):
-        lines = [
-            host.command(
-                [
-                    sys.executable,
-                    "-m",
-                    "phalanx",
-                    "doctor",
-                    "--nnodes",
-                    "2",
-                    "--rdzv-endpoint",
-                    f"{a.address}:{PORT}",
-                    "--join-timeout",
-                    "60",
-                    "--p2p-size",
-                    size,
-                ]
-            )
-            for host, size in ((a, "4M"), (b, "8M"))
-        ]
+        doctor = ["doctor", "--nnodes", "2", "--rdzv-endpoint", f"{a.address}:{PORT}", "--join-timeout", "60"]
+        lines = [host.command(phalanx_argv(*doctor, "--p2p-size", size)) for host, size in ((a, "4M"), (b, "8M"))]
         outcomes = run_together(lines, timeout=90, cwd=str(workdir))
         for outcome in outcomes:  # refused in the lobby, before any measurement could hang
             assert outcome.returncode == 2, outcome.output[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.testbed import run_together
+from phalanx.testbed import phalanx_argv, run_together
 from tests.conftest import EXAMPLES, kill_group
 from tests.netns.hosts import two_hosts
 
@@ -22,20 +22,7 @@ TRAIN = [str(EXAMPLES / "tutorial_ddp.py"), "--epochs", "3", "--samples", "128",
 
 
 def phalanx_line(host, endpoint: str, *extra: str, script=TRAIN) -> list[str]:
-    return host.command(
-        [
-            sys.executable,
-            "-m",
-            "phalanx",
-            "run",
-            "--nnodes",
-            "2",
-            "--rdzv-endpoint",
-            f"{endpoint}:{PORT}",
-            *extra,
-            *script,
-        ]
-    )
+    return host.command(phalanx_argv("run", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:{PORT}", *extra, *script))
 
 
 @pytest.mark.compat

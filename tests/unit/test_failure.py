@@ -215,3 +215,39 @@ def test_every_line_of_a_multi_line_why_is_indented_and_read_back_whole():
     log = ["Traceback (most recent call last):", f"phalanx.runtime.consistency.InconsistentRanks: {rendered[0]}", *rendered[1:],
            "[W1202 torch teardown]"]  # fmt: skip
     assert phalanx_error_in(log).message == tuple(rendered)
+
+
+def test_the_error_that_ended_a_worker_is_read_from_its_error_file_not_from_its_log(tmp_path, monkeypatch):
+    """The worker's bootstrap writes the exception with torch's ErrorHandler (as @record does) and
+    torch's ProcessFailure reads the file back; a phalanx error the log shows, printed and caught,
+    did not end the worker."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from phalanx.launch import bootstrap
+    from phalanx.launch.failure import failures_from
+    from phalanx.runtime.consistency import InconsistentRanks
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    try:
+        raise InconsistentRanks(
+            "the ranks disagree", "dataset length: ranks 0: 100; ranks 1: 101", "build the same data"
+        )
+    except InconsistentRanks as error:
+        bootstrap._record(error)
+    log = tmp_path / "stderr.log"
+    log.write_text(
+        "Traceback (most recent call last):\nphalanx.errors.SettingsRefused: phalanx: error: printed and caught\n"
+        "HINT: not this one\n"
+    )
+    ended = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(tmp_path / "error.json"))
+    [found] = failures_from({3: ended}, {3: log}, "node1", "127.0.0.102")
+    assert found.error == (
+        "phalanx: error: the ranks disagree",
+        "  dataset length: ranks 0: 100; ranks 1: 101",
+        "HINT: build the same data",
+    )
+    assert found.error_code == 2 and exit_code_for([found]) == 2
+    # No error file (the worker printed the error, then exited on its own): no phalanx error.
+    quiet = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(tmp_path / "none.json"))
+    [found] = failures_from({3: quiet}, {3: log}, "node1", "127.0.0.102")
+    assert found.error == () and exit_code_for([found]) == 1

@@ -14,6 +14,8 @@ SCRIPT ARGS``, in a process that also:
   ever took it;
 - records whether it joined the job's process group (:mod:`.group_record`), so that the launcher
   can say when every rank trained alone;
+- writes the exception that ended the script to the worker's error file, as torch's ``@record``
+  does, where the launcher reads it;
 - tears down a process group the script left for interpreter shutdown, after the pause that lets
   the backend's threads drop their Python callbacks (:func:`phalanx.runtime.context.destroy_process_group`):
   gloo's threads otherwise abort some processes at exit after a successful run.
@@ -63,6 +65,16 @@ def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
+def _record(error: BaseException) -> None:
+    """Writes the error to the worker's error file (TORCHELASTIC_ERROR_FILE), as torch's ``@record``
+    does: the launcher reads which exception ended the worker there, not among its log's lines."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    get_error_handler().record_exception(error)
+
+
 def run(argv: list[str]) -> int | str | None:
     """Runs ``SCRIPT ARGS`` or ``-m MODULE ARGS``; returns what it exited with."""
     is_module = bool(argv) and argv[0] == "-m"
@@ -93,6 +105,7 @@ def run(argv: list[str]) -> int | str | None:
             raise
         trimmed = _user_traceback(error.__traceback__)
         sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
+        _record(error)
         return 1
     return 0
 

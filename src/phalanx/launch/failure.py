@@ -76,7 +76,7 @@ def failures_from(
         # The log's mtime is exact; torchrun's own timestamp is whole seconds, too coarse to order.
         written = log.stat().st_mtime if log is not None and log.exists() else float(failure.timestamp)
         text = log_lines(log)
-        error = phalanx_error_in(text)
+        error = phalanx_error_in(_callstack(failure))
         found.append(
             RankFailure(
                 rank=rank,
@@ -93,6 +93,16 @@ def failures_from(
             )
         )
     return found
+
+
+def _callstack(failure: Any) -> list[str]:
+    """The traceback in the worker's error file, which the worker's bootstrap wrote with torch's
+    ErrorHandler (``@record``'s) and torch's ProcessFailure read back; [] without one (a worker
+    that ended by a signal, or by an exit code of its own)."""
+    message = (getattr(failure, "error_file_data", None) or {}).get("message")
+    if not isinstance(message, dict):
+        return []
+    return str(message.get("extraInfo", {}).get("py_callstack", "")).splitlines()
 
 
 def is_preemption(failures: list[RankFailure]) -> bool:

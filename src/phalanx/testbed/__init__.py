@@ -2,7 +2,7 @@
 ``phalanx testbed`` on the command line, :func:`test_bed` in tests."""
 
 from phalanx.testbed.bed import Host, Shaping, TestBed, beds, build, check_can_build, tear_down, test_bed
-from phalanx.testbed.together import Outcome, run_together
+from phalanx.testbed.together import Outcome, phalanx_argv, run_together
 
 __all__ = [
     "Host",
@@ -12,6 +12,7 @@ __all__ = [
     "beds",
     "build",
     "check_can_build",
+    "phalanx_argv",
     "run_together",
     "tear_down",
     "test_bed",

@@ -7,10 +7,21 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+def phalanx_argv(*args: str) -> list[str]:
+    """The argv of ``phalanx ARGS`` with this Python, as each host of a bed runs it.
+
+    Example:
+        >>> phalanx_argv("run", "--nnodes", "2", "train.py")[1:]
+        ['-m', 'phalanx', 'run', '--nnodes', '2', 'train.py']
+    """
+    return [sys.executable, "-m", "phalanx", *args]
 
 
 @dataclass
