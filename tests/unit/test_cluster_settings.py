@@ -10,7 +10,7 @@ import pytest
 from phalanx.cli.main import build_parser
 from phalanx.errors import SettingsRefused
 from phalanx.launch.options import spec_from_args
-from phalanx.launch.values import Endpoint, NodeRange
+from phalanx.settings.values import Endpoint, NodeRange
 from tests.unit.test_clusters import SLURM_STEP, TRAINJOB
 
 

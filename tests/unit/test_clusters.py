@@ -17,7 +17,7 @@ from phalanx.clusters.skypilot import SkyPilot
 from phalanx.clusters.slurm import Slurm, rendezvous_port, tasks_per_node
 from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import Endpoint, NodeRange
+from phalanx.settings.values import Endpoint, NodeRange
 
 #: What srun -N2 --ntasks-per-node=1 gives the task on the second node (read off slurmd 22.05).
 SLURM_STEP = {

@@ -23,7 +23,7 @@ from phalanx.bench.cost_model import (
 from phalanx.bench.link import DoctorLink, Link, parse_bandwidth, parse_latency, read_doctor_file
 from phalanx.bench.model_size import ModelSize, parse_param_count, size_from_model
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import InvalidValue
+from phalanx.settings.values import InvalidValue
 from tests.conftest import phalanx_argv, run_command
 
 GIGABIT = Link(125e6, 50e-6, "test", "test")

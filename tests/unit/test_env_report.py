@@ -25,7 +25,8 @@ from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.env_text import render
 from phalanx.diagnostics.launch_settings import json_value, load_config, resolved_settings
 from phalanx.diagnostics.torch_facts import gpu_report, nvidia_driver_version, torch_facts
-from phalanx.launch.options import LAUNCH_OPTIONS, spec_from_args
+from phalanx.launch.options import spec_from_args
+from phalanx.settings.options import LAUNCH_OPTIONS
 
 HEADERS = ("host", "torch", "gpus", "network interfaces", "infiniband", "resources", "variables", "launch settings")
 

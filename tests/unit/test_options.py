@@ -6,8 +6,9 @@ import pytest
 
 from phalanx.cli.main import build_parser
 from phalanx.errors import SettingsRefused
-from phalanx.launch.options import LAUNCH_OPTIONS, spec_from_args
-from phalanx.launch.values import Endpoint, NodeRange
+from phalanx.launch.options import spec_from_args
+from phalanx.settings.options import LAUNCH_OPTIONS
+from phalanx.settings.values import Endpoint, NodeRange
 
 
 @pytest.fixture

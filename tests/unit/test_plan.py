@@ -8,9 +8,10 @@ import pytest
 from phalanx.errors import SettingsRefused
 from phalanx.launch import gpus, network, plan
 from phalanx.launch.plan import NodePlan, plan_nodes
-from phalanx.launch.spec import Entrypoint, LaunchSpec
+from phalanx.launch.spec import LaunchSpec
 from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
-from phalanx.launch.values import Endpoint
+from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.values import Endpoint
 from tests.unit import node_plans
 
 

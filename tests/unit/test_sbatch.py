@@ -12,7 +12,7 @@ from phalanx.cli.main import build_parser
 from phalanx.clusters.sbatch import SlurmJob, check_time_limit, render
 from phalanx.clusters.slurm_job import job_from_args
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import NodeRange
+from phalanx.settings.values import NodeRange
 
 
 def job_of(tmp_path, monkeypatch, *argv):

@@ -22,7 +22,7 @@ from phalanx.clusters.slurm_job import job_from_args as slurm_job
 from phalanx.errors import SettingsRefused
 from phalanx.k8s.settings import spec_from_args as k8s_spec
 from phalanx.launch.options import spec_from_args
-from phalanx.launch.values import NodeRange
+from phalanx.settings.values import NodeRange
 from phalanx.ssh.job import job_from_args as ssh_job
 from tests.unit.test_clusters import SLURM_STEP
 

@@ -6,8 +6,9 @@ import pytest
 
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.spec import Entrypoint, LaunchSpec
-from phalanx.launch.values import Endpoint, NodeRange
+from phalanx.launch.spec import LaunchSpec
+from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.values import Endpoint, NodeRange
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 import pytest
 
-from phalanx.launch.values import (
+from phalanx.settings.values import (
     Endpoint,
     InvalidValue,
     NodeRange,

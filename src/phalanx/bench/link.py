@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import InvalidValue
+from phalanx.settings.values import InvalidValue
 
 #: Decimal prefixes (k = 1000) and binary ones (Ki = 1024), lower-cased.
 UNIT_PREFIXES = {

@@ -17,7 +17,7 @@ from typing import Any
 
 from phalanx.bench.link import UNIT_PREFIXES
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import InvalidValue
+from phalanx.settings.values import InvalidValue
 
 _COUNT = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+))?\s*([kKmMbBtT]?)$")
 _COUNT_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}

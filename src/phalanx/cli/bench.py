@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from phalanx.bench.ddp_models import MODELS
-from phalanx.launch.options import add_launch_options
+from phalanx.settings.options import add_launch_options
 
 COLLECTIVES_HELP = """\
 Measures collectives the way nccl-tests does, through phalanx's launcher.
@@ -199,7 +199,7 @@ def collective_settings_from_args(args: argparse.Namespace) -> Any:
 def _line_rate(text: str | None) -> float | None:
     from phalanx.bench.link import parse_bandwidth
     from phalanx.errors import SettingsRefused
-    from phalanx.launch.values import InvalidValue
+    from phalanx.settings.values import InvalidValue
 
     if text is None:
         return None

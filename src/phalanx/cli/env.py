@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from phalanx.diagnostics.env_text import render
     from phalanx.diagnostics.launch_settings import load_config
     from phalanx.errors import SettingsRefused
-    from phalanx.launch.options import config_path_from
+    from phalanx.settings.options import config_path_from
 
     config_path = config_path_from(args.config, os.environ)
     report = collect_env_report(os.environ, load_config(config_path), config_path)

@@ -47,7 +47,7 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
-from phalanx.launch.options import add_launch_options, add_script_arguments
+from phalanx.settings.options import add_launch_options, add_script_arguments
 
 
 def add_parser(commands: Any) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cli import command_parser
-from phalanx.launch.options import add_launch_options, add_script_arguments
+from phalanx.settings.options import add_launch_options, add_script_arguments
 from phalanx.ssh.job import FORWARDED
 
 

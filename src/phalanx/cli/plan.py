@@ -103,7 +103,7 @@ def plan(args: argparse.Namespace) -> int:
 
 
 def _parsed(parse: Any, value: object) -> Any:
-    from phalanx.launch.values import InvalidValue
+    from phalanx.settings.values import InvalidValue
 
     try:
         return parse(value)
@@ -112,14 +112,14 @@ def _parsed(parse: Any, value: object) -> Any:
 
 
 def _rank(value: object) -> int:
-    from phalanx.launch.values import parse_int
+    from phalanx.settings.values import parse_int
 
     return parse_int(value, minimum=1, name="--powersgd-rank")
 
 
 def _layout(args: argparse.Namespace) -> Any:
     from phalanx.bench.cost_model import Layout
-    from phalanx.launch.values import parse_int, parse_nnodes
+    from phalanx.settings.values import parse_int, parse_nnodes
 
     nodes = _parsed(parse_nnodes, args.nnodes)
     if nodes.is_elastic:

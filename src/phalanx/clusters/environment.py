@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Generic, TypeVar
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import Endpoint, InvalidValue, NodeRange
+from phalanx.settings.values import Endpoint, InvalidValue, NodeRange
 
 T = TypeVar("T")
 

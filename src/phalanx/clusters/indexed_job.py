@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.errors import SettingsRefused
-from phalanx.launch import values
+from phalanx.settings import values
 
 
 class IndexedJob(ClusterEnvironment):

@@ -15,7 +15,7 @@ from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.clusters.indexed_job import IndexedJob
 from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.errors import SettingsRefused
-from phalanx.launch import values
+from phalanx.settings import values
 
 #: The port a PyTorchJob's master listens on when its spec names none (the operator's default).
 PYTORCHJOB_DEFAULT_PORT = 23456

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from phalanx import __version__
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.values import NodeRange
+from phalanx.settings.values import NodeRange
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
 

@@ -6,7 +6,7 @@ import re
 
 from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.errors import SettingsRefused
-from phalanx.launch import values
+from phalanx.settings import values
 
 
 class SkyPilot(ClusterEnvironment):

@@ -14,7 +14,7 @@ import re
 from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.clusters.nodelist import NodelistError, expand_nodelist
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import DEFAULT_RDZV_PORT, Endpoint, NodeRange
+from phalanx.settings.values import DEFAULT_RDZV_PORT, Endpoint, NodeRange
 
 #: The endpoint's port is DEFAULT_RDZV_PORT + (job ID modulo this): the same on every node of a job.
 PORT_SPREAD = 1000

@@ -17,9 +17,9 @@ from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import given_flags, given_settings, refuse_settings
-from phalanx.launch.spec import Entrypoint
-from phalanx.launch.values import NodeRange
+from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.options import given_flags, given_settings, refuse_settings
+from phalanx.settings.values import NodeRange
 
 #: Launch options that describe a run on this machine, not a SLURM job.
 _NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs on SLURM's nodes",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.clusters.indexed_job import IndexedJob
-from phalanx.launch import values
+from phalanx.settings import values
 
 #: torchrun's default for --master-port, used when PET_MASTER_ADDR comes without PET_MASTER_PORT.
 TORCHRUN_MASTER_PORT = 29500

@@ -4,7 +4,7 @@ Without flags (the env report has none of run's), a setting comes from torchrun'
 variable (for the flags torchrun has too), else its ``PHALANX_<FLAG>`` variable, else from the
 ``--config`` file, else from :class:`LaunchSpec`'s default: the same
 parsers and the same precedence as `phalanx run`, because each setting goes through
-:func:`phalanx.launch.options.resolve_settings` itself. A value `phalanx run` would refuse is
+:func:`phalanx.settings.options.resolve_settings` itself. A value `phalanx run` would refuse is
 reported with the refusal instead of raising, so that the rest of the report still appears.
 Checks that need the whole spec (--simulate-nodes with --nnodes, ...) are run's, at launch.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
 from phalanx.launch.spec import LaunchSpec
+from phalanx.settings.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
 
 #: A setting's value as JSON holds it: numbers and switches as they are, the rest as text.
 JsonValue = str | int | float | bool | None

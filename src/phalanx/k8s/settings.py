@@ -19,9 +19,9 @@ from phalanx.errors import SettingsRefused
 from phalanx.k8s.kinds import kind_named
 from phalanx.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
 from phalanx.k8s.trainjob import KIND as TRAINJOB
-from phalanx.launch.options import LAUNCH_OPTIONS, given_flags, given_settings, refuse_settings
-from phalanx.launch.spec import Entrypoint
-from phalanx.launch.values import Resolved, parse_flag
+from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.options import LAUNCH_OPTIONS, given_flags, given_settings, refuse_settings
+from phalanx.settings.values import Resolved, parse_flag
 
 #: Launch options that describe a run on this machine, not a pod.
 _NOT_IN_A_POD = {"simulate_nodes": "rehearses several nodes on this machine",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch.spec import Entrypoint
+from phalanx.settings.entrypoint import Entrypoint
 
 #: A DNS-1035 label, as Kubernetes checks the names of Services, Jobs' pods and these jobs.
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -39,7 +39,7 @@ from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
-from phalanx.launch.values import Endpoint, parse_endpoint
+from phalanx.settings.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
 from phalanx.worker_env import WorkerEnv
 

@@ -15,7 +15,7 @@ from typing import Any
 from phalanx.clusters import Placement, detect
 from phalanx.console import format_table
 from phalanx.errors import SettingsRefused
-from phalanx.launch.values import NodeRange, Resolved
+from phalanx.settings.values import NodeRange, Resolved
 
 #: The settings a cluster environment may give that the user may override.
 _DEFAULTS = (("rdzv_endpoint", "endpoint", "rdzv-endpoint"), ("rdzv_id", "rdzv_id", "rdzv-id"),

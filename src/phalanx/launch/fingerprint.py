@@ -12,7 +12,7 @@ from pathlib import Path
 
 from phalanx import __version__
 from phalanx.launch.plan import NodePlan
-from phalanx.launch.spec import Entrypoint
+from phalanx.settings.entrypoint import Entrypoint
 
 #: The settings compared, in the order the mismatch table lists them (extra ones follow, sorted).
 COMPARED = ("nnodes", "nproc-per-node", "backend", "script", "script sha256", "phalanx", "torch")

@@ -25,7 +25,7 @@ from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
 from phalanx.launch.fingerprint import differing_settings
 from phalanx.launch.plan import NodePlan
-from phalanx.launch.values import Endpoint, parse_endpoint
+from phalanx.settings.values import Endpoint, parse_endpoint
 
 PROGRESS_EVERY_S = 10.0
 POLL_EVERY_S = 0.02  # store reads on an idle TCP connection are cheap; a late start is not

@@ -21,7 +21,7 @@ import psutil
 
 from phalanx.console import say
 from phalanx.errors import JoinTimeout, SettingsRefused
-from phalanx.launch.values import Endpoint
+from phalanx.settings.values import Endpoint
 
 
 @dataclass(frozen=True)

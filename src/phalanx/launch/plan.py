@@ -20,7 +20,7 @@ from phalanx import __version__
 from phalanx.errors import SettingsRefused
 from phalanx.launch import gpus, network
 from phalanx.launch.spec import LaunchSpec
-from phalanx.launch.values import Endpoint
+from phalanx.settings.values import Endpoint
 from phalanx.torch_compat import installed_torch, outside_range
 from phalanx.worker_env import WorkerEnv, job_name
 

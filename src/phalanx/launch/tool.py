@@ -43,7 +43,7 @@ def run_tool(
     from phalanx.launch.job import dry_run_text, start
     from phalanx.launch.options import spec_from_args
     from phalanx.launch.plan import new_run_dir, plan_nodes
-    from phalanx.launch.spec import Entrypoint
+    from phalanx.settings.entrypoint import Entrypoint
 
     spec = spec_from_args(args, entrypoint=Entrypoint(module, is_module=True))
     run_dir = new_run_dir(spec)

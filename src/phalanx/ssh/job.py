@@ -18,8 +18,8 @@ from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
-from phalanx.launch.options import CONFIG_VARIABLE, given_flags, given_settings, refuse_settings
-from phalanx.launch.values import DEFAULT_RDZV_PORT, Resolved
+from phalanx.settings.options import CONFIG_VARIABLE, given_flags, given_settings, refuse_settings
+from phalanx.settings.values import DEFAULT_RDZV_PORT, Resolved
 from phalanx.ssh.fanout import run_on_hosts
 from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
 from phalanx.ssh.preflight import Expectation, run_preflight

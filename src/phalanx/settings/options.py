@@ -1,0 +1,377 @@
+"""Where launch settings come from: the option table, the config file and the one resolver.
+
+Every setting has one entry in :data:`LAUNCH_OPTIONS`. From it come the command-line flag
+(dashed, with torchrun's underscore spelling as an alias), the ``PHALANX_<FLAG>`` environment
+variable, the key in a ``--config`` TOML file and, for the flags torchrun has too, torchrun's own
+``PET_<FLAG>`` variable. Precedence, highest first:
+flag > PET_<FLAG> > PHALANX_<FLAG> > config file > the cluster environment > default.
+torchrun reads its PET_ twins just below its flags; Kubernetes controllers set them per pod.
+A cluster environment (:mod:`phalanx.clusters`) then fills what none of these set, and refuses
+a node count that contradicts it (:mod:`phalanx.launch.cluster`). This package imports none of
+phalanx's others but errors: every command and every cluster reader builds on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from phalanx.errors import SettingsRefused
+from phalanx.settings import values
+from phalanx.settings.values import Resolved
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "PHALANX_"
+#: torchrun reads each of its flags from PET_<FLAG> when the flag is not given.
+TORCHRUN_PREFIX = "PET_"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch setting: its flag, how its text is parsed, and the LaunchSpec field it fills."""
+
+    flag: str  # without the leading dashes, e.g. "nproc-per-node"
+    parse: Callable[[object], Any]
+    help: str
+    metavar: str | None = None
+    is_switch: bool = False  # a flag that takes no value
+    torchrun_has_it: bool = False  # torchrun has the same flag, and reads it from PET_<FLAG>
+
+    @property
+    def field(self) -> str:
+        return self.flag.replace("-", "_")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+    @property
+    def torchrun_var(self) -> str | None:
+        return TORCHRUN_PREFIX + self.field.upper() if self.torchrun_has_it else None
+
+
+def _int_option(flag: str, minimum: int) -> Callable[[object], int]:
+    return lambda value: values.parse_int(value, minimum=minimum, name=f"--{flag}")
+
+
+LAUNCH_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nnodes",
+        values.parse_nnodes,
+        "number of nodes, N or MIN:MAX for an elastic job (default 1, or what the cluster environment says)",
+        "N|MIN:MAX",
+        torchrun_has_it=True,
+    ),
+    Option(
+        "nproc-per-node",
+        values.parse_nproc_per_node,
+        "worker processes per node: a number (usually the GPUs per node), auto (GPUs if any, else CPU cores), "
+        "gpu or cpu (default 1, or the GPUs the cluster environment gives each node)",
+        "N|auto|gpu|cpu",
+        torchrun_has_it=True,
+    ),
+    Option(
+        "rdzv-endpoint",
+        values.parse_endpoint,
+        "the main node's address, HOST[:PORT] (port 29400 if omitted), the same on every node; "
+        "the node that owns this address hosts the rendezvous store (default: the cluster environment's first node)",
+        "HOST[:PORT]",
+        torchrun_has_it=True,
+    ),
+    Option(
+        "rdzv-id",
+        values.parse_rdzv_id,
+        "job name, the same on every node (default phalanx, or the scheduler's job ID)",
+        "ID",
+        torchrun_has_it=True,
+    ),
+    Option(
+        "max-restarts",
+        _int_option("max-restarts", 0),
+        "restart all workers this many times after a failure (default 0); not after a refusal of the settings "
+        "or a stop for preemption",
+        "N",
+        torchrun_has_it=True,
+    ),
+    Option(
+        "log-dir",
+        lambda value: Path(str(value)),
+        "folder for per-rank logs (default ./phalanx-logs)",
+        "DIR",
+        torchrun_has_it=True,
+    ),
+    Option("backend", values.parse_backend, "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)", "NAME"),
+    Option(
+        "interface",
+        values.parse_interface,
+        "network interface to use (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME); default: the one that routes to "
+        "the endpoint",
+        "IFNAME",
+    ),
+    Option(
+        "join-timeout",
+        lambda value: values.parse_seconds(value, name="--join-timeout"),
+        "seconds to wait for all nodes to join (default 300)",
+        "SECONDS",
+    ),
+    Option(
+        "last-call",
+        lambda value: values.parse_seconds(value, name="--last-call", example=10),
+        "elastic jobs (--nnodes MIN:MAX): seconds a rendezvous round waits for more nodes once MIN have joined, "
+        "before it starts without them (default 30, as torchrun)",
+        "SECONDS",
+    ),
+    Option(
+        "simulate-nodes",
+        _int_option("simulate-nodes", 1),
+        "run K node agents on this host: rehearse a multi-node launch on one machine",
+        "K",
+    ),
+    Option(
+        "standalone",
+        values.parse_flag,
+        "single node with a private local rendezvous (as torchrun --standalone)",
+        is_switch=True,
+        torchrun_has_it=True,
+    ),
+    Option(
+        "headless-service",
+        values.parse_service_name,
+        "Kubernetes Indexed Job: the headless Service of the pod template's subdomain; pod 0 of the Job, "
+        "<job>-0.<service>, is then the endpoint",
+        "NAME",
+    ),
+    Option(
+        "allow-public-endpoint",
+        values.parse_flag,
+        "let the endpoint be a globally routable address: torch's rendezvous store has no authentication, so "
+        "anyone who reaches its port could join or disturb the job",
+        is_switch=True,
+    ),
+    Option(
+        "independent-ranks",
+        values.parse_flag,
+        "the ranks are meant to work alone (an evaluation sharded by RANK): no check that they communicated",
+        is_switch=True,
+    ),
+    Option(
+        "all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True
+    ),
+    Option(
+        "dry-run",
+        values.parse_flag,
+        "print the plan and the torchrun command of each node, start nothing",
+        is_switch=True,
+    ),
+)
+
+_BY_FIELD = {option.field: option for option in LAUNCH_OPTIONS}
+
+
+_ENDPOINT = (
+    "the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
+    "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node",
+)
+#: torchrun's flags that phalanx does not take: flag -> (what phalanx does instead, what to type).
+TORCHRUN_ONLY = {
+    "no-python": ("phalanx run starts SCRIPT with this Python (or a module, with -m)",
+                  "run a Python script or module; start another program from a small Python script"),
+    "node-rank": ("the rendezvous ranks the nodes in the order they join (torchrun ignores --node-rank with c10d too); "
+                  "under a scheduler the node's rank comes from its variables",
+                  "drop --node-rank: the rank plan printed at the start shows which node got which ranks"),
+    "master-addr": _ENDPOINT,
+    "master-port": _ENDPOINT,
+    "rdzv-backend": ("phalanx always uses torchrun's c10d rendezvous", "drop --rdzv-backend"),
+    "local-addr": ("each node advertises the address of its interface that routes to the endpoint",
+                   "drop --local-addr; to advertise another interface's address, name it: --interface NAME"),
+}  # fmt: skip
+
+
+class _TorchrunOnly(argparse.Action):
+    """A torchrun flag pasted into a phalanx command: refused with what phalanx does instead, not
+    argparse's bare 'unrecognized arguments'."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        instead, hint = TORCHRUN_ONLY[self.dest]
+        raise SettingsRefused(f"{option_string} is torchrun's: phalanx does not take it", f"{instead}.", hint)
+
+
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """Adds the launch flags; defaults stay None so that unset flags fall through to env and config."""
+    group = parser.add_argument_group("launch options (each also PHALANX_<FLAG> or a key in --config)")
+    for option in LAUNCH_OPTIONS:
+        spellings = [(f"--{option.flag}", option.help)]
+        if "-" in option.flag:
+            spellings.append((f"--{option.field}", argparse.SUPPRESS))  # torchrun's spelling, kept out of --help
+        for name, help_text in spellings:
+            if option.is_switch:
+                group.add_argument(
+                    name, dest=option.field, action="store_const", const=True, default=None, help=help_text
+                )
+            else:
+                group.add_argument(name, dest=option.field, default=None, metavar=option.metavar, help=help_text)
+    group.add_argument(
+        "--config", dest="config", default=None, metavar="FILE", help="TOML file of launch settings; flags override it"
+    )
+    for flag in TORCHRUN_ONLY:
+        spellings = {f"--{flag}", f"--{flag.replace('-', '_')}"}
+        group.add_argument(*sorted(spellings), dest=flag, nargs="?", action=_TorchrunOnly, help=argparse.SUPPRESS)
+
+
+def add_script_arguments(parser: argparse.ArgumentParser) -> None:
+    """SCRIPT (or -m MODULE) and its arguments, passed on untouched, as torchrun takes them."""
+    parser.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
+    parser.add_argument("training_script", nargs="?", metavar="SCRIPT", help="the training script (or module with -m)")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to it untouched")
+
+
+def given_flags(flags: Mapping[str, object], leave_out: Collection[str] = ()) -> list[str]:
+    """The launch flags set, as ``phalanx run`` takes them: for the command that another tool (a
+    batch script, a remote host, a pod) runs on every node.
+
+    Args:
+        flags: field -> value as given (``{"nproc_per_node": "4"}``; None or absent: not given),
+            such as ``vars(args)`` of a parser with :func:`add_launch_options`.
+        leave_out: fields (``"nnodes"``) the caller sets itself or refuses.
+
+    Returns:
+        ``["--nproc-per-node", "4", "--all-ranks", ...]`` in :data:`LAUNCH_OPTIONS`' order.
+
+    Example:
+        >>> given_flags({"nproc_per_node": "4", "all_ranks": True, "nnodes": "2"}, leave_out={"nnodes"})
+        ['--nproc-per-node', '4', '--all-ranks']
+    """
+    argv: list[str] = []
+    for option in LAUNCH_OPTIONS:
+        value = flags.get(option.field)
+        if value is None or option.field in leave_out:
+            continue
+        argv += [f"--{option.flag}"] if option.is_switch else [f"--{option.flag}", str(value)]
+    return argv
+
+
+def refuse_settings(settings: Mapping[str, Resolved], refused: Mapping[str, str], command: str, instead: str) -> None:
+    """Refuses the settings among ``refused`` (field -> why it does not apply) that are set, from a
+    flag, a variable or the config file: for commands that start jobs elsewhere.
+
+    Args:
+        settings: from :func:`resolve_settings`.
+        refused: field -> why (``{"standalone": "means one node with a private rendezvous"}``).
+        command: the command, for the message (``"phalanx slurm"``).
+        instead: what to do, after "drop it".
+
+    Raises:
+        SettingsRefused: the first refused setting that is set.
+    """
+    for name, why in refused.items():
+        if name in settings and settings[name].value:
+            flag = name.replace("_", "-")
+            raise SettingsRefused(f"--{flag} with {command} (from {settings[name].origin})", f"--{flag} {why}.",
+                                  f"drop it (the flag, the variable, or the config's key); {instead}")  # fmt: skip
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores)."""
+    try:
+        with path.open("rb") as handle:
+            table = tomllib.load(handle)
+    except FileNotFoundError:
+        raise SettingsRefused(f"--config {path}: the file does not exist", hint="check the path") from None
+    except OSError as error:
+        raise SettingsRefused(f"--config {path} cannot be read ({error.strerror})", hint="give a TOML file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsRefused(f"--config {path} is not valid TOML", str(error), "fix the line it names") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8 text: a binary file, or one saved in another encoding
+        raise SettingsRefused(f"--config {path} is not UTF-8 text", f"byte {error.object[error.start]:#04x} at offset "
+                              f"{error.start} is not UTF-8, and TOML files are.", "save it as UTF-8") from None  # fmt: skip
+    table = table.get("run", table)  # settings may sit at the top or under [run]
+    if not isinstance(table, dict):
+        raise SettingsRefused(
+            f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help"
+        )
+    settings: dict[str, object] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in _BY_FIELD:
+            known = ", ".join(option.flag for option in LAUNCH_OPTIONS)
+            raise SettingsRefused(
+                f"--config {path}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it"
+            )
+        settings[name] = value
+    return settings
+
+
+def resolve_settings(
+    flags: Mapping[str, object], environ: Mapping[str, str], config: Mapping[str, object], config_path: Path | None
+) -> dict[str, Resolved]:
+    """Typed values for every setting that any source gives, highest-precedence source first."""
+    resolved: dict[str, Resolved] = {}
+    for option in LAUNCH_OPTIONS:
+        sources = [(flags.get(option.field), f"--{option.flag}")]
+        for variable in (option.torchrun_var, option.env_var):
+            if variable is not None and variable in environ:
+                sources.append((environ[variable], f"{variable}={environ[variable]}"))
+        sources.append((config.get(option.field), f"{option.flag} in {config_path}"))
+        for raw, origin in sources:
+            if raw is None:
+                continue
+            try:
+                resolved[option.field] = Resolved(option.parse(raw), origin)
+            except values.InvalidValue as invalid:
+                from_where = "" if origin.startswith("--") else f" (from {origin})"
+                raise SettingsRefused(invalid.why + from_where, hint=invalid.hint) from None
+            break
+    return resolved
+
+
+#: The variable every command reads the config file's path from when --config is not given.
+CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
+
+
+class GivenSettings(NamedTuple):
+    """A command's launch settings as given, with the config file they were read from."""
+
+    settings: dict[str, Resolved]  # by field: each given one, with where it came from
+    config_path: Path | None  # --config, else $PHALANX_CONFIG, else None
+    config: dict[str, object]  # that file's settings
+
+
+def config_path_from(config_flag: str | None, environ: Mapping[str, str]) -> Path | None:
+    """The config file every command reads: --config, else $PHALANX_CONFIG, else none."""
+    text = config_flag if config_flag is not None else environ.get(CONFIG_VARIABLE)
+    return Path(text) if text else None
+
+
+def given_settings(
+    args: argparse.Namespace, environ: Mapping[str, str], variables: Mapping[str, str] | None = None
+) -> GivenSettings:
+    """The launch options a command was given: flags > PET_<FLAG> > PHALANX_<FLAG> > config file.
+
+    Every command that starts a job (run, launch, slurm, k8s) resolves its settings here, so the
+    same flags, variables and config file give the same job whichever command starts it.
+
+    Args:
+        args: the parsed command line (its launch options and ``config``).
+        environ: this shell's variables, where ``PHALANX_CONFIG`` is read.
+        variables: the variables the nodes will see, where ``PET_``/``PHALANX_<FLAG>`` are
+            read (default ``environ``; `phalanx k8s` gives the pods' ``--env``).
+
+    Returns:
+        The settings, the config file's path and its settings.
+
+    Raises:
+        SettingsRefused: a value, or the config file, cannot be used.
+    """
+    config_path = config_path_from(args.config, environ)
+    config = read_config_file(config_path) if config_path else {}
+    flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
+    settings = resolve_settings(flags, environ if variables is None else variables, config, config_path)
+    return GivenSettings(settings, config_path, config)
