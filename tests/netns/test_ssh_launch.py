@@ -207,7 +207,7 @@ def test_preflight_of_eight_hosts(tmp_path):
         for hosts_given in ("h1,h2", ",".join(names)):
             done = launch(ssh_bed, tmp_path, "--hosts", hosts_given, "--dry-run", "train.py", timeout=60)
             assert done.returncode == 0, done.output
-            assert done.stdout.count("phalanx.ssh.remote") == 1 and "--nnodes" in done.stdout
+            assert done.stdout.count("phalanx.jobs.ssh.remote") == 1 and "--nnodes" in done.stdout
             seconds = float(done.stderr.split(" hosts in ")[1].split(" s\n")[0])
             print(f"MEASURED: preflight of {hosts_given.count(',') + 1} hosts: {seconds:.1f} s")
             assert seconds < 30

@@ -1,4 +1,4 @@
-"""phalanx launch's fan-out (phalanx.ssh.fanout) with real processes: "ssh" here runs the
+"""phalanx launch's fan-out (phalanx.jobs.ssh.fanout) with real processes: "ssh" here runs the
 remote line in a local shell, so that the supervision, the words to the guards and the
 escalation are tested without hosts (tests/netns/test_ssh_launch.py has the real sshd)."""
 
@@ -14,9 +14,9 @@ import time
 
 import psutil
 
-from phalanx.ssh.fanout import run_on_hosts
-from phalanx.ssh.hosts import SshHost
-from phalanx.ssh.transport import Ssh
+from phalanx.jobs.ssh.fanout import run_on_hosts
+from phalanx.jobs.ssh.hosts import SshHost
+from phalanx.jobs.ssh.transport import Ssh
 
 PYTHON = sys.executable
 
@@ -30,7 +30,7 @@ class LocalShell(Ssh):
 
 def guarded(code: str, grace: float = 1.0) -> str:
     """The remote line phalanx launch writes: the guard, then Python running ``code``."""
-    return shlex.join([PYTHON, "-m", "phalanx.ssh.remote", "--grace", str(grace), "--", PYTHON, "-c", code])
+    return shlex.join([PYTHON, "-m", "phalanx.jobs.ssh.remote", "--grace", str(grace), "--", PYTHON, "-c", code])
 
 
 HOSTS = [SshHost("a"), SshHost("b")]
@@ -101,7 +101,7 @@ def test_ctrl_c_asks_every_host_and_a_second_one_kills_at_once(tmp_path):
         textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from phalanx.ssh.fanout import run_on_hosts
+        from phalanx.jobs.ssh.fanout import run_on_hosts
         from tests.unit.test_fanout import HOSTS, LocalShell, guarded
         print("started", flush=True)
         sys.exit(run_on_hosts(HOSTS, LocalShell(), [guarded({deaf!r}, grace=60)] * 2, 60))

@@ -2,7 +2,7 @@
 
 The order, from the bottom: what everything uses (errors, exit codes, the console, the worker's
 variables, the torch range, the launch settings, the test bed); the cluster environments'
-readers; the runtime inside each rank; the launcher; the job writers for ssh and Kubernetes; the
+readers; the runtime inside each rank; the launcher; the job writers (SLURM, Kubernetes, ssh); the
 benchmarks; the diagnostics; the command line. Imports inside functions count too.
 """
 
@@ -18,7 +18,7 @@ LAYERS = (
     {"clusters"},
     {"runtime"},
     {"launch"},
-    {"ssh", "k8s"},
+    {"jobs"},
     {"bench"},
     {"diagnostics"},
     {"cli", "__main__"},

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from phalanx.cli.main import build_parser
-from phalanx.clusters.sbatch import SlurmJob, check_time_limit, render
-from phalanx.clusters.slurm_job import job_from_args
 from phalanx.errors import SettingsRefused
+from phalanx.jobs.slurm.job import job_from_args
+from phalanx.jobs.slurm.sbatch import SlurmJob, check_time_limit, render
 from phalanx.settings.values import NodeRange
 
 

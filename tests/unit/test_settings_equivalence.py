@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.cli.main import build_parser
-from phalanx.clusters.slurm_job import job_from_args as slurm_job
 from phalanx.errors import SettingsRefused
-from phalanx.k8s.settings import spec_from_args as k8s_spec
+from phalanx.jobs.k8s.settings import spec_from_args as k8s_spec
+from phalanx.jobs.slurm.job import job_from_args as slurm_job
+from phalanx.jobs.ssh.job import job_from_args as ssh_job
 from phalanx.launch.options import spec_from_args
 from phalanx.settings.values import NodeRange
-from phalanx.ssh.job import job_from_args as ssh_job
 from tests.unit.test_clusters import SLURM_STEP
 
 WANTED = {"nnodes": "2", "nproc-per-node": "3", "max-restarts": "2"}

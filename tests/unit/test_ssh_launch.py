@@ -1,5 +1,5 @@
 """`phalanx launch` before it connects (host lists, hostfiles, settings), a host that refuses ssh,
-and the guard that runs on each host (phalanx.ssh.remote), with real processes.
+and the guard that runs on each host (phalanx.jobs.ssh.remote), with real processes.
 
 The fan-out over real sshd is tested in tests/netns/test_ssh_launch.py.
 """
@@ -18,7 +18,7 @@ import pytest
 
 from phalanx.cli.main import main
 from phalanx.errors import SettingsRefused
-from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
+from phalanx.jobs.ssh.hosts import SshHost, parse_host_list, read_hostfile
 from tests.conftest import kill_group
 
 
@@ -106,7 +106,7 @@ def test_a_host_that_refuses_ssh_is_named_with_a_hint(capsys, script):
 
 def test_the_command_each_host_runs(script):
     from phalanx.cli.main import build_parser
-    from phalanx.ssh.job import job_from_args
+    from phalanx.jobs.ssh.job import job_from_args
 
     environ = {"NCCL_DEBUG": "INFO", "HOME": "/root", "TOKEN": "s e"}
     args = build_parser().parse_args(["launch", "--hosts", "gpu1:4,gpu2:4", "--all-ranks", "--env", "TOKEN",
@@ -115,7 +115,7 @@ def test_the_command_each_host_runs(script):
     line = job.command("10.0.0.1")
     assert line.startswith(f"cd {os.getcwd()} && exec env NCCL_DEBUG=INFO 'TOKEN=s e' ")
     assert "HOME=" not in line
-    assert (f"-m phalanx.ssh.remote --grace 30 -- {sys.executable} -m phalanx run --nnodes 2 --nproc-per-node 4 "
+    assert (f"-m phalanx.jobs.ssh.remote --grace 30 -- {sys.executable} -m phalanx run --nnodes 2 --nproc-per-node 4 "
             f"--rdzv-endpoint 10.0.0.1:29400 --rdzv-id {job.rdzv_id} --max-restarts 2 --all-ranks train.py --epochs 3"
             ) in line  # fmt: skip
 
@@ -125,7 +125,7 @@ def guard(*command: str, grace: float = 2, silence: float = 30) -> subprocess.Po
     argv = [
         sys.executable,
         "-m",
-        "phalanx.ssh.remote",
+        "phalanx.jobs.ssh.remote",
         "--grace",
         str(grace),
         "--silence",

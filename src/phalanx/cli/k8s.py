@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from phalanx.console import say
-    from phalanx.k8s.render import header, to_yaml, write_folder
-    from phalanx.k8s.settings import spec_from_args
+    from phalanx.jobs.k8s.render import header, to_yaml, write_folder
+    from phalanx.jobs.k8s.settings import spec_from_args
 
     spec = spec_from_args(args)
     manifests = spec.kind.render(spec)

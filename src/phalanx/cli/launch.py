@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cli import command_parser
+from phalanx.jobs.ssh.job import FORWARDED
 from phalanx.settings.options import add_launch_options, add_script_arguments
-from phalanx.ssh.job import FORWARDED
 
 
 def add_parser(commands: Any) -> None:
@@ -82,8 +82,8 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from phalanx.errors import SettingsRefused
-    from phalanx.ssh.job import job_from_args, launch
-    from phalanx.ssh.transport import Ssh
+    from phalanx.jobs.ssh.job import job_from_args, launch
+    from phalanx.jobs.ssh.transport import Ssh
 
     for name in ("preflight_timeout", "grace"):
         if getattr(args, name) <= 0:

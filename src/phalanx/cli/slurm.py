@@ -63,9 +63,9 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from phalanx.clusters.sbatch import render
-    from phalanx.clusters.slurm_job import job_from_args, submit
     from phalanx.console import say
+    from phalanx.jobs.slurm.job import job_from_args, submit
+    from phalanx.jobs.slurm.sbatch import render
     from phalanx.launch.job import check_log_dir
 
     job = job_from_args(args)

@@ -50,6 +50,9 @@ class Placement:
     dns_may_lag: bool = False
     #: Lines for the decision block beyond the values above.
     notes: tuple[str, ...] = field(default=(), compare=False)
+    #: Why this environment names no endpoint, and the HINT, for a job of several nodes that has
+    #: none (None: the environment would have named it; the user gives the first node's address).
+    no_endpoint: tuple[str, str] | None = field(default=None, compare=False)
 
     def sources(self) -> list[str]:
         """Every variable this placement was read from, for the decision block."""

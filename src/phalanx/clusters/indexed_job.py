@@ -16,26 +16,39 @@ from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.errors import SettingsRefused
 from phalanx.settings import values
 
+#: The variable the Job controller gives each pod of an Indexed Job: its index.
+INDEX_VARIABLE = "JOB_COMPLETION_INDEX"
+
+
+def pod_hostname(job: str, index: int) -> str:
+    """The Job controller's host name for pod ``index`` of Job ``job``: ``<job>-<index>``."""
+    return f"{job}-{index}"
+
+
+def job_of(hostname: str, index: int) -> str | None:
+    """The Job's name in pod ``index``'s host name (first label); None where it is not one."""
+    label, suffix = hostname.split(".")[0], pod_hostname("", index)
+    return label.removesuffix(suffix) if label.endswith(suffix) and label != suffix else None
+
 
 class IndexedJob(ClusterEnvironment):
     """A pod of a Kubernetes Indexed Job: its index, and pod 0's name in a headless Service."""
 
     name = "Kubernetes Indexed Job"
-    markers = ("JOB_COMPLETION_INDEX",)
+    markers = (INDEX_VARIABLE,)
 
     def __init__(self, environ: Mapping[str, str], headless_service: str | None = None) -> None:
         super().__init__(environ)
         self.headless_service = headless_service
 
     def placement(self) -> Placement:
-        index = self._int("JOB_COMPLETION_INDEX")
+        index = self._int(INDEX_VARIABLE)
         assert index is not None
         hostname = self.environ.get("HOSTNAME") or socket.gethostname()
-        suffix = f"-{index.value}"
-        job = hostname.split(".")[0].removesuffix(suffix) if hostname.split(".")[0].endswith(suffix) else None
+        job = job_of(hostname, index.value)
         endpoint = None
         if self.headless_service and job:
-            host = f"{job}-0.{self.headless_service}"
+            host = f"{pod_hostname(job, 0)}.{self.headless_service}"
             try:
                 parsed = values.parse_endpoint(host)
             except values.InvalidValue:
@@ -58,4 +71,9 @@ class IndexedJob(ClusterEnvironment):
             endpoint=endpoint,
             rdzv_id=Found(job, "the Job's name in the host name") if job else None,
             dns_may_lag=True,
+            no_endpoint=(
+                "the pod's environment does not name the first pod's address.",
+                "give the headless Service of the pod template's subdomain: --headless-service NAME "
+                "(PHALANX_HEADLESS_SERVICE), or --rdzv-endpoint HOST[:PORT]",
+            ),
         )

@@ -18,7 +18,17 @@ from phalanx.errors import SettingsRefused
 from phalanx.settings import values
 
 #: The port a PyTorchJob's master listens on when its spec names none (the operator's default).
-PYTORCHJOB_DEFAULT_PORT = 23456
+DEFAULT_PORT = 23456
+#: What the operator sets on every pod of a job with a Master.
+OPERATOR_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+                      "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")  # fmt: skip
+#: The master pod's (and its Service's) name after the job's: ``<job>-master-0``, which is MASTER_ADDR.
+MASTER_SUFFIX = "-master-0"
+
+
+def pod_hostnames(job: str, nodes: int) -> list[str]:
+    """The operator's pod (and Service) names, in RANK order: ``<job>-master-0``, ``<job>-worker-<i>``."""
+    return [job + MASTER_SUFFIX, *(f"{job}-worker-{index}" for index in range(nodes - 1))]
 
 
 class PyTorchJob(ClusterEnvironment):
@@ -58,12 +68,12 @@ class PyTorchJob(ClusterEnvironment):
             raise self._refuse_variable(f"{rank.source} with {nnodes.source}", "a pod index below the pod count")
         master = self._text("MASTER_ADDR")
         assert master is not None
-        port = self._int("MASTER_PORT", minimum=1) or Found(PYTORCHJOB_DEFAULT_PORT, "the operator's default port")
+        port = self._int("MASTER_PORT", minimum=1) or Found(DEFAULT_PORT, "the operator's default port")
         try:
             endpoint = values.parse_endpoint(f"{master.value}:{port.value}")
         except values.InvalidValue:
             raise self._refuse_variable(f"{master.source}, {port.source}", "a host name and a port") from None
-        job = master.value.split(".")[0].removesuffix("-master-0")
+        job = master.value.split(".")[0].removesuffix(MASTER_SUFFIX)
         return Placement(
             name=self.name,
             environment=f"{self.name} {job}",

@@ -13,6 +13,8 @@ from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
 from phalanx.clusters.indexed_job import IndexedJob
 from phalanx.settings import values
 
+#: What Kubeflow's Trainer sets on every pod of a torch runtime (pkg/constants: TorchRunReservedEnvNames).
+TRAINER_VARIABLES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 #: torchrun's default for --master-port, used when PET_MASTER_ADDR comes without PET_MASTER_PORT.
 TORCHRUN_MASTER_PORT = 29500
 

@@ -128,13 +128,10 @@ def _check_node_rank(placement: Placement, settings: Mapping[str, Any], resolved
 def _check_endpoint(placement: Placement, settings: Mapping[str, Any]) -> None:
     if settings.get("rdzv_endpoint") is not None or settings.get("nnodes", NodeRange(1, 1)).max == 1:
         return
-    if placement.name == "Kubernetes Indexed Job":
-        why = "the pod's environment does not name the first pod's address."
-        hint = ("give the headless Service of the pod template's subdomain: --headless-service NAME "
-                "(PHALANX_HEADLESS_SERVICE), or --rdzv-endpoint HOST[:PORT]")  # fmt: skip
-    else:
-        why = f"{placement.name} gave no endpoint."
-        hint = "give the first node's address: --rdzv-endpoint HOST[:PORT] (or PET_MASTER_ADDR and PET_MASTER_PORT)"
+    why, hint = placement.no_endpoint or (
+        f"{placement.name} gave no endpoint.",
+        "give the first node's address: --rdzv-endpoint HOST[:PORT] (or PET_MASTER_ADDR and PET_MASTER_PORT)",
+    )
     raise SettingsRefused(
         f"{placement.environment}: the job has {settings['nnodes']} nodes, but nothing says where they meet", why, hint
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phalanx.k8s.spec import Manifest, ManifestSpec
+from phalanx.jobs.k8s.spec import Manifest, ManifestSpec
 
 #: The volume that replaces the container runtime's 64 MiB /dev/shm.
 SHM_VOLUME: Manifest = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
@@ -33,8 +33,8 @@ def resources(spec: ManifestSpec) -> Manifest:
     """Each pod's resources: GPUs as limits (the device plugin's way), CPU and memory as requests.
 
     Example:
-        >>> from phalanx.k8s.kinds import kind_named
-        >>> from phalanx.launch.spec import Entrypoint
+        >>> from phalanx.jobs.k8s.kinds import kind_named
+        >>> from phalanx.settings.entrypoint import Entrypoint
         >>> spec = ManifestSpec(kind_named("indexed-job"), "t", "me/t:1", Entrypoint("t.py"), 2, 4, gpus_per_node=4, memory="64Gi")
         >>> resources(spec)
         {'limits': {'nvidia.com/gpu': 4}, 'requests': {'memory': '64Gi'}}

@@ -2,7 +2,7 @@
 job everywhere as one: Ctrl-C, SIGTERM or one host's failure stops every host, and the job
 exits with one code, its root cause's.
 
-Each remote command runs under :mod:`phalanx.ssh.remote`, which takes a word a line on its
+Each remote command runs under :mod:`phalanx.jobs.ssh.remote`, which takes a word a line on its
 standard input (INT, TERM, KILL) and ends its process group when that input closes. ssh runs in
 a session of its own here, so a Ctrl-C in the terminal reaches this launcher only, which then
 says INT to every host: each ``phalanx run`` sees a Ctrl-C, as if typed on its own terminal.
@@ -23,9 +23,9 @@ from typing import IO
 
 from phalanx.console import say
 from phalanx.exit_codes import ExitCode, exit_code_of
-from phalanx.ssh.hosts import SshHost
-from phalanx.ssh.remote import BEAT_S
-from phalanx.ssh.transport import SSH_FAILED, Ssh
+from phalanx.jobs.ssh.hosts import SshHost
+from phalanx.jobs.ssh.remote import BEAT_S
+from phalanx.jobs.ssh.transport import SSH_FAILED, Ssh
 
 
 @dataclass
@@ -52,7 +52,7 @@ class _Remote:
 
 def _beat(remotes: list[_Remote], done: threading.Event) -> None:
     """Tells every guard that the launcher is there; one that hears nothing for
-    :data:`phalanx.ssh.remote.SILENCE_S` (a cut link, which closes no connection) stops its job."""
+    :data:`phalanx.jobs.ssh.remote.SILENCE_S` (a cut link, which closes no connection) stops its job."""
     while not done.wait(BEAT_S):
         for remote in remotes:
             remote.say("BEAT")
@@ -87,7 +87,7 @@ class _Streams:
 
 
 def run_on_hosts(hosts: Sequence[SshHost], ssh: Ssh, commands: Sequence[str], grace_s: float) -> int:
-    """Runs ``commands[i]`` on ``hosts[i]`` (each under :mod:`phalanx.ssh.remote`) until all end.
+    """Runs ``commands[i]`` on ``hosts[i]`` (each under :mod:`phalanx.jobs.ssh.remote`) until all end.
 
     Args:
         hosts: where.

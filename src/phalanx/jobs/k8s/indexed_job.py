@@ -10,9 +10,10 @@ every pod is ready. Needs Kubernetes 1.26 or newer (``podFailurePolicy``).
 
 from __future__ import annotations
 
+from phalanx.clusters.indexed_job import INDEX_VARIABLE, pod_hostname
 from phalanx.exit_codes import ExitCode
-from phalanx.k8s import pod
-from phalanx.k8s.spec import Kind, Manifest, ManifestSpec
+from phalanx.jobs.k8s import pod
+from phalanx.jobs.k8s.spec import Kind, Manifest, ManifestSpec
 
 CONTAINER = "train"
 #: The label the Job controller puts on its pods (also as batch.kubernetes.io/job-name from 1.27):
@@ -32,7 +33,7 @@ def render(spec: ManifestSpec) -> list[Manifest]:
         [Service, Job].
 
     Example:
-        >>> from phalanx.launch.spec import Entrypoint
+        >>> from phalanx.settings.entrypoint import Entrypoint
         >>> service, job = render(ManifestSpec(KIND, "train", "me/train:1", Entrypoint("train.py"), 2, 4))
         >>> job["spec"]["template"]["spec"]["containers"][0]["command"][:8]
         ['phalanx', 'run', '--nnodes', '2', '--nproc-per-node', '4', '--headless-service', 'train']
@@ -81,8 +82,8 @@ def render(spec: ManifestSpec) -> list[Manifest]:
 
 
 def pod_hostnames(name: str, nodes: int) -> list[str]:
-    """The Job controller's host name for pod ``i``: ``<job>-<i>``."""
-    return [f"{name}-{index}" for index in range(nodes)]
+    """The Job controller's host names of the pods, in index order."""
+    return [pod_hostname(name, index) for index in range(nodes)]
 
 
 KIND = Kind(
@@ -90,6 +91,6 @@ KIND = Kind(
     summary="an Indexed Job and a headless Service (Kubernetes 1.26+, no operator)",
     render=render,
     pod_hostnames=pod_hostnames,
-    controller_variables=("JOB_COMPLETION_INDEX",),
+    controller_variables=(INDEX_VARIABLE,),
     base_env=(("PYTHONUNBUFFERED", "1"),),
 )

@@ -11,15 +11,15 @@ installs) makes a JobSet whose replicated job ``node`` runs ``numNodes`` pods, c
 
 from __future__ import annotations
 
-from phalanx.k8s import pod
-from phalanx.k8s.spec import Kind, Manifest, ManifestSpec
+from phalanx.clusters.indexed_job import INDEX_VARIABLE
+from phalanx.clusters.torchrun_variables import TRAINER_VARIABLES
+from phalanx.jobs.k8s import pod
+from phalanx.jobs.k8s.spec import Kind, Manifest, ManifestSpec
 
 #: The torch runtimes' replicated job and container (manifests/base/runtimes/torch_distributed.yaml).
 NODE = "node"
 #: Who wrote a runtime patch: the Trainer's webhook wants a domain-prefixed path.
 PATCH_MANAGER = "phalanx.dev/k8s"
-#: What the Trainer sets on every pod of a torch runtime (pkg/constants: TorchRunReservedEnvNames).
-TRAINER_VARIABLES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 
 
 def render(spec: ManifestSpec) -> list[Manifest]:
@@ -32,7 +32,7 @@ def render(spec: ManifestSpec) -> list[Manifest]:
         [TrainJob].
 
     Example:
-        >>> from phalanx.launch.spec import Entrypoint
+        >>> from phalanx.settings.entrypoint import Entrypoint
         >>> (job,) = render(ManifestSpec(KIND, "train", "me/train:1", Entrypoint("train.py"), 2, 4))
         >>> job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["command"]
         (2, ['phalanx', 'run', 'train.py'])
@@ -81,7 +81,7 @@ KIND = Kind(
     summary="a Kubeflow Trainer v2 TrainJob (Trainer v2.2+ and its torch runtime installed)",
     render=render,
     pod_hostnames=pod_hostnames,
-    controller_variables=(*TRAINER_VARIABLES, "JOB_COMPLETION_INDEX"),
+    controller_variables=(*TRAINER_VARIABLES, INDEX_VARIABLE),
     controller_options={
         "rdzv_endpoint": "comes from the Trainer, which gives every pod PET_MASTER_ADDR and PET_MASTER_PORT",
         "headless_service": "names an Indexed Job's Service; a TrainJob's pods are named by JobSet's own",

@@ -24,8 +24,8 @@ from typing import Any
 
 from phalanx.console import format_table
 from phalanx.errors import SettingsRefused
-from phalanx.ssh.hosts import SshHost
-from phalanx.ssh.transport import SSH_FAILED, Ssh, probe_command
+from phalanx.jobs.ssh.hosts import SshHost
+from phalanx.jobs.ssh.transport import SSH_FAILED, Ssh, probe_command
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
-from phalanx.ssh import probe
+from phalanx.jobs.ssh import probe
 
 #: ssh's own exit code when it could not connect or authenticate.
 SSH_FAILED = 255
@@ -64,7 +64,7 @@ class Ssh:
 
 
 def probe_command(python: str, mode: str, request: dict[str, object], env: Mapping[str, str]) -> str:
-    """The remote shell line that runs :mod:`phalanx.ssh.probe` with ``python`` and the job's
+    """The remote shell line that runs :mod:`phalanx.jobs.ssh.probe` with ``python`` and the job's
     variables (``PYTHONPATH`` decides what imports). The source goes as base64 on one line:
     a newline inside quotes is more than csh's login shells take."""
     source = base64.b64encode(Path(probe.__file__).read_bytes()).decode()

@@ -19,7 +19,7 @@ subreaper, so a process that left the group (``setsid``) and lost its parent is 
 When ``phalanx run`` ends, whatever it left is killed too, and the guard exits with its code
 (128+N for a signal N), so nothing outlives a launch on any host.
 
-Usage (the launcher writes this line): python -m phalanx.ssh.remote [--grace S] -- COMMAND...
+Usage (the launcher writes this line): python -m phalanx.jobs.ssh.remote [--grace S] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command after ``--`` until it ends or the launcher says so; returns its exit code."""
-    parser = argparse.ArgumentParser(prog="python -m phalanx.ssh.remote")
+    parser = argparse.ArgumentParser(prog="python -m phalanx.jobs.ssh.remote")
     parser.add_argument("--grace", type=float, default=30.0)
     parser.add_argument("--silence", type=float, default=SILENCE_S)
     parser.add_argument("command", nargs=argparse.REMAINDER)

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
-from phalanx.k8s.kinds import kind_named
-from phalanx.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
-from phalanx.k8s.trainjob import KIND as TRAINJOB
+from phalanx.jobs.k8s.kinds import kind_named
+from phalanx.jobs.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
+from phalanx.jobs.k8s.trainjob import KIND as TRAINJOB
 from phalanx.settings.entrypoint import Entrypoint
 from phalanx.settings.options import LAUNCH_OPTIONS, given_flags, given_settings, refuse_settings
 from phalanx.settings.values import Resolved, parse_flag

@@ -18,12 +18,12 @@ from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs.ssh.fanout import run_on_hosts
+from phalanx.jobs.ssh.hosts import SshHost, parse_host_list, read_hostfile
+from phalanx.jobs.ssh.preflight import Expectation, run_preflight
+from phalanx.jobs.ssh.transport import Ssh
 from phalanx.settings.options import CONFIG_VARIABLE, given_flags, given_settings, refuse_settings
 from phalanx.settings.values import DEFAULT_RDZV_PORT, Resolved
-from phalanx.ssh.fanout import run_on_hosts
-from phalanx.ssh.hosts import SshHost, parse_host_list, read_hostfile
-from phalanx.ssh.preflight import Expectation, run_preflight
-from phalanx.ssh.transport import Ssh
 
 #: Variables passed on to every host unless --no-default-env: NCCL's, Gloo's, Python's and phalanx's own.
 FORWARDED = ("NCCL_*", "GLOO_*", "PYTHON*", "PHALANX_*", "PET_*")
@@ -57,7 +57,7 @@ class SshJob:
         env = [f"{name}={value}" for name, value in sorted(self.environment.items())]
         run = [self.python, "-m", "phalanx", "run", "--nnodes", str(len(self.hosts)), "--nproc-per-node", self.nproc,
                "--rdzv-endpoint", f"{endpoint}:{self.port}", "--rdzv-id", self.rdzv_id, *self.run_args]  # fmt: skip
-        guard = [self.python, "-m", "phalanx.ssh.remote", "--grace", f"{self.grace_s:g}", "--"]
+        guard = [self.python, "-m", "phalanx.jobs.ssh.remote", "--grace", f"{self.grace_s:g}", "--"]
         return f"cd {shlex.quote(self.cwd)} && exec " + shlex.join(["env", *env, *guard, *run])
 
     def expectation(self) -> Expectation:
@@ -120,7 +120,7 @@ def launch(job: SshJob, ssh: Ssh, preflight_timeout_s: float) -> int:
         preflight_timeout_s: the bound for the preflight.
 
     Returns:
-        The job's exit code (see :func:`phalanx.ssh.fanout.run_on_hosts`); 2 when refused.
+        The job's exit code (see :func:`phalanx.jobs.ssh.fanout.run_on_hosts`); 2 when refused.
 
     Example:
         >>> launch(job_from_args(args), Ssh(), preflight_timeout_s=30)  # doctest: +SKIP

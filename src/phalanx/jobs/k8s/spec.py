@@ -148,7 +148,7 @@ class ManifestSpec:
         flags, then the script and its arguments.
 
         Example:
-            >>> from phalanx.k8s.kinds import kind_named
+            >>> from phalanx.jobs.k8s.kinds import kind_named
             >>> spec = ManifestSpec(kind_named("trainjob"), "train", "me/train:1", Entrypoint("train.py", ("--epochs", "3")),
             ...                     nodes=2, nproc_per_node=4, launch_flags=("--max-restarts", "1"))
             >>> spec.run_command()

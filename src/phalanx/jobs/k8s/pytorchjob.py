@@ -10,16 +10,14 @@ pkg/controller.v1/pytorch/envvar.go and master.go.
 
 from __future__ import annotations
 
-from phalanx.k8s import pod
-from phalanx.k8s.spec import Kind, Manifest, ManifestSpec
+from phalanx.clusters.pytorchjob import DEFAULT_PORT, OPERATOR_VARIABLES, pod_hostnames
+from phalanx.jobs.k8s import pod
+from phalanx.jobs.k8s.spec import Kind, Manifest, ManifestSpec
 
 #: The container the operator looks for (PyTorchJobDefaultContainerName).
 CONTAINER = "pytorch"
 #: The master's port, under the name the operator reads it by (PyTorchJobDefaultPort, ...PortName).
-PORT = {"name": "pytorchjob-port", "containerPort": 23456}
-#: What the operator sets on every pod of a job with a Master.
-OPERATOR_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "PET_MASTER_ADDR", "PET_MASTER_PORT",
-                      "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")  # fmt: skip
+PORT = {"name": "pytorchjob-port", "containerPort": DEFAULT_PORT}
 
 
 def render(spec: ManifestSpec) -> list[Manifest]:
@@ -32,7 +30,7 @@ def render(spec: ManifestSpec) -> list[Manifest]:
         [PyTorchJob].
 
     Example:
-        >>> from phalanx.launch.spec import Entrypoint
+        >>> from phalanx.settings.entrypoint import Entrypoint
         >>> (job,) = render(ManifestSpec(KIND, "train", "me/train:1", Entrypoint("train.py"), 3, 4))
         >>> {role: replicas["replicas"] for role, replicas in job["spec"]["pytorchReplicaSpecs"].items()}
         {'Master': 1, 'Worker': 2}
@@ -59,11 +57,6 @@ def render(spec: ManifestSpec) -> list[Manifest]:
             },
         }
     ]
-
-
-def pod_hostnames(name: str, nodes: int) -> list[str]:
-    """The operator's pod (and Service) names, in RANK order: ``<job>-master-0``, ``<job>-worker-<i>``."""
-    return [f"{name}-master-0", *(f"{name}-worker-{index}" for index in range(nodes - 1))]
 
 
 KIND = Kind(

@@ -16,7 +16,7 @@ import yaml
 
 from phalanx import __version__
 from phalanx.errors import SettingsRefused
-from phalanx.k8s.spec import Manifest, ManifestSpec
+from phalanx.jobs.k8s.spec import Manifest, ManifestSpec
 
 
 class _Dumper(yaml.SafeDumper):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from phalanx.errors import SettingsRefused
-from phalanx.k8s import indexed_job, pytorchjob, trainjob
-from phalanx.k8s.spec import Kind
+from phalanx.jobs.k8s import indexed_job, pytorchjob, trainjob
+from phalanx.jobs.k8s.spec import Kind
 
 KINDS: tuple[Kind, ...] = (indexed_job.KIND, trainjob.KIND, pytorchjob.KIND)
 DEFAULT_KIND = indexed_job.KIND.name

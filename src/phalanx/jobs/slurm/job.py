@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.clusters.sbatch import SlurmJob, check_time_limit
 from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs.slurm.sbatch import SlurmJob, check_time_limit
 from phalanx.settings.entrypoint import Entrypoint
 from phalanx.settings.options import given_flags, given_settings, refuse_settings
 from phalanx.settings.values import NodeRange
