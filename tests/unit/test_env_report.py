@@ -23,10 +23,10 @@ from phalanx.cli.main import build_parser
 from phalanx.diagnostics import machine, traps
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.env_text import render
-from phalanx.diagnostics.launch_settings import json_value, load_config, resolved_settings
+from phalanx.diagnostics.launch_settings import json_value, resolved_settings
 from phalanx.diagnostics.torch_facts import gpu_report, nvidia_driver_version, torch_facts
 from phalanx.launch.options import spec_from_args
-from phalanx.settings.options import LAUNCH_OPTIONS
+from phalanx.settings.options import LAUNCH_OPTIONS, read_config_file
 
 HEADERS = ("host", "torch", "gpus", "network interfaces", "infiniband", "resources", "variables", "launch settings")
 
@@ -102,7 +102,7 @@ def test_settings_precedence_env_over_config_over_default(tmp_path):
     config = tmp_path / "phalanx.toml"
     config.write_text('nproc-per-node = 4\nmax_restarts = 2\nrdzv-endpoint = "10.0.0.1"\n')
     environ = {"PHALANX_NPROC_PER_NODE": "3", "PHALANX_DRY_RUN": "1"}
-    values = setting_values(resolved_settings(environ, load_config(config), config))
+    values = setting_values(resolved_settings(environ, read_config_file(config), config))
     assert values["nproc-per-node"] == (3, "environment")
     assert values["max-restarts"] == (2, "config")
     assert values["rdzv-endpoint"] == ("10.0.0.1:29400", "config")

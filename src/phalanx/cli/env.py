@@ -61,12 +61,11 @@ def run(args: argparse.Namespace) -> int:
 
     from phalanx.diagnostics.env_report import collect_env_report
     from phalanx.diagnostics.env_text import render
-    from phalanx.diagnostics.launch_settings import load_config
     from phalanx.errors import SettingsRefused
-    from phalanx.settings.options import config_path_from
+    from phalanx.settings.options import read_config
 
-    config_path = config_path_from(args.config, os.environ)
-    report = collect_env_report(os.environ, load_config(config_path), config_path)
+    config_path, config = read_config(args.config, os.environ)
+    report = collect_env_report(os.environ, config, config_path)
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report), flush=True)
     refused = report.refused_settings
     if refused:

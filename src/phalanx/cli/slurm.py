@@ -61,19 +61,12 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from phalanx.console import say
     from phalanx.jobs.slurm.job import job_from_args, submit
     from phalanx.jobs.slurm.sbatch import render
-    from phalanx.launch.job import check_log_dir
 
     job = job_from_args(args)
     text = render(job)
-    # SLURM creates no folder for the job's log: a job whose folder is missing fails with no word
-    check_log_dir(
-        (Path(job.workdir) / job.output).parent, "SLURM writes the batch job's log there (slurm-<job ID>.out)."
-    )
     if not args.submit:
         print(text, end="")
         say(f"phalanx slurm: submit it with `sbatch FILE`; its log: {job.workdir}/{job.output} (%j is the job ID)")

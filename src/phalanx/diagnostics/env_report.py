@@ -96,7 +96,7 @@ def collect_env_report(
     root: Path = Path("/"),
 ) -> EnvReport:
     """This machine's report. ``config`` is the already-read --config file (see
-    :func:`.launch_settings.load_config`), ``root`` the folder /sys, /proc, /etc and /dev are read under."""
+    :func:`phalanx.settings.options.read_config`), ``root`` the folder /sys, /proc, /etc and /dev are read under."""
     environ = os.environ if environ is None else environ
     host = machine.host_facts(root)
     torch = torch_facts.torch_facts()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from phalanx.errors import SettingsRefused
 from phalanx.launch.spec import LaunchSpec
-from phalanx.settings.options import LAUNCH_OPTIONS, read_config_file, resolve_settings
+from phalanx.settings.options import LAUNCH_OPTIONS, resolve_settings
 
 #: A setting's value as JSON holds it: numbers and switches as they are, the rest as text.
 JsonValue = str | int | float | bool | None
@@ -32,11 +32,6 @@ class ResolvedSetting:
     origin: str  # the variable's name, the config file's path, or "LaunchSpec default"
     refused: str | None = None  # why `phalanx run` would refuse the value (None: it is fine)
     hint: str | None = None
-
-
-def load_config(path: Path | None) -> dict[str, object]:
-    """The file's settings; a missing, unreadable or unknown-key file raises SettingsRefused (exit 2)."""
-    return read_config_file(path) if path is not None else {}
 
 
 def resolved_settings(

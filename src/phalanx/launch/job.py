@@ -7,6 +7,7 @@ a training job would, and report them the same way.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -27,9 +28,13 @@ def dry_run_text(plans: list[NodePlan]) -> str:
     return "\n".join(parts)
 
 
-def check_log_dir(log_dir: Path, why: str = "every rank writes its logs under it, on every node.") -> None:
+def check_log_dir(
+    log_dir: Path, why: str = "every rank writes its logs under it, on every node.", keep: bool = True
+) -> None:
     """Makes --log-dir, or refuses one that cannot hold logs (a file, /proc, a read-only mount)
-    before anything starts, instead of a traceback (from torchrun once the nodes have met)."""
+    before anything starts, instead of a traceback (from torchrun once the nodes have met).
+    With ``keep`` False (a dry run) the folders it made are removed again: the check, no trace."""
+    made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=log_dir):
@@ -41,11 +46,14 @@ def check_log_dir(log_dir: Path, why: str = "every rank writes its logs under it
             why,
             "give a folder this user can write, e.g. --log-dir ./phalanx-logs",
         ) from None
+    finally:
+        for folder in made if not keep else ():
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # the deepest first; one that holds something else stays
 
 
 def start(plans: list[NodePlan]) -> int:
     """Runs this host's node agents (one, or K when simulated) and returns the job's exit code."""
-    check_log_dir(Path(plans[0].run_dir).parent)
     say(decision_block(plans))
     if plans[0].is_simulated:
         from phalanx.launch.simulate import Simulation
@@ -60,6 +68,8 @@ def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
     """Plans this host's nodes and starts them; with --dry-run prints the plan and starts nothing."""
     check_installed()
     plans = plan_nodes(spec, run_dir)
+    with spec.blamed("log_dir"):
+        check_log_dir(Path(plans[0].run_dir).parent, keep=not spec.dry_run)
     if spec.dry_run:
         print(dry_run_text(plans))
         return 0

@@ -32,4 +32,5 @@ def spec_from_args(
                 hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]",
             )
         entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
-    return LaunchSpec(entrypoint=entrypoint, config_file=config_path, **settings)
+    origins = {name: item.origin for name, item in given.items()}
+    return LaunchSpec(entrypoint=entrypoint, config_file=config_path, origins=origins, **settings)

@@ -20,16 +20,11 @@ from phalanx import __version__
 from phalanx.errors import SettingsRefused
 from phalanx.launch import gpus, network
 from phalanx.launch.spec import LaunchSpec
-from phalanx.settings.values import Endpoint
+from phalanx.settings.values import SIMULATED_ADDRESS_BASE, Endpoint
 from phalanx.torch_compat import installed_torch, outside_range
 from phalanx.worker_env import WorkerEnv, job_name
 
 INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-#: Simulated node k advertises 127.0.0.(SIMULATED_ADDRESS_BASE + k). Distinct addresses give the
-#: nodes distinct identities, and three-digit last octets keep torchrun's node order (sorted by
-#: address) the same as the simulated index.
-SIMULATED_ADDRESS_BASE = 101
-MAX_SIMULATED_NODES = 99
 
 
 @dataclass(frozen=True)
@@ -212,7 +207,8 @@ def plan_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodePlan]:
 
 def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     if spec.interface:
-        network.check_interface(spec.interface)
+        with spec.blamed("interface"):
+            network.check_interface(spec.interface)
     resources = _resources(spec, nodes_on_host=1)
     if spec.rdzv_endpoint is None:
         # One node, nobody else to meet: loopback and a port the store picks itself (never 29500).
@@ -279,11 +275,6 @@ def _store_address(choice: network.NetworkChoice, multi_node: bool) -> str | Non
 
 def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
     count = spec.simulate_nodes
-    if count > MAX_SIMULATED_NODES:
-        raise SettingsRefused(
-            f"--simulate-nodes {count}: at most {MAX_SIMULATED_NODES} nodes can be simulated",
-            hint="a rehearsal needs only a few nodes; 2 to 4 show every multi-node code path",
-        )
     resources = _resources(spec, nodes_on_host=count)
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
     endpoint = f"127.0.0.1:{port}"

@@ -7,13 +7,16 @@ that no code behind it ever sees settings that cannot work. Checks that depend o
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from phalanx.clusters.environment import Placement
 from phalanx.errors import SettingsRefused
 from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.options import blaming
 from phalanx.settings.values import Endpoint, NodeRange
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
@@ -58,6 +61,9 @@ class LaunchSpec:
     cluster_notes: tuple[str, ...] = ()
     #: Where the endpoint came from when the cluster environment gave it (None: the user set it).
     endpoint_origin: str | None = None
+    #: Where each setting the user gave came from, by field: ``--nnodes``, ``PHALANX_NNODES=2``,
+    #: ``nnodes in launch.toml``.
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def endpoint_text(self) -> str:
@@ -74,6 +80,10 @@ class LaunchSpec:
         self._check_node_count()
         self._check_endpoint()
         self.entrypoint.check_exists()
+
+    def blamed(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Within, a refusal of setting ``name`` names where the value came from (:func:`blaming`)."""
+        return blaming(self.origins.get(name, ""))
 
     @property
     def is_multi_node(self) -> bool:

@@ -14,8 +14,9 @@ phalanx's others but errors: every command and every cluster reader builds on it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,6 +35,10 @@ ENV_PREFIX = "PHALANX_"
 TORCHRUN_PREFIX = "PET_"
 
 
+#: The classes of value a launch option takes (Option.kind).
+VALUE_KINDS = ("nodes", "processes", "endpoint", "name", "count", "folder", "choice", "interface", "seconds", "switch")
+
+
 @dataclass(frozen=True)
 class Option:
     """One launch setting: its flag, how its text is parsed, and the LaunchSpec field it fills."""
@@ -44,6 +49,9 @@ class Option:
     metavar: str | None = None
     is_switch: bool = False  # a flag that takes no value
     torchrun_has_it: bool = False  # torchrun has the same flag, and reads it from PET_<FLAG>
+    #: The class of value it takes, one of VALUE_KINDS: the bad-input matrix tests each class's
+    #: bad values for every option of it, in every command and every way of giving it.
+    kind: str = "switch"
 
     @property
     def field(self) -> str:
@@ -69,6 +77,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "number of nodes, N or MIN:MAX for an elastic job (default 1, or what the cluster environment says)",
         "N|MIN:MAX",
         torchrun_has_it=True,
+        kind="nodes",
     ),
     Option(
         "nproc-per-node",
@@ -77,6 +86,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "gpu or cpu (default 1, or the GPUs the cluster environment gives each node)",
         "N|auto|gpu|cpu",
         torchrun_has_it=True,
+        kind="processes",
     ),
     Option(
         "rdzv-endpoint",
@@ -85,6 +95,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "the node that owns this address hosts the rendezvous store (default: the cluster environment's first node)",
         "HOST[:PORT]",
         torchrun_has_it=True,
+        kind="endpoint",
     ),
     Option(
         "rdzv-id",
@@ -92,6 +103,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "job name, the same on every node (default phalanx, or the scheduler's job ID)",
         "ID",
         torchrun_has_it=True,
+        kind="name",
     ),
     Option(
         "max-restarts",
@@ -100,6 +112,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "or a stop for preemption",
         "N",
         torchrun_has_it=True,
+        kind="count",
     ),
     Option(
         "log-dir",
@@ -107,20 +120,29 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "folder for per-rank logs (default ./phalanx-logs)",
         "DIR",
         torchrun_has_it=True,
+        kind="folder",
     ),
-    Option("backend", values.parse_backend, "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)", "NAME"),
+    Option(
+        "backend",
+        values.parse_backend,
+        "auto (nccl with GPUs, gloo without), nccl or gloo (default auto)",
+        "NAME",
+        kind="choice",
+    ),
     Option(
         "interface",
         values.parse_interface,
         "network interface to use (sets GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME); default: the one that routes to "
         "the endpoint",
         "IFNAME",
+        kind="interface",
     ),
     Option(
         "join-timeout",
         lambda value: values.parse_seconds(value, name="--join-timeout"),
         "seconds to wait for all nodes to join (default 300)",
         "SECONDS",
+        kind="seconds",
     ),
     Option(
         "last-call",
@@ -128,12 +150,14 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "elastic jobs (--nnodes MIN:MAX): seconds a rendezvous round waits for more nodes once MIN have joined, "
         "before it starts without them (default 30, as torchrun)",
         "SECONDS",
+        kind="seconds",
     ),
     Option(
         "simulate-nodes",
-        _int_option("simulate-nodes", 1),
+        values.parse_simulated_nodes,
         "run K node agents on this host: rehearse a multi-node launch on one machine",
         "K",
+        kind="count",
     ),
     Option(
         "standalone",
@@ -148,6 +172,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "Kubernetes Indexed Job: the headless Service of the pod template's subdomain; pod 0 of the Job, "
         "<job>-0.<service>, is then the endpoint",
         "NAME",
+        kind="name",
     ),
     Option(
         "allow-public-endpoint",
@@ -278,33 +303,36 @@ def refuse_settings(settings: Mapping[str, Resolved], refused: Mapping[str, str]
                                   f"drop it (the flag, the variable, or the config's key); {instead}")  # fmt: skip
 
 
-def read_config_file(path: Path) -> dict[str, object]:
-    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores)."""
+def read_config_file(path: Path, given: str | None = None) -> dict[str, object]:
+    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores).
+
+    Args:
+        path: the file.
+        given: how the user named it, for refusals (default ``--config PATH``; the variable
+            ``PHALANX_CONFIG=PATH`` where that named it).
+    """
+    given = given or f"--config {path}"
     try:
         with path.open("rb") as handle:
             table = tomllib.load(handle)
     except FileNotFoundError:
-        raise SettingsRefused(f"--config {path}: the file does not exist", hint="check the path") from None
+        raise SettingsRefused(f"{given}: the file does not exist", hint="check the path") from None
     except OSError as error:
-        raise SettingsRefused(f"--config {path} cannot be read ({error.strerror})", hint="give a TOML file") from None
+        raise SettingsRefused(f"{given} cannot be read ({error.strerror})", hint="give a TOML file") from None
     except tomllib.TOMLDecodeError as error:
-        raise SettingsRefused(f"--config {path} is not valid TOML", str(error), "fix the line it names") from None
+        raise SettingsRefused(f"{given} is not valid TOML", str(error), "fix the line it names") from None
     except UnicodeDecodeError as error:  # TOML is UTF-8 text: a binary file, or one saved in another encoding
-        raise SettingsRefused(f"--config {path} is not UTF-8 text", f"byte {error.object[error.start]:#04x} at offset "
+        raise SettingsRefused(f"{given} is not UTF-8 text", f"byte {error.object[error.start]:#04x} at offset "
                               f"{error.start} is not UTF-8, and TOML files are.", "save it as UTF-8") from None  # fmt: skip
     table = table.get("run", table)  # settings may sit at the top or under [run]
     if not isinstance(table, dict):
-        raise SettingsRefused(
-            f"--config {path}: 'run' must be a table of settings ([run])", hint="see phalanx run --help"
-        )
+        raise SettingsRefused(f"{given}: 'run' must be a table of settings ([run])", hint="see phalanx run --help")
     settings: dict[str, object] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in _BY_FIELD:
             known = ", ".join(option.flag for option in LAUNCH_OPTIONS)
-            raise SettingsRefused(
-                f"--config {path}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it"
-            )
+            raise SettingsRefused(f"{given}: unknown setting {key!r}", f"known settings: {known}", "fix or remove it")
         settings[name] = value
     return settings
 
@@ -326,10 +354,23 @@ def resolve_settings(
             try:
                 resolved[option.field] = Resolved(option.parse(raw), origin)
             except values.InvalidValue as invalid:
-                from_where = "" if origin.startswith("--") else f" (from {origin})"
-                raise SettingsRefused(invalid.why + from_where, hint=invalid.hint) from None
+                raise SettingsRefused(invalid.why + values.given_as(origin), hint=invalid.hint) from None
             break
     return resolved
+
+
+@contextlib.contextmanager
+def blaming(origin: str) -> Iterator[None]:
+    """Within, a refusal of one setting's value (a check against this host: its interfaces, its
+    folders) names where the value came from, as a refusal by its parser does.
+
+    Args:
+        origin: the setting's :attr:`Resolved.origin` ("" or a flag: the message names it).
+    """
+    try:
+        yield
+    except SettingsRefused as refused:
+        raise SettingsRefused(refused.what + values.given_as(origin), refused.why, refused.hint) from None
 
 
 #: The variable every command reads the config file's path from when --config is not given.
@@ -344,10 +385,21 @@ class GivenSettings(NamedTuple):
     config: dict[str, object]  # that file's settings
 
 
-def config_path_from(config_flag: str | None, environ: Mapping[str, str]) -> Path | None:
-    """The config file every command reads: --config, else $PHALANX_CONFIG, else none."""
-    text = config_flag if config_flag is not None else environ.get(CONFIG_VARIABLE)
-    return Path(text) if text else None
+def read_config(config_flag: str | None, environ: Mapping[str, str]) -> tuple[Path | None, dict[str, object]]:
+    """The config file every command reads, and its settings: --config, else $PHALANX_CONFIG, else
+    none (no settings). Refusals name the one that named the file.
+
+    Raises:
+        SettingsRefused: the file cannot be read as launch settings.
+    """
+    if config_flag is not None:
+        text, given = config_flag, f"--config {config_flag}"
+    else:
+        text = environ.get(CONFIG_VARIABLE, "")
+        given = f"{CONFIG_VARIABLE}={text}"
+    if not text:
+        return None, {}
+    return Path(text), read_config_file(Path(text), given)
 
 
 def given_settings(
@@ -370,8 +422,7 @@ def given_settings(
     Raises:
         SettingsRefused: a value, or the config file, cannot be used.
     """
-    config_path = config_path_from(args.config, environ)
-    config = read_config_file(config_path) if config_path else {}
+    config_path, config = read_config(args.config, environ)
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}
     settings = resolve_settings(flags, environ if variables is None else variables, config, config_path)
     return GivenSettings(settings, config_path, config)

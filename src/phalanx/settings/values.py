@@ -13,6 +13,11 @@ DEFAULT_RDZV_PORT = 29400
 
 NPROC_KEYWORDS = ("auto", "gpu", "cpu")
 BACKENDS = ("auto", "nccl", "gloo")
+#: Simulated node k advertises 127.0.0.(SIMULATED_ADDRESS_BASE + k). Distinct addresses give the
+#: nodes distinct identities, and three-digit last octets keep torchrun's node order (sorted by
+#: address) the same as the simulated index: so at most 99 nodes (127.0.0.101 to .199).
+SIMULATED_ADDRESS_BASE = 101
+MAX_SIMULATED_NODES = 199 - SIMULATED_ADDRESS_BASE + 1
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
@@ -61,6 +66,12 @@ class Resolved:
     origin: str
 
 
+def given_as(origin: str) -> str:
+    """How a refusal names where a value came from: nothing for a flag (the message names the
+    flag), else `` (from ORIGIN)``: ``PHALANX_NNODES=0``, ``nnodes in launch.toml``."""
+    return "" if origin.startswith("--") else f" (from {origin})"
+
+
 def _as_text(value: object) -> str:
     return str(value).strip()
 
@@ -89,6 +100,17 @@ def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise InvalidValue(f"{name} must be a positive number of seconds, not {text}", f"for example {name} {example}")
     return seconds
+
+
+def parse_simulated_nodes(value: object) -> int:
+    """--simulate-nodes K: 1 to MAX_SIMULATED_NODES node agents on this host."""
+    count = parse_int(value, minimum=1, name="--simulate-nodes")
+    if count > MAX_SIMULATED_NODES:
+        raise InvalidValue(
+            f"--simulate-nodes {count}: at most {MAX_SIMULATED_NODES} nodes can be simulated",
+            "a rehearsal needs only a few nodes; 2 to 4 show every multi-node code path",
+        )
+    return count
 
 
 def parse_nnodes(value: object) -> NodeRange:

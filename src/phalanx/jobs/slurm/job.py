@@ -17,8 +17,9 @@ from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.jobs.slurm.sbatch import SlurmJob, check_time_limit
+from phalanx.launch.job import check_log_dir
 from phalanx.settings.entrypoint import Entrypoint
-from phalanx.settings.options import given_flags, given_settings, refuse_settings
+from phalanx.settings.options import blaming, given_flags, given_settings, refuse_settings
 from phalanx.settings.values import NodeRange
 
 #: Launch options that describe a run on this machine, not a SLURM job.
@@ -56,6 +57,9 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
     refuse_settings(settings, _NOT_FOR_SLURM, "phalanx slurm", "to rehearse first: phalanx run --simulate-nodes N ...")
     nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
     log_dir = settings["log_dir"].value if "log_dir" in settings else Path("phalanx-logs")
+    # SLURM creates no folder for the job's log: a job whose folder is missing fails with no word
+    with blaming(settings["log_dir"].origin if "log_dir" in settings else ""):
+        check_log_dir(Path(os.getcwd()) / log_dir, "SLURM writes the batch job's log there (slurm-<job ID>.out).")
     script = args.training_script
     return SlurmJob(
         run_command=_run_command(args, config_path),
