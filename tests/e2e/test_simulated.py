@@ -352,6 +352,24 @@ def test_a_sigkilled_launcher_leaves_no_worker_behind(workdir, layout):
         assert not alive, f"workers outlived their killed launcher: {alive}"
 
 
+def test_a_simulated_node_killed_from_outside_is_named_as_the_root_cause(workdir):
+    """kill -9 of node1's agent (as the out-of-memory killer would): its worker dies with it, and
+    node0's worker fails on its next all-reduce. The cause is node1, not node0's lost connection."""
+    script = copy_worker(workdir, "all_reduce_loop.py")
+    with launched(workdir, "--simulate-nodes", "2", script, str(workdir)) as process:
+        wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
+        [agent] = [
+            p for p in psutil.Process(process.pid).children() if "node1.json" in " ".join(p.cmdline())
+        ]  # fmt: skip
+        agent.send_signal(signal.SIGKILL)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert re.search(r"phalanx: root cause: node1 \(127\.0\.0\.102\): its node agent was killed by SIGKILL", stderr), (
+        stderr
+    )
+    assert "then failed too, having lost their peers: rank(s) 0" in stderr, stderr
+
+
 @pytest.mark.parametrize(
     "layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"]
 )

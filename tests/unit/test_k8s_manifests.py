@@ -348,3 +348,12 @@ def test_a_checkpoint_folder_on_the_pods_own_filesystem_is_refused(capsys, given
     folder = given[-1].split("=")[-1]
     assert f"the script's --checkpoint-dir {folder} is on the pod's own filesystem" in err, err
     assert f"HINT: mount a PersistentVolumeClaim there: --volume CLAIM:{folder}" in err, err
+
+
+def test_a_launch_variable_of_this_shell_is_said_not_to_reach_the_pods(capsys, monkeypatch):
+    monkeypatch.setenv("PHALANX_JOIN_TIMEOUT", "60")
+    assert main(["k8s", "--image", "registry.example.com/train:1", "train.py"]) == 0
+    note = "phalanx k8s: note: PHALANX_JOIN_TIMEOUT is set in this shell, but the pods do not see it"
+    assert note in capsys.readouterr().err
+    assert main(["k8s", "--image", "registry.example.com/train:1", "--env", "PHALANX_JOIN_TIMEOUT=60", "train.py"]) == 0
+    assert "note:" not in capsys.readouterr().err  # given to the pods: nothing to say

@@ -86,13 +86,17 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from phalanx.console import say
     from phalanx.jobs.k8s.render import header, to_yaml, write_folder
-    from phalanx.jobs.k8s.settings import spec_from_args
+    from phalanx.jobs.k8s.settings import spec_from_args, unseen_variables
 
     spec = spec_from_args(args)
+    for name in unseen_variables(os.environ, spec):
+        say(f"phalanx k8s: note: {name} is set in this shell, but the pods do not see it; "
+            f"--env {name}=VALUE gives it to them")  # fmt: skip
     manifests = spec.kind.render(spec)
     if args.output is None:
         print(to_yaml(manifests, header(spec)), end="")

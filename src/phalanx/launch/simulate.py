@@ -35,6 +35,7 @@ class Simulation:
         self.plans = plans
         self.nodes: list[subprocess.Popen[bytes]] = []
         self._signalled: int | None = None
+        self._stopped: set[int] = set()  # the nodes this process signalled (the others ended by themselves)
 
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -61,8 +62,9 @@ class Simulation:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signalled = signum
-        for node in self.nodes:
+        for index, node in enumerate(self.nodes):
             if node.poll() is None:
+                self._stopped.add(index)
                 node.send_signal(signum)
 
     def _supervise(self) -> list[int]:
@@ -80,6 +82,7 @@ class Simulation:
     def _stop_all(self) -> None:
         running = [node for node in self.nodes if node.poll() is None]
         for node in running:
+            self._stopped.add(self.nodes.index(node))
             node.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + TERMINATE_GRACE_S
         for node in running:
@@ -99,8 +102,30 @@ class Simulation:
                 return said  # every node said why already
         reports = [failure_file(plan) for plan in self.plans]
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
+        killed = [(plan, -code) for index, (plan, code) in enumerate(zip(self.plans, codes)) if code < 0
+                  and index not in self._stopped]  # fmt: skip
+        if killed:
+            say(_killed_node(*killed[0], found))
+            return ExitCode.FAILED
         if found:
             say(failure.format_root_cause(found))
             return failure.exit_code_for(found)
         # No worker failed: a node refused or timed out before training; its message says why.
         return next((code for code in codes if code in (ExitCode.REFUSED, ExitCode.JOIN_TIMEOUT)), ExitCode.FAILED)
+
+
+def _killed_node(plan: NodePlan, signum: int, consequences: list[failure.RankFailure]) -> str:
+    """The root cause when a simulated node's agent was killed from outside (kill -9, the
+    out-of-memory killer): its workers died with it, and the other nodes' failures came after."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    lines = [
+        f"phalanx: root cause: {plan.node_label} ({plan.local_addr}): its node agent was killed by {name}, "
+        "not by phalanx; its workers ended with it"
+    ]
+    if consequences:
+        ranks = ", ".join(str(item.rank) for item in sorted(consequences, key=lambda item: item.rank))
+        lines.append(f"  then failed too, having lost their peers: rank(s) {ranks}")
+    return "\n".join(lines)

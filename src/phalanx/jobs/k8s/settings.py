@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
@@ -165,3 +166,11 @@ def _nproc_per_node(nproc: Resolved | None, gpus_per_node: int | None) -> int:
             "give the number: --nproc-per-node N (by default the --gpus-per-node, else 1)",
         )
     return nproc.value
+
+
+def unseen_variables(environ: Mapping[str, str], spec: ManifestSpec) -> list[str]:
+    """This shell's launch-option variables (``PHALANX_<FLAG>``, ``PET_<FLAG>``) that the pods will
+    not see, since a pod's variables are the manifest's: the ones ``--env`` does not give them."""
+    given = {name for name, _ in spec.env}
+    names = [name for option in LAUNCH_OPTIONS for name in (option.env_var, option.torchrun_var) if name]
+    return [name for name in names if name in environ and name not in given]
