@@ -80,3 +80,63 @@ def test_a_store_that_stops_answering_is_its_host_lost():
     finally:
         a.liveness.stop()
         silent.close()
+
+
+class CountingStore:
+    """A store client that counts the operations of one node."""
+
+    def __init__(self, store: TCPStore, counts: dict[str, int], node: str) -> None:
+        self.store, self.counts, self.node = store, counts, node
+
+    def add(self, key: str, value: int) -> int:
+        self.counts[self.node] += 1
+        return self.store.add(key, value)
+
+
+@pytest.mark.parametrize("nodes, lost_after_s", [(8, 6.0), (64, 600.0)])
+def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(store, nodes, lost_after_s):
+    """Each node watches two peers: 1 beat + 2 reads per beat, at 8 nodes as at 64 (watching
+    every node would be 64 at 64), and the ring names a lost node among them. 64 nodes are 128
+    threads of this one process here, whose beats a loaded machine delays by seconds: their
+    operations are counted, and only the 8 nodes' watch is timed."""
+    beat_s = 0.2
+    labels = [f"n{index:03d}" for index in range(nodes)]
+    counts = dict.fromkeys(labels, 0)
+    lost: list[tuple[str, str]] = []
+
+    def watch(me: str) -> Liveness:
+        def connect(host: str, port: int, _timeout_s: float) -> CountingStore:
+            # 64 connections at once on a loaded machine take longer than a beat
+            return CountingStore(TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10),
+                                          use_libuv=True), counts, me)  # fmt: skip
+
+        liveness = Liveness("127.0.0.1", store.port, PREFIX, me, labels, ended=lambda _store: set(),
+                            on_lost=lambda why, _store_lost: lost.append((me, why)), beat_s=beat_s,
+                            lost_after_s=lost_after_s, connect=connect)  # fmt: skip
+        liveness.start()
+        return liveness
+
+    def beats() -> dict[str, int]:
+        return {label: store.add(f"{PREFIX}alive/{label}", 0) for label in labels}
+
+    watches = {label: watch(label) for label in labels}
+    try:
+        deadline = time.monotonic() + 60
+        while min(beats().values()) < 5 and time.monotonic() < deadline:
+            time.sleep(beat_s)
+        done = beats()
+        per_beat = {label: counts[label] / done[label] for label in labels}
+        assert min(done.values()) >= 5 and all(2.8 <= ops <= 3.5 for ops in per_beat.values()), (done, per_beat)
+        assert not lost
+        if lost_after_s > 60:
+            return
+        gone = labels[nodes // 2]  # a node in the middle stops beating
+        watches[gone].stop()
+        deadline = time.monotonic() + lost_after_s + 20
+        while not lost and time.monotonic() < deadline:
+            time.sleep(beat_s)
+        assert lost and {me for me, _ in lost} <= set(labels[nodes // 2 - 2 : nodes // 2]), lost  # its watchers
+        assert all(f"node {gone} sent no sign of life" in why for _, why in lost), lost
+    finally:
+        for liveness in watches.values():
+            liveness.stop()

@@ -1,5 +1,5 @@
 """Notices a node that is gone: each node agent beats on the rendezvous store, and watches the
-others' beats.
+beats of the next :data:`WATCHED` nodes in the ring of the job's nodes.
 
 A node whose processes were killed ends its sockets, and its peers' collectives fail at once;
 a node whose machine died or whose link was cut ends nothing: its peers' collectives wait for
@@ -8,6 +8,12 @@ on the store every :data:`BEAT_S` seconds, and declares lost a node whose counte
 for :data:`LOST_AFTER_S` (by this node's own clock: no two clocks are compared), unless that
 node said it ended (its workers finished, or it posted its failures). An agent that cannot
 reach the store for as long declares the store's host lost.
+
+Each node watches a fixed number of peers, so its store operations per beat do not grow with
+the job (every node watching every other would be N² operations on the one store every beat).
+The watcher of a lost node stops its own workers, whose peers' collectives then fail at once
+everywhere, with the verdict posted first. Whatever set of nodes is lost, some node that is
+not watches one of them: the last live node before a run of lost ones in the ring.
 
 The beats go over a connection of their own, so that a store operation stuck on a cut link
 delays no other.
@@ -26,11 +32,33 @@ from phalanx.launch.restarts import raise_if_signal
 BEAT_S = 5.0
 #: Six missed beats: far above a busy machine's scheduling delay, well inside a 90 s bound.
 LOST_AFTER_S = 30.0
+#: The nodes each node watches, the next ones in the ring: two, so that a node is still watched
+#: when the node before it is lost with it.
+WATCHED = 2
+
+
+def watched_by(me: str, nodes: Sequence[str], count: int = WATCHED) -> list[str]:
+    """The ``count`` nodes after ``me`` in the ring of ``nodes`` (fewer when the job has fewer).
+
+    Example:
+        >>> watched_by("n3", ["n0", "n1", "n2", "n3"])
+        ['n0', 'n1']
+    """
+    index = list(nodes).index(me)
+    ring = [nodes[(index + step) % len(nodes)] for step in range(1, len(nodes))]
+    return ring[:count]
+
+
+def store_client(host: str, port: int, timeout_s: float) -> Any:
+    """A connection of its own to the rendezvous store (libuv, as the store's host serves)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
 
 
 class Liveness:
-    """Beats for ``me`` and watches ``nodes`` (labels, this one among them) on the store at
-    ``host:port``; calls ``on_lost(why, store_lost)`` once, from its own thread, when one is lost
+    """Beats for ``me`` and watches the next nodes of ``nodes`` (labels, this one among them) on the
+    store at ``host:port``; calls ``on_lost(why, store_lost)`` once, from its own thread, when one is lost
     (``store_lost``: the one lost is the store's host, which this node can no longer reach).
     ``ended(store)`` names the nodes that said they ended, which are no longer expected to beat.
 
@@ -43,9 +71,11 @@ class Liveness:
         self, host: str, port: int, prefix: str, me: str, nodes: Sequence[str], *,
         ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool], None],
         beat_s: float = BEAT_S, lost_after_s: float = LOST_AFTER_S, store_host: str = "",
+        connect: Callable[[str, int, float], Any] = store_client,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
-        self.others = [node for node in nodes if node != me]
+        self.others = watched_by(me, nodes)
+        self.connect = connect
         self.ended, self.on_lost = ended, on_lost
         self.beat_s, self.lost_after_s = beat_s, lost_after_s
         self.store_host = store_host or host
@@ -78,14 +108,11 @@ class Liveness:
         return f"{self.prefix}alive/{node}"
 
     def _beat(self) -> None:
-        from torch.distributed import TCPStore
-
         store = None
         while not self._stop.is_set():
             try:
                 if store is None:  # connected (again) here: a reset link broke the last connection
-                    store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.beat_s),
-                                     use_libuv=True)  # fmt: skip
+                    store = self.connect(self.host, self.port, self.beat_s)
                 store.add(self._key(self.me), 1)
                 counts = {node: store.add(self._key(node), 0) for node in self.others}
                 ended = self.ended(store)
