@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +25,7 @@ from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode, exit_quickly
 from phalanx.launch import failure
+from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
@@ -46,33 +45,38 @@ from phalanx.worker_env import WorkerEnv
 if TYPE_CHECKING:
     from phalanx.launch.logs import RankLogsSpecs
 
-#: How long a node waits for the other nodes' failure reports before naming the root cause.
-FAILURE_GATHER_S = 3.0
-#: How long a node whose workers failed looks for another node's word that the job ends instead
-#: of restarting (a refusal there: its workers' exit is what failed these). Agents look at their
-#: workers every 0.1 s, so the word is posted within a fraction of this.
-ENDS_WORD_WAIT_S = 1.0
-
 
 def failure_file(plan: NodePlan) -> Path:
     return Path(plan.run_dir) / "failures" / f"{plan.node_label}.json"
 
 
 class NodeAgent:
+    """One node of a job: the lobby with the other nodes, then torchrun's elastic agent for this
+    node's workers, then what the job's end says (the root cause, the check that the ranks
+    communicated). ``run()`` returns the node's exit code."""
+
     def __init__(self, plan: NodePlan) -> None:
+        #: This node's plan (its endpoint gets the port the system picked, for a single node).
         self.plan = plan
-        self.store: Any = None  # the rendezvous store, shared with torchrun's c10d backend
+        #: The rendezvous store once the nodes met, shared with torchrun's c10d backend (None:
+        #: a single node, or before the lobby).
+        self.store: Any = None
+        #: The rank plan of the current rendezvous round, on the store.
         self.board: RankPlanBoard | None = None
         #: Keys of the whole job on the store: the lobby's, the liveness watch's (alive, ended, lost).
         self.prefix = f"phalanx/{plan.rdzv_id}/"
-        #: Keys of the rendezvous round the workers run in (failures, finished, ends, the rank plan):
-        #: what a node said in an earlier round holds for that round only (:mod:`.rounds`).
-        self.round_prefix = f"{self.prefix}round/none/"
-        self.rounds = 0  # the rendezvous rounds this node's agent took part in
+        #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
+        self.crossnode = CrossNode(None, self.prefix, plan.node_label)
+        #: The rendezvous rounds this node's agent took part in.
+        self.rounds = 0
+        #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
         self.nodes_in_job = plan.nnodes_min
-        self.nodes: list[str] = [plan.node_label]  # the labels of the nodes that met in the lobby
+        #: The labels of the nodes that met in the lobby.
+        self.nodes: list[str] = [plan.node_label]
+        #: The watch of the next nodes' beats (a multi-node job of a fixed size).
         self.liveness: Liveness | None = None
-        self.lost: str | None = None  # why a node counts as lost, once the liveness said so
+        #: Why a node counts as lost, once the liveness watch said so.
+        self.lost: str | None = None
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
 
     def run(self) -> int:
@@ -88,6 +92,7 @@ class NodeAgent:
                 self.nodes_in_job = len(joined)
                 self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
+                self.crossnode = CrossNode(self.store, self.prefix, self.plan.node_label)
             elif self.plan.store_address:  # one node: its store on that address alone, torchrun's shares it
                 endpoint = parse_endpoint(self.plan.rdzv_endpoint, port_zero=True)  # 0: the system picks one
                 self._alone_store = host_store(self.plan, endpoint)  # kept for torchrun, not read here
@@ -119,18 +124,21 @@ class NodeAgent:
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
             return failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
 
+        def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
+            return self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.plan.is_host)
+
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         self._watch_the_other_nodes()
         wait_s = getattr(config, "shutdown_timeout", None) or 30
         try:
             with (
-                restarts_only_when_they_can_help(judge, finished=self._workers_finished, new_round=self._new_round),
+                restarts_only_when_they_can_help(judge, finished=finished, new_round=self._new_round),
                 second_signal_kills(lambda sig: self._say_stopping(sig, wait_s)),
             ):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
         except ChildFailedError as error:
             found = found_in(error.failures)
-            self._post_failures(found)
+            self.crossnode.post_failures(found)
             if self.lost is not None:
                 say(f"phalanx: {self.plan.node_label}: its workers were stopped, since {self.lost}")
                 return ExitCode.FAILED
@@ -157,7 +165,7 @@ class NodeAgent:
             return 128 + int(error.sigval)
         finally:
             if self.liveness is not None:  # however this node ends, its silence from now on is no loss
-                self._post_if_store_up(lambda: self.store.append(f"{self.prefix}ended", f"{self.plan.node_label}\n"))
+                self.crossnode.post_ended()
                 self.liveness.stop()
         return self._check_everyone_joined(logs)
 
@@ -174,8 +182,8 @@ class NodeAgent:
         if self.store is None:
             return
         name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.plan.node_label}-{self.rounds}")
-        self.round_prefix = f"{self.prefix}round/{name}/"
-        self.board = RankPlanBoard(self.store, self.round_prefix)
+        self.crossnode.enter_round(name)
+        self.board = RankPlanBoard(self.store, self.crossnode.round_prefix)
 
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
@@ -187,17 +195,9 @@ class NodeAgent:
         endpoint = parse_endpoint(self.plan.rdzv_endpoint)
         self.liveness = Liveness(
             endpoint.host, endpoint.port, self.prefix, self.plan.node_label, self.nodes,
-            ended=self._nodes_that_ended, on_lost=self._on_lost, store_host=str(endpoint),
+            ended=self.crossnode.ended_nodes, on_lost=self._on_lost, store_host=str(endpoint),
         )  # fmt: skip
         self.liveness.start()
-
-    def _nodes_that_ended(self, store: Any) -> set[str]:
-        """The nodes that said their workers finished or failed, or that they ended: no longer
-        expected to beat."""
-        this_round = self.round_prefix
-        said = set(posted(store, this_round, "finished")) | set(posted(store, self.prefix, "ended"))
-        failed = {item["node"] for line in posted(store, this_round, "failures") for item in json.loads(line)}
-        return said | failed
 
     def _on_lost(self, why: str, store_lost: bool) -> None:
         """From the liveness thread: says so, and kills this node's workers, whose collectives
@@ -212,7 +212,7 @@ class NodeAgent:
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
         if not store_lost:  # for the other nodes, whose workers fail next: the cause comes first in their report
-            self._post_if_store_up(lambda: self.store.append(f"{self.prefix}lost", f"{self.plan.node_label}: {why}\n"))
+            self.crossnode.post_lost(why)
         workers = [
             p for p in psutil.Process().children(recursive=True) if _alive(p)
         ]  # not the zombies of a pod's PID 1
@@ -276,111 +276,15 @@ class NodeAgent:
             f"{self.lost}: a restart would wait for it" if self.lost else None
         )
         if reason is not None:
-            self._post_end_of_job(f"{node} ends the job: {reason}")
+            self.crossnode.post_end_of_job(f"{node} ends the job: {reason}")
         else:
-            reason = self._end_of_job_posted()
+            reason = self.crossnode.end_of_job_posted()
         if reason is not None:
             say(f"phalanx: {node}: not restarting the workers (--max-restarts {most}): {reason}")
             return False
         restart = most - remaining + 1
         say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers (restart {restart} of {most})")
         return True
-
-    def _post_end_of_job(self, why: str) -> None:
-        # without it the other nodes restart, and find the rendezvous closed
-        self._post_if_store_up(lambda: self.store.set(f"{self.round_prefix}ends", why))
-
-    def _end_of_job_posted(self) -> str | None:
-        """Another node's word that the job ends, or that its workers finished (they cannot join a
-        restart: it would wait for them in vain), waiting briefly for it; or None."""
-        if self.store is None:
-            return None
-        ends, deadline = f"{self.round_prefix}ends", time.monotonic() + ENDS_WORD_WAIT_S
-        try:
-            while not self.store.check([ends]):
-                finished = self._posted("finished")
-                if finished:
-                    return f"the workers of {', '.join(finished)} already finished and cannot join a restart"
-                if time.monotonic() > deadline:
-                    return None
-                time.sleep(0.05)
-            return self.store.get(ends).decode()
-        except Exception as error:
-            raise_if_signal(error)
-            return None
-
-    def _workers_finished(self, timeout: float, nodes_waiting: Callable[[], int]) -> bool:
-        """Tells the other nodes that this node's workers finished, and waits up to ``timeout`` s
-        until every node's have (True: torch's exit barrier then passes at once). False when a
-        node's workers failed, or a node waits in the rendezvous to restart them: that node never
-        comes to the barrier (the failed one, torch's way, as long as the barrier's timeout)."""
-        if self.store is None:
-            return True  # a single node: torch's barrier waits for nobody else
-        node, deadline = self.plan.node_label, time.monotonic() + timeout
-        try:
-            self.store.append(f"{self.round_prefix}finished", f"{node}\n")
-            while time.monotonic() < deadline:
-                failed = self._posted("failures")
-                if failed or nodes_waiting() > 0:
-                    why = (self._whose_failure() if failed else
-                           "another node waits to restart the workers, and these cannot join it")  # fmt: skip
-                    say(f"phalanx: {node}: its workers finished; exiting without waiting for the other nodes, "
-                        f"since {why}")  # fmt: skip
-                    self._keep_store_up(deadline, nodes_waiting)
-                    return False
-                if len(self._posted("finished")) >= self.nodes_in_job:
-                    return True
-                time.sleep(0.1)
-        except Exception as error:
-            raise_if_signal(error)
-            return True
-        say(f"phalanx: {node}: its workers finished; the other nodes' workers did not finish within {timeout:g} s, "
-            "exiting without them")  # fmt: skip
-        return False
-
-    def _keep_store_up(self, deadline: float, nodes_waiting: Callable[[], int]) -> None:
-        """On the node that hosts the store: until every node finished or posted its failures (and
-        had the time to read the others'), since the store goes down with this process."""
-        if not self.plan.is_host:
-            return
-        while time.monotonic() < deadline and nodes_waiting() == 0:  # one that waits to restart never posts
-            if self._every_node_ended():
-                time.sleep(FAILURE_GATHER_S)
-                return
-            time.sleep(0.1)
-
-    def _every_node_ended(self) -> bool:
-        """Whether every node posted that its workers finished, or its failure report."""
-        return len(self._posted("finished")) + len(self._posted("failures")) >= self.nodes_in_job
-
-    def _posted(self, name: str) -> list[str]:
-        """The lines the nodes of this round appended to the store's key ``name``."""
-        return posted(self.store, self.round_prefix, name)
-
-    def _post_failures(self, found: list[failure.RankFailure]) -> None:
-        """For the other nodes: one whose workers finished stops waiting, the failed ones name the root cause."""
-        self._post_if_store_up(
-            lambda: self.store.append(
-                f"{self.round_prefix}failures", json.dumps([dataclasses.asdict(f) for f in found]) + "\n"
-            )
-        )
-
-    def _post_if_store_up(self, post: Callable[[], object]) -> None:
-        """Best effort: the store may be gone with its host (a signal still goes through)."""
-        if self.store is None:
-            return
-        try:
-            post()
-        except Exception as error:
-            raise_if_signal(error)
-
-    def _failures_posted(self) -> list[failure.RankFailure]:
-        return [failure.RankFailure.from_dict(item) for line in self._posted("failures") for item in json.loads(line)]
-
-    def _whose_failure(self) -> str:
-        failed = self._failures_posted()
-        cause = failure.root_cause(failed)
-        return f"{cause.node if cause else 'another node'}'s workers failed: {failure.in_one_line(failed)}"
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
@@ -401,8 +305,8 @@ class NodeAgent:
         failure.save_failures(found, failure_file(self.plan))
         if self.plan.is_simulated:  # the simulating parent merges every node's file and names the root cause once
             return failure.exit_code_for(found)
-        everyone = found + self._failures_of_other_nodes(found)
-        for verdict in self._lost_verdicts():
+        everyone = found + self.crossnode.failures_of_other_nodes(found, self.nodes_in_job)
+        for verdict in self.crossnode.lost_verdicts():
             say(f"phalanx: a node was lost first, {verdict}; the failures below followed from it")
         say(failure.format_root_cause(everyone))
         silent = self._silent_nodes()
@@ -411,16 +315,6 @@ class NodeAgent:
                 "it may be gone with its workers (killed, or its machine down), and the failures above the "
                 "consequence")  # fmt: skip
         return failure.exit_code_for(everyone)
-
-    def _lost_verdicts(self) -> list[str]:
-        """What the nodes' liveness watches posted: "NODE: node X sent no sign of life for 30 s"."""
-        if self.store is None:
-            return []
-        try:
-            return posted(self.store, self.prefix, "lost")
-        except Exception as error:
-            raise_if_signal(error)
-            return []
 
     def _silent_nodes(self) -> list[str]:
         """The nodes of this round that posted neither a finish nor a failure (best effort). The
@@ -431,31 +325,11 @@ class NodeAgent:
             return []
         try:
             nodes = self.board.labels(self.nodes_in_job)
-            ended = self._nodes_that_ended(self.store)
+            ended = self.crossnode.ended_nodes(self.store)
         except Exception as error:
             raise_if_signal(error)
             return []
         return [node for node in nodes if node != self.plan.node_label and node not in ended]
-
-    def _failures_of_other_nodes(self, found: list[failure.RankFailure]) -> list[failure.RankFailure]:
-        """Best effort: the other nodes' failure reports (this node's is posted), waiting briefly."""
-        if self.store is None:
-            return []
-        try:
-            deadline = time.monotonic() + FAILURE_GATHER_S
-            while time.monotonic() < deadline and not self._every_node_ended():
-                time.sleep(0.1)
-            mine = {(f.node, f.rank) for f in found}
-            return [f for f in self._failures_posted() if (f.node, f.rank) not in mine]
-        except Exception as error:
-            raise_if_signal(error)
-            return []
-
-
-def posted(store: Any, prefix: str, name: str) -> list[str]:
-    """The lines the nodes appended to the store's key ``prefix + name``."""
-    key = f"{prefix}{name}"
-    return store.get(key).decode().splitlines() if store.check([key]) else []
 
 
 def _exit_records(logs: Any) -> dict[int, GroupRecord | None]:

@@ -29,27 +29,49 @@ INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 @dataclass(frozen=True)
 class NodePlan:
-    # what runs
+    """Everything one node agent needs to run its node, decided before it starts: what the
+    launcher plans on this host (one plan, or K when simulated), written to JSON for a simulated
+    node's own process, and what the decision block and the torchrun command are made of."""
+
+    # -- what runs
+    #: The training script's path, or the module's name with ``is_module``.
     script: str
+    #: The script's arguments, passed untouched.
     script_args: tuple[str, ...]
+    #: Whether ``script`` is a module (``-m``).
     is_module: bool
-    # the job, identical on every node
+    # -- the job, identical on every node
+    #: The fewest and the most nodes (equal but for an elastic job).
     nnodes_min: int
     nnodes_max: int
-    rdzv_endpoint: str  # host:port as the nodes dial it
+    #: ``host:port`` as the nodes dial it: where the rendezvous store listens.
+    rdzv_endpoint: str
+    #: The job's name, the same on every node.
     rdzv_id: str
+    #: Restarts of the workers after a failure that a restart can mend.
     max_restarts: int
+    #: Seconds the nodes wait for each other, in the lobby and in torchrun's rendezvous.
     join_timeout: float
-    last_call: float  # elastic jobs: a round's wait for more nodes once the minimum joined
-    # this node
+    #: Elastic jobs: a round's wait for more nodes once the minimum joined.
+    last_call: float
+    # -- this node
+    #: Worker processes on this node.
     nproc_per_node: int
+    #: gloo or nccl.
     backend: str
+    #: Whether this node hosts the rendezvous store.
     is_host: bool
+    #: The address this node advertises to the others.
     local_addr: str
+    #: The network interface the workers talk over (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
     interface: str
+    #: How messages name this node: its address, or ``nodeK`` when simulated.
     node_label: str
+    #: This run's log folder (``<log dir>/<time>-<rdzv id>``).
     run_dir: str
+    #: Show every rank's output on the console, not only rank 0's.
     all_ranks: bool
+    #: K for simulated node K; None for a real node.
     simulated_index: int | None = None
     #: Variables set for the agent and its workers, on top of the inherited environment.
     env: dict[str, str] = field(default_factory=dict)

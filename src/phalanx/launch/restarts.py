@@ -17,6 +17,12 @@ torch's launcher has no setting for either, so the agent it starts is a subclass
 before each restart and at the exit barrier, and hands each rendezvous round's store to
 ``new_round`` (what the nodes tell each other holds for one round: :mod:`.rounds`). Everything
 else (rendezvous, worker processes, logs, signals) is torch's.
+
+The launcher finds the agent class as a name in its own module, which is swapped for the
+subclass while phalanx's one agent per process starts. The alternative, building the agent as
+torch's ``launch_agent`` does, would copy that function's body, which changes with every release
+(from 2.8 to 2.14: a health-check server, a shutdown timeout, NUMA options, virtual local ranks):
+more of torch's internals to follow, not fewer. The name is in phalanx.torch_compat's canary.
 """
 
 from __future__ import annotations

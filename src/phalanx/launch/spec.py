@@ -33,6 +33,17 @@ def is_loopback_host(host: str) -> bool:
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """A launch as the user asked for it, typed and checked: what `phalanx run` plans nodes from.
+
+    The fields from ``nnodes`` to ``headless_service`` are the launch options, each documented
+    once, in its entry of :data:`phalanx.settings.options.LAUNCH_OPTIONS` (``--help`` shows the
+    same text); the defaults here are what an option left unset means. The fields after them
+    are what phalanx found: the config file, the cluster environment and where each value came
+    from. Made by :func:`phalanx.launch.options.spec_from_args`; refuses, when made, settings
+    that contradict each other.
+    """
+
+    #: What every worker runs.
     entrypoint: Entrypoint
     nnodes: NodeRange = NodeRange(1, 1)
     nproc_per_node: int | str = 1
@@ -51,6 +62,7 @@ class LaunchSpec:
     allow_public_endpoint: bool = False
     dry_run: bool = False
     headless_service: str | None = None
+    #: The config file the settings were read from (--config, else $PHALANX_CONFIG), if any.
     config_file: Path | None = field(default=None, compare=False)
     #: Where the cluster environment (SLURM, Kubernetes, ...) places this node: None without one.
     placement: Placement | None = field(default=None, compare=False)
