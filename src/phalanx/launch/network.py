@@ -9,6 +9,7 @@ the source address of the route to the endpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import ipaddress
 import socket
@@ -45,6 +46,10 @@ class NetworkChoice:
     local_addr: str
     interface: str
     reason: str  # one phrase: why this address and interface
+    #: Where the store listens when this node hosts it: that one address, or None for every address.
+    store_address: str | None = None
+    #: The loopback address this host's name resolves to (the /etc/hosts trap), or None.
+    hostname_loopback: str | None = None
 
 
 def local_interfaces() -> dict[str, Interface]:
@@ -151,7 +156,8 @@ def choose(
     origin: str | None = None,
     allow_public: bool = False,
 ) -> NetworkChoice:
-    """Decides for a real node (not simulated) how it reaches ``endpoint``.
+    """Decides for a real node (not simulated) how it reaches ``endpoint``, and what the choice
+    means here: where the store listens if this node hosts it, and the /etc/hosts trap.
 
     ``node_rank``, where a cluster environment gives it with the endpoint, decides who hosts the
     store (node 0): on that node the endpoint's name may resolve to a loopback address (the
@@ -160,6 +166,29 @@ def choose(
     from, for messages (default: the --rdzv-endpoint flag). An endpoint on a globally
     routable address is refused unless ``allow_public``: the store has no authentication.
     """
+    choice = _route(endpoint, interface_name, multi_node, node_rank, peers, resolve_wait_s, origin, allow_public)
+    return dataclasses.replace(
+        choice, store_address=_store_address(choice, multi_node), hostname_loopback=hostname_loopback_address()
+    )
+
+
+def _store_address(choice: NetworkChoice, multi_node: bool) -> str | None:
+    """Where the host node's store listens: the endpoint's address, which every node dials, when
+    this host owns it (for one node, loopback too: nobody else dials it); every address when the
+    endpoint's name resolves to loopback here (the /etc/hosts trap) or to an address this host
+    does not have (a Kubernetes Service's, a NAT's), since the other nodes then dial another
+    address of this host."""
+    if not choice.is_host or (multi_node and ipaddress.ip_address(choice.endpoint_ip).is_loopback):
+        return None
+    owner = interface_owning(choice.endpoint_ip, local_interfaces())
+    return choice.endpoint_ip if owner is not None else None  # a service's or a NAT's address: not bindable here
+
+
+def _route(
+    endpoint: Endpoint, interface_name: str | None, multi_node: bool, node_rank: int | None, peers: Sequence[str],
+    resolve_wait_s: float, origin: str | None, allow_public: bool,
+) -> NetworkChoice:  # fmt: skip
+    """Who hosts the store, the address this node advertises and its interface (see :func:`choose`)."""
     interfaces = local_interfaces()
     if interface_name is not None and multi_node and _named_interface(interface_name, interfaces).is_loopback:
         raise SettingsRefused(

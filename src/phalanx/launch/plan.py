@@ -8,7 +8,6 @@ agent process receives exactly the plan the parent printed.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 import socket
@@ -235,9 +234,10 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     if spec.rdzv_endpoint is None:
         # One node, nobody else to meet: loopback and a port the store picks itself (never 29500).
         endpoint = Endpoint("127.0.0.1", 0)
-        choice = network.NetworkChoice(endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node")
+        choice = network.NetworkChoice(
+            endpoint, "127.0.0.1", True, "127.0.0.1", spec.interface or "lo", "single node", store_address="127.0.0.1"
+        )
         lines = ["store      on this host, a free port on 127.0.0.1 only (single node)"]
-        store_address = "127.0.0.1"
     else:
         placement = spec.placement
         choice = network.choose(
@@ -254,12 +254,11 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
             network.check_port_free(choice.endpoint_ip, choice.endpoint.port, spec.endpoint_text)
         host_text = "this host hosts it" if choice.is_host else f"hosted by {choice.endpoint_ip}"
         lines = [f"store      {choice.endpoint} ({host_text}: {choice.reason})"]
-        store_address = _store_address(choice, spec.is_multi_node)
         if choice.is_host:
-            lines.append(f"           listening on {store_address} only" if store_address else
+            lines.append(f"           listening on {choice.store_address} only" if choice.store_address else
                          f"           listening on every address: {choice.endpoint.host!r} is {choice.endpoint_ip} here, "
                          "not an address of this host's that the other nodes dial")  # fmt: skip
-        loopback = network.hostname_loopback_address()
+        loopback = choice.hostname_loopback
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
     common_env, common_notes = _common_env(spec, choice.interface, resources)
@@ -279,20 +278,8 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
         all_ranks=spec.all_ranks,
         env={**common_env, **worker_env.to_env()},
         notes=tuple(lines),
-        store_address=store_address,
+        store_address=choice.store_address,
     )
-
-
-def _store_address(choice: network.NetworkChoice, multi_node: bool) -> str | None:
-    """Where the host node's store listens: the endpoint's address, which every node dials, when
-    this host owns it (for one node, loopback too: nobody else dials it); every address when the
-    endpoint's name resolves to loopback here (the /etc/hosts trap) or to an address this host
-    does not have (a Kubernetes Service's, a NAT's), since the other nodes then dial another
-    address of this host."""
-    if not choice.is_host or (multi_node and ipaddress.ip_address(choice.endpoint_ip).is_loopback):
-        return None
-    owner = network.interface_owning(choice.endpoint_ip, network.local_interfaces())
-    return choice.endpoint_ip if owner is not None else None  # a service's or a NAT's address: not bindable here
 
 
 def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
