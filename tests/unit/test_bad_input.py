@@ -92,6 +92,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("launch ipv6 host", ["launch", "--hosts", "fe80::1,b", "train.py"], "looks like an IPv6 address"),
     ("slurm simulate", ["slurm", "--simulate-nodes", "2", "train.py"], "--simulate-nodes with phalanx slurm"),
     ("slurm time limit", ["slurm", "--time", "forever", "train.py"], "forever"),
+    # -- text written into the batch script: each name flag, each character that breaks it ----------
+    *((f"slurm {flag} with {what}", ["slurm", f"{flag}={value}", "train.py"], f"{flag} {value!r} cannot be written")
+      for flag in ("--job-name", "--partition", "--account")
+      for what, value in (("a space", "a b"), ("a newline", "a\nb"), ("a quote", "a'b"), ("a slash", "a/b"),
+                          ("nothing", ""))),
+    ("slurm --sbatch of two lines", ["slurm", "--sbatch=--mem=1G\n--exclusive", "train.py"], "is not one #SBATCH option"),
+    ("slurm --sbatch not an option", ["slurm", "--sbatch=mem=1G", "train.py"], "is not one #SBATCH option"),
     ("k8s no image", ["k8s", "train.py"], "--image"),
     ("k8s unknown kind", ["k8s", "--image", "x:1", "--kind", "deployment", "train.py"], "deployment"),
     ("testbed no hosts", ["testbed", "up", "--hosts", "0", "--name", "nobed"], "--hosts 0: a bed has at least one host"),

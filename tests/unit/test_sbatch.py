@@ -77,3 +77,20 @@ def test_requeue_budget_and_lead_are_written(tmp_path):
                    max_requeues=7)  # fmt: skip
     text = render(job)
     assert "#SBATCH --signal=B:USR1@300" in text and "MAX_REQUEUES=7" in text
+
+
+def test_an_argument_with_a_line_break_stays_inside_the_script_s_comment_and_quotes(tmp_path, monkeypatch):
+    """The script's first comment repeats the command line: a script argument's line break must
+    not end the comment (the next line would run as a command)."""
+    import subprocess
+
+    from phalanx.jobs.slurm.sbatch import SlurmJob, render
+    from phalanx.settings.values import NodeRange
+
+    job = SlurmJob(run_command=["python", "-m", "phalanx", "run", "train.py", "--note", "a\nb"], nodes=NodeRange(1, 1),
+                   job_name="train", workdir=str(tmp_path), output="slurm-%j.out",
+                   written_by="phalanx slurm train.py --note 'a\nb'")  # fmt: skip
+    text = render(job)
+    header = text.split("#SBATCH", 1)[0]
+    assert all(line.startswith("#") for line in header.splitlines()), header
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0  # the whole script parses

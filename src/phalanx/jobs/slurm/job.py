@@ -30,6 +30,34 @@ _NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs
 _FROM_SLURM = ("nnodes",)
 
 
+#: What a name written into an #SBATCH line may hold besides letters and digits, by flag, and an
+#: example: the job's name is also the batch script's file name; partitions and accounts may be
+#: lists separated by commas.
+_NAMES = {"--job-name": ("_.+-", "train-1"), "--partition": ("_.+,-", "gpu"), "--account": ("_.+,-", "ml-team")}
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Refuses a name that would break the #SBATCH line it is written into (a space, a quote, a
+    newline: sbatch splits or ends the option there), or the script's file name (a slash), and
+    an --sbatch line of more than one line."""
+    for flag, (punctuation, example) in _NAMES.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not re.fullmatch(f"[A-Za-z0-9{re.escape(punctuation)}]+", value):
+            raise SettingsRefused(
+                f"{flag} {value!r} cannot be written into the batch script",
+                f"its #SBATCH line takes letters, digits and {' '.join(punctuation)}: sbatch would split the option "
+                "at a space, and a quote, a newline or a slash would break the line or the script's file name.",
+                f"for example {flag} {example}",
+            )
+    for line in args.sbatch:
+        if "\n" in line or "\r" in line or not line.startswith("-"):
+            raise SettingsRefused(
+                f"--sbatch {line!r} is not one #SBATCH option",
+                "each --sbatch becomes one line '#SBATCH OPTION'; a line break would end it there.",
+                "give each option as its own --sbatch, e.g. --sbatch=--mem=64G --sbatch=--exclusive",
+            )
+
+
 def job_from_args(args: argparse.Namespace) -> SlurmJob:
     """The job ``phalanx slurm`` was asked for; refuses what cannot work before anything is written."""
     if not args.training_script:
@@ -43,6 +71,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         raise SettingsRefused(
             f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3"
         )
+    _check_names(args)
     inherited = [name for name in TorchrunVariables.markers if name in os.environ]
     if inherited:
         raise SettingsRefused(

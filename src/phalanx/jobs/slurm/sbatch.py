@@ -93,7 +93,9 @@ def render(job: SlurmJob) -> str:
     return _TEMPLATE.format(
         version=__version__,
         stamp=stamp,
-        written_by=job.written_by or "phalanx slurm",
+        written_by=(job.written_by or "phalanx slurm").replace(
+            "\n", "\n#   "
+        ),  # an argument's line breaks stay comments
         directives=directives,
         lead=job.signal_lead_s,
         max_requeues=job.max_requeues,
