@@ -261,11 +261,15 @@ def test_tutorial_example_under_phalanx(phalanx, workdir, recorder):
 
 
 @contextlib.contextmanager
-def launched(workdir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    """`phalanx run ARGS` in a session of its own, killed with everything it started on the way out."""
+def launched(
+    workdir: Path, *args: str, env: dict[str, str] | None = None, stderr: Path | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """`phalanx run ARGS` in a session of its own, killed with everything it started on the way out;
+    its stderr into the file ``stderr`` where given (to read it while it runs)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "phalanx", "run", *args], cwd=workdir, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=stderr.open("w") if stderr else subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
     try:
         yield process
@@ -294,12 +298,13 @@ def test_sigterm_stops_a_node_that_waits_for_the_others_to_finish(workdir):
     """node0's workers finished and it waits for node1's: SIGTERM ends that wait too (torch's
     agent raises it there as an exception, which a best-effort `except Exception` must let by)."""
     script = copy_worker(workdir, "rank1_late.py")
-    with launched(workdir, "--simulate-nodes", "2", script, "finish", env={"LATE": "600"}) as process:
-        wait_for(process, lambda: "rank 0 finished" in "".join(
-            log.read_text() for log in workdir.glob("phalanx-logs/*/attempt_0/rank0/stdout.log")))  # fmt: skip
-        time.sleep(1)  # its agent sees the workers end within 0.1 s
+    said = workdir / "stderr.txt"
+    with launched(workdir, "--simulate-nodes", "2", script, "finish", env={"LATE": "600"}, stderr=said) as process:
+        # node0's agent says so once it has waited a while: SIGTERM then comes inside the wait
+        wait_for(process, lambda: "node0: its workers finished; waiting up to" in said.read_text())
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=45)
+        process.communicate(timeout=45)
+    stderr = said.read_text()
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "phalanx: node0 stopped by SIGTERM" in stderr
     assert "stopped by SIGTERM" in stderr

@@ -30,6 +30,10 @@ FAILURE_GATHER_S = 3.0
 #: of restarting (a refusal there: its workers' exit is what failed these). Agents look at their
 #: workers every 0.1 s, so the word is posted within a fraction of this.
 ENDS_WORD_WAIT_S = 1.0
+#: After this long waiting for the other nodes' workers, a node whose workers finished says so
+#: (once): nodes usually finish within a fraction of it, and a wait can last the exit barrier's
+#: timeout (5 minutes).
+SAY_WAITING_AFTER_S = 2.0
 
 
 def posted(store: Any, prefix: str, name: str) -> list[str]:
@@ -144,10 +148,15 @@ class CrossNode:
         The store's host (``is_host``) stays until the failed nodes could read the reports."""
         if self.store is None:
             return True  # a single node: torch's barrier waits for nobody else
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline, said_waiting = started + timeout, False
         try:
             self.store.append(f"{self.round_prefix}finished", f"{self.node}\n")
             while time.monotonic() < deadline:
+                if not said_waiting and time.monotonic() - started >= SAY_WAITING_AFTER_S:
+                    said_waiting = True
+                    say(f"phalanx: {self.node}: its workers finished; waiting up to {timeout:g} s for the other "
+                        "nodes' workers to finish")  # fmt: skip
                 failed = self.posted("failures")
                 if failed or nodes_waiting() > 0:
                     why = (self.whose_failure() if failed else
