@@ -266,16 +266,16 @@ def launched(
 ) -> Iterator[subprocess.Popen[str]]:
     """`phalanx run ARGS` in a session of its own, killed with everything it started on the way out;
     its stderr into the file ``stderr`` where given (to read it while it runs)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "phalanx", "run", *args], cwd=workdir, env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE, stderr=stderr.open("w") if stderr else subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+    with stderr.open("w") if stderr else contextlib.nullcontext(subprocess.PIPE) as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "phalanx", "run", *args], cwd=workdir, env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield process
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 def wait_for(process: subprocess.Popen[str], ready: Callable[[], bool], seconds: float = 90) -> None:

@@ -33,10 +33,14 @@ def layer_of(package: str) -> int:
 def imported_packages(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-        names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):  # "from phalanx import launch" imports phalanx.launch
+            names += (
+                [f"phalanx.{alias.name}" for alias in node.names] if node.module == "phalanx" else [node.module or ""]
+            )
         found |= {name.split(".")[1] for name in names if name.startswith("phalanx.")}
-    return found
+    # a name of the package itself ("from phalanx import __version__") is no package
+    return {name for name in found if (ROOT / name).is_dir() or (ROOT / f"{name}.py").is_file()}
 
 
 def test_no_package_imports_a_package_above_it():

@@ -47,6 +47,23 @@ def test_a_log_dir_that_cannot_hold_logs(capsys, tmp_path, script, kind):
     assert f"--log-dir {log_dir} " + ("is a file, not a folder" if kind == "file" else "cannot be written") in err
 
 
+def test_a_log_dir_under_a_folder_this_user_cannot_enter_is_refused_not_a_traceback(tmp_path):
+    """As an unprivileged user (root enters every folder): the look for what to make already fails."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)
+    probe = "from pathlib import Path\nfrom phalanx.launch.job import check_log_dir\ncheck_log_dir(Path(%r))\n"
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    done = subprocess.run([*nobody, sys.executable, "-c", probe % str(locked / "logs")], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    if "Permission denied" in done.stderr and "phalanx" not in done.stderr:
+        pytest.skip("this checkout cannot be read by an unprivileged user")
+    assert "SettingsRefused: phalanx: error: --log-dir" in done.stderr and "cannot be written" in done.stderr, (
+        done.stderr
+    )
+    assert "PermissionError" not in done.stderr, done.stderr
+
+
 def test_a_taken_rendezvous_port_is_named_with_its_holder(capsys, script):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

@@ -95,9 +95,14 @@ def prepared(tmp_path, monkeypatch) -> tuple[str, Path]:
     return str(script), config
 
 
-#: Where torchrun's PET_ variables cannot describe the job: the batch job's nodes would inherit
-#: them beside SLURM's variables, and an Indexed Job's shape is the manifest's.
-REFUSED = {("PET_<FLAG>", "slurm"): "PET_NNODES=2 set in this shell", ("PET_<FLAG>", "k8s"): "--env PET_NNODES"}
+#: Where torchrun's PET_ variables cannot describe the job: every node would inherit the same
+#: ones (the batch job's nodes, launch's hosts) beside what each node is given, and an Indexed
+#: Job's shape is the manifest's.
+REFUSED = {
+    ("PET_<FLAG>", "slurm"): "PET_NNODES=2 set in this shell",
+    ("PET_<FLAG>", "launch"): "PET_NNODES=2 set in this shell",
+    ("PET_<FLAG>", "k8s"): "--env PET_NNODES",
+}
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -195,11 +195,12 @@ class NodeAgent:
         endpoint = parse_endpoint(self.plan.rdzv_endpoint)
         self.liveness = Liveness(
             endpoint.host, endpoint.port, self.prefix, self.plan.node_label, self.nodes,
-            ended=self.crossnode.ended_nodes, on_lost=self._on_lost, store_host=str(endpoint),
+            ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
+            store_host=str(endpoint),
         )  # fmt: skip
         self.liveness.start()
 
-    def _on_lost(self, why: str, store_lost: bool) -> None:
+    def _on_lost(self, why: str, store_lost: bool, heard: bool) -> None:
         """From the liveness thread: says so, and kills this node's workers, whose collectives
         wait for the lost node (they could not agree on a checkpoint with it either); torchrun's
         agent then sees them fail, and the job exits with code 1, naming the lost node.
@@ -211,7 +212,7 @@ class NodeAgent:
         say(f"phalanx: PROBLEM: {self.plan.node_label}: {why}: it is lost (its machine down, or its network cut); "
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
-        if not store_lost:  # for the other nodes, whose workers fail next: the cause comes first in their report
+        if not store_lost and not heard:  # for the other nodes: each stops its workers, and says the cause first
             self.crossnode.post_lost(why)
         workers = [
             p for p in psutil.Process().children(recursive=True) if _alive(p)

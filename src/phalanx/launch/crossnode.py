@@ -94,8 +94,9 @@ class CrossNode:
     def ended_nodes(self, store: Any) -> set[str]:
         """The nodes that said their workers finished or failed, or that they ended, read on
         ``store`` (the liveness watch reads over a connection of its own)."""
-        said = set(posted(store, self.round_prefix, "finished")) | set(posted(store, self.prefix, "ended"))
-        failed = {item["node"] for line in posted(store, self.round_prefix, "failures") for item in json.loads(line)}
+        this_round = self.round_prefix  # once: the workers' thread may enter the next round meanwhile
+        said = set(posted(store, this_round, "finished")) | set(posted(store, self.prefix, "ended"))
+        failed = {item["node"] for line in posted(store, this_round, "failures") for item in json.loads(line)}
         return said | failed
 
     def failures(self) -> list[failure.RankFailure]:
@@ -105,12 +106,14 @@ class CrossNode:
         """Whether every one of ``nodes`` posted that its workers finished, or its failure report."""
         return len(self.posted("finished")) + len(self.posted("failures")) >= nodes
 
-    def lost_verdicts(self) -> list[str]:
-        """What the nodes' liveness watches posted: "NODE: node X sent no sign of life for 30 s"."""
-        if self.store is None:
+    def lost_verdicts(self, store: Any = None) -> list[str]:
+        """What the nodes' liveness watches posted: "NODE: node X sent no sign of life for 30 s",
+        read on ``store`` (default this node's; the liveness watch reads over its own)."""
+        store = self.store if store is None else store
+        if store is None:
             return []
         try:
-            return posted(self.store, self.prefix, "lost")
+            return posted(store, self.prefix, "lost")
         except Exception as error:
             raise_if_signal(error)
             return []

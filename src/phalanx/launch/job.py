@@ -34,13 +34,14 @@ def check_log_dir(
     """Makes --log-dir, or refuses one that cannot hold logs (a file, /proc, a read-only mount)
     before anything starts, instead of a traceback (from torchrun once the nodes have met).
     With ``keep`` False (a dry run) the folders it made are removed again: the check, no trace."""
-    made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]
+    made: list[Path] = []
     try:
+        made = [folder for folder in (log_dir, *log_dir.parents) if not folder.exists()]  # a parent may deny a look
         log_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=log_dir):
             pass
     except OSError as error:
-        what = "is a file, not a folder" if log_dir.is_file() else f"cannot be written ({error.strerror or error})"
+        what = "is a file, not a folder" if _is_file(log_dir) else f"cannot be written ({error.strerror or error})"
         raise SettingsRefused(
             f"--log-dir {log_dir} {what}",
             why,
@@ -50,6 +51,20 @@ def check_log_dir(
         for folder in made if not keep else ():
             with contextlib.suppress(OSError):
                 folder.rmdir()  # the deepest first; one that holds something else stays
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a parent folder this user may not enter
+        return False
+
+
+def check_run_log_dir(spec: LaunchSpec, plans: list[NodePlan]) -> None:
+    """The log folder the plans' run writes under, made (or, for a dry run, tried and left as it
+    was), or refused naming where --log-dir came from."""
+    with spec.blamed("log_dir"):
+        check_log_dir(Path(plans[0].run_dir).parent, keep=not spec.dry_run)
 
 
 def start(plans: list[NodePlan]) -> int:
@@ -68,8 +83,7 @@ def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
     """Plans this host's nodes and starts them; with --dry-run prints the plan and starts nothing."""
     check_installed()
     plans = plan_nodes(spec, run_dir)
-    with spec.blamed("log_dir"):
-        check_log_dir(Path(plans[0].run_dir).parent, keep=not spec.dry_run)
+    check_run_log_dir(spec, plans)
     if spec.dry_run:
         print(dry_run_text(plans))
         return 0

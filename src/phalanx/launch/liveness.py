@@ -11,9 +11,10 @@ reach the store for as long declares the store's host lost.
 
 Each node watches a fixed number of peers, so its store operations per beat do not grow with
 the job (every node watching every other would be N² operations on the one store every beat).
-The watcher of a lost node stops its own workers, whose peers' collectives then fail at once
-everywhere, with the verdict posted first. Whatever set of nodes is lost, some node that is
-not watches one of them: the last live node before a run of lost ones in the ring.
+The watcher of a lost node posts its verdict, which every node reads on its next beat (one
+key): each then stops its own workers, whose collectives may wait on the lost node (a cut
+link closes no socket). Whatever set of nodes is lost, some live node watches one of them: the
+last live node before a run of lost ones in the ring.
 
 The beats go over a connection of their own, so that a store operation stuck on a cut link
 delays no other.
@@ -58,9 +59,11 @@ def store_client(host: str, port: int, timeout_s: float) -> Any:
 
 class Liveness:
     """Beats for ``me`` and watches the next nodes of ``nodes`` (labels, this one among them) on the
-    store at ``host:port``; calls ``on_lost(why, store_lost)`` once, from its own thread, when one is lost
-    (``store_lost``: the one lost is the store's host, which this node can no longer reach).
-    ``ended(store)`` names the nodes that said they ended, which are no longer expected to beat.
+    store at ``host:port``; calls ``on_lost(why, store_lost, heard)`` once, from its own thread, when
+    one is lost (``store_lost``: the one lost is the store's host, which this node can no longer
+    reach; ``heard``: another node's watch said so, in ``verdicts(store)``, its lines
+    ``"NODE: why"``). ``ended(store)`` names the nodes that said they ended, which are no longer
+    expected to beat.
 
     Two threads: one talks to the store, and may block for good (torch's store client has no
     timeout on a connection whose peer went silent); the other judges from what the first last
@@ -69,14 +72,15 @@ class Liveness:
 
     def __init__(
         self, host: str, port: int, prefix: str, me: str, nodes: Sequence[str], *,
-        ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool], None],
+        ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool, bool], None],
+        verdicts: Callable[[Any], list[str]] = lambda _store: [],
         beat_s: float = BEAT_S, lost_after_s: float = LOST_AFTER_S, store_host: str = "",
         connect: Callable[[str, int, float], Any] = store_client,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
         self.others = watched_by(me, nodes)
         self.connect = connect
-        self.ended, self.on_lost = ended, on_lost
+        self.ended, self.on_lost, self.verdicts = ended, on_lost, verdicts
         self.beat_s, self.lost_after_s = beat_s, lost_after_s
         self.store_host = store_host or host
         self._stop = threading.Event()
@@ -86,6 +90,7 @@ class Liveness:
         self._last_round = started  # when the store last answered a whole round
         self._seen = {node: (-1, started) for node in self.others}  # counter, and when it last moved
         self._ended: set[str] = set()
+        self._heard: list[str] = []
 
     def start(self) -> None:
         for target, name in ((self._beat, "phalanx-beat"), (self._watch, "phalanx-liveness")):
@@ -116,17 +121,18 @@ class Liveness:
                 store.add(self._key(self.me), 1)
                 counts = {node: store.add(self._key(node), 0) for node in self.others}
                 ended = self.ended(store)
+                heard = self.verdicts(store)
             except Exception as error:
                 raise_if_signal(error)
                 store = None
             else:
-                self._record(counts, ended)
+                self._record(counts, ended, heard)
             self._stop.wait(self.beat_s)
 
-    def _record(self, counts: dict[str, int], ended: set[str]) -> None:
+    def _record(self, counts: dict[str, int], ended: set[str], heard: list[str]) -> None:
         now = time.monotonic()
         with self._lock:
-            self._last_round, self._ended = now, ended
+            self._last_round, self._ended, self._heard = now, ended, heard
             for node, count in counts.items():
                 if count != self._seen[node][0]:
                     self._seen[node] = (count, now)
@@ -138,12 +144,21 @@ class Liveness:
                 self.on_lost(*lost)
                 return
 
-    def _judge(self, now: float) -> tuple[str, bool] | None:
-        """Why a node counts as lost now, and whether it is the store's host; or None."""
+    def _judge(self, now: float) -> tuple[str, bool, bool] | None:
+        """Why a node counts as lost now, whether it is the store's host, and whether another
+        node's watch said so; or None."""
         with self._lock:
             if now - self._last_round >= self.lost_after_s:
-                return f"the store's host {self.store_host} did not answer for {now - self._last_round:.0f} s", True
+                return (
+                    f"the store's host {self.store_host} did not answer for {now - self._last_round:.0f} s",
+                    True,
+                    False,
+                )
             for node, (_, moved) in self._seen.items():
                 if node not in self._ended and now - moved >= self.lost_after_s:
-                    return f"node {node} sent no sign of life for {now - moved:.0f} s", False
+                    return f"node {node} sent no sign of life for {now - moved:.0f} s", False, False
+            for line in self._heard:
+                watcher, _, why = line.partition(": ")
+                if watcher != self.me:
+                    return f"{why} (seen by {watcher})", False, True
         return None

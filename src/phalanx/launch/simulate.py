@@ -102,8 +102,10 @@ class Simulation:
                 return said  # every node said why already
         reports = [failure_file(plan) for plan in self.plans]
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
+        # ended by a signal phalanx did not send, before it could write its report (an agent that
+        # reported and then aborted at exit is not the cause: its report says what was)
         killed = [(plan, -code) for index, (plan, code) in enumerate(zip(self.plans, codes)) if code < 0
-                  and index not in self._stopped]  # fmt: skip
+                  and index not in self._stopped and not failure_file(plan).exists()]  # fmt: skip
         if killed:
             say(_killed_node(*killed[0], found))
             return ExitCode.FAILED

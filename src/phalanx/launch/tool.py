@@ -40,7 +40,7 @@ def run_tool(
     ``check_plans`` sees the node plans before anything starts (the backend is chosen by then),
     so that a command can refuse settings the chosen backend cannot run.
     """
-    from phalanx.launch.job import dry_run_text, start
+    from phalanx.launch.job import check_run_log_dir, dry_run_text, start
     from phalanx.launch.options import spec_from_args
     from phalanx.launch.plan import new_run_dir, plan_nodes
     from phalanx.settings.entrypoint import Entrypoint
@@ -54,6 +54,7 @@ def run_tool(
     plans = plan_nodes(spec, run_dir)
     if check_plans is not None:
         check_plans(plans)
+    check_run_log_dir(spec, plans)
     if spec.dry_run:
         print(dry_run_text(plans))
         return ToolOutcome(0, None, report_path)

@@ -136,6 +136,15 @@ def _without_sync(model: torch.nn.Module, micro: MicroStep) -> Iterator[MicroSte
         yield micro
 
 
+def check_max_norm(max_norm: float) -> None:
+    """Refuses a clipping bound that is not a positive number (nan included)."""
+    if not max_norm > 0:
+        raise SettingsRefused(
+            f"gradient clipping max_norm={max_norm}", "a norm bound must be positive",
+            "use a positive number (for example 1.0), or do not clip",
+        )  # fmt: skip
+
+
 def clip_gradients(model: torch.nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Scales the gradients so that their global norm is at most ``max_norm``; returns the norm
     they had before (a 0-dim tensor: reading it with float() is the only device sync).
@@ -163,9 +172,5 @@ def clip_gradients(model: torch.nn.Module, max_norm: float, norm_type: float = 2
         grad_norm = phalanx.clip_gradients(model, max_norm=1.0)
         optimizer.step()
     """
-    if not max_norm > 0:
-        raise SettingsRefused(
-            f"gradient clipping max_norm={max_norm}", "a norm bound must be positive",
-            "use a positive number (for example 1.0), or do not clip",
-        )  # fmt: skip
+    check_max_norm(max_norm)
     return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, norm_type=norm_type)

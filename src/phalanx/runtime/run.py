@@ -28,7 +28,7 @@ from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableLoader, ResumableSampler
-from phalanx.runtime.gradients import MicroStep, accumulate, clip_gradients
+from phalanx.runtime.gradients import MicroStep, accumulate, check_max_norm, clip_gradients
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
@@ -467,6 +467,7 @@ class Run:
         """
         if self._model is None:
             raise ValueError("run.clip_gradients(): no model to clip; call run.setup_model(model) first")
+        check_max_norm(max_norm)  # before the gradients are unscaled
         optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
         scalers = [value.scaler if isinstance(value, MixedPrecision) else value for value in self._tracked.values()]
         for scaler in scalers:

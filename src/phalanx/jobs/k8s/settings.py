@@ -169,8 +169,8 @@ def _nproc_per_node(nproc: Resolved | None, gpus_per_node: int | None) -> int:
 
 
 def unseen_variables(environ: Mapping[str, str], spec: ManifestSpec) -> list[str]:
-    """This shell's launch-option variables (``PHALANX_<FLAG>``, ``PET_<FLAG>``) that the pods will
-    not see, since a pod's variables are the manifest's: the ones ``--env`` does not give them."""
+    """This shell's ``PHALANX_<FLAG>`` variables that the pods will not see, since a pod's
+    variables are the manifest's: the ones ``--env`` does not give them. (A pod's ``PET_``
+    variables are its controller's, or refused for an Indexed Job.)"""
     given = {name for name, _ in spec.env}
-    names = [name for option in LAUNCH_OPTIONS for name in (option.env_var, option.torchrun_var) if name]
-    return [name for name in names if name in environ and name not in given]
+    return [option.env_var for option in LAUNCH_OPTIONS if option.env_var in environ and option.env_var not in given]

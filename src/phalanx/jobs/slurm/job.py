@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs.inherited import refuse_torchrun_markers
 from phalanx.jobs.slurm.sbatch import SlurmJob, check_time_limit
 from phalanx.launch.job import check_log_dir
 from phalanx.settings.entrypoint import Entrypoint
@@ -72,14 +72,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
             f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3"
         )
     _check_names(args)
-    inherited = [name for name in TorchrunVariables.markers if name in os.environ]
-    if inherited:
-        raise SettingsRefused(
-            f"{', '.join(f'{name}={os.environ[name]}' for name in inherited)} set in this shell",
-            "the batch job's nodes inherit this shell's variables, and torchrun's PET_ variables beside SLURM's "
-            "describe the job twice: phalanx run would refuse to start on every node.",
-            f"unset {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",
-        )
+    refuse_torchrun_markers(os.environ, "the batch job's nodes inherit this shell's variables")
     settings, config_path, _ = given_settings(args, os.environ)
     config_path = config_path.resolve() if config_path else None  # the batch script runs elsewhere
     # from a flag, a variable every node would inherit, or the config
@@ -133,7 +126,7 @@ def submit(job: SlurmJob, text: str) -> int:
             "jobs are submitted from a SLURM login node (or any host with SLURM's client tools).",
             "run phalanx slurm there, or drop --submit to print the script and copy it over",
         )
-    folder = Path(job.workdir) / Path(job.output).parent  # made by the CLI before (check_log_dir)
+    folder = Path(job.workdir) / Path(job.output).parent  # made by job_from_args (check_log_dir)
     script = folder / f"{job.job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
     script.write_text(text)
     try:

@@ -18,6 +18,7 @@ from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs.inherited import refuse_torchrun_markers
 from phalanx.jobs.ssh.fanout import run_on_hosts
 from phalanx.jobs.ssh.hosts import SshHost, parse_host_list, read_hostfile
 from phalanx.jobs.ssh.preflight import Expectation, run_preflight
@@ -73,6 +74,8 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         raise SettingsRefused(
             "no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]"
         )
+    if not args.no_default_env:
+        refuse_torchrun_markers(environ, "phalanx launch passes this shell's PET_ variables to every host")
     settings, config_path, _ = given_settings(args, environ)
     refuse_settings(settings, _NOT_FOR_HOSTS, "phalanx launch", "phalanx launch runs one node on each host it is given")
     if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:

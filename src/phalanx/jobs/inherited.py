@@ -1,0 +1,31 @@
+"""The variables of this shell that the nodes of a job written here inherit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from phalanx.clusters.torchrun_variables import TorchrunVariables
+from phalanx.errors import SettingsRefused
+
+
+def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str) -> None:
+    """Refuses torchrun's PET_ variables that describe a job (PET_NNODES, PET_NODE_RANK, ...) where
+    every node inherits them: there, beside the scheduler's own (or the flags each host gets),
+    they describe the job twice, the same on every node, and phalanx run refuses to start.
+
+    Args:
+        environ: this shell's variables.
+        inherit: how the nodes inherit them, as a clause ("the batch job's nodes inherit this
+            shell's variables").
+
+    Raises:
+        SettingsRefused: one is set.
+    """
+    inherited = [name for name in TorchrunVariables.markers if name in environ]
+    if inherited:
+        raise SettingsRefused(
+            f"{', '.join(f'{name}={environ[name]}' for name in inherited)} set in this shell",
+            f"{inherit}, and torchrun's PET_ variables describe the job to each node: the same on every node, "
+            "beside what phalanx gives each one, they would make phalanx run refuse to start.",
+            f"unset {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",
+        )
