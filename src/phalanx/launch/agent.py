@@ -15,6 +15,7 @@ import dataclasses
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
-from phalanx.launch.liveness import Liveness
+from phalanx.launch.liveness import BEAT_S, Liveness
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.plan import NodePlan
 from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
@@ -141,6 +142,7 @@ class NodeAgent:
             self.crossnode.post_failures(found)
             if self.lost is not None:
                 say(f"phalanx: {self.plan.node_label}: its workers were stopped, since {self.lost}")
+                self._keep_store_for_the_verdict()
                 return ExitCode.FAILED
             if failure.is_preemption(found):
                 say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
@@ -223,6 +225,22 @@ class NodeAgent:
         if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
+
+    def _keep_store_for_the_verdict(self) -> None:
+        """On the store's host, stopped for a lost node: the store goes down with this process, and
+        a node that does not watch the lost one hears the verdict on its next beat. So it stays
+        up until every other node posted how it ended, at most two beats (the lost one never will)."""
+        if not self.plan.is_host or self.store is None:
+            return
+        deadline = time.monotonic() + 2 * BEAT_S
+        while time.monotonic() < deadline:
+            try:
+                if len(self.crossnode.ended_nodes(self.store) - {self.plan.node_label}) >= len(self.nodes) - 2:
+                    return
+            except Exception as error:
+                raise_if_signal(error)
+                return
+            time.sleep(0.2)
 
     def _check_everyone_joined(self, logs: RankLogsSpecs) -> int:
         """After a success: whether this node's ranks joined the job's process group, or each ran alone."""

@@ -155,7 +155,9 @@ class Liveness:
                     False,
                 )
             for node, (_, moved) in self._seen.items():
-                if node not in self._ended and now - moved >= self.lost_after_s:
+                # silent over rounds the store answered: a store that stopped answering is judged
+                # above, never as the silence of the nodes it would have shown
+                if node not in self._ended and self._last_round - moved >= self.lost_after_s:
                     return f"node {node} sent no sign of life for {now - moved:.0f} s", False, False
             for line in self._heard:
                 watcher, _, why = line.partition(": ")
