@@ -99,14 +99,15 @@ class CountingStore:
         return counted
 
 
-@pytest.mark.parametrize("nodes, lost_after_s", [(8, 6.0), (64, 600.0)])
-def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(store, nodes, lost_after_s):
+@pytest.mark.parametrize("nodes", [8, 64])
+def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(store, nodes):
     """Each node beats, reads its two watched peers' beats, the verdicts and who ended (as the
     agent reads them, phalanx.launch.crossnode): 7 operations a beat at 8 nodes as at 64
     (watching every node would be 66 at 64). A lost node among them is named by its watchers,
     whose verdict every other node then hears. 64 nodes are 128 threads of this one process here,
     whose beats a loaded machine delays by seconds: their operations are counted, and only the 8
-    nodes' watch is timed."""
+    nodes' watch is timed, once every node beats (its bound is then lowered from 600 s to 15 s:
+    the first connections of many nodes at once on a loaded machine take longer than that)."""
     beat_s = 0.2
     labels = [f"n{index:03d}" for index in range(nodes)]
     counts = dict.fromkeys(labels, 0)
@@ -126,7 +127,7 @@ def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(sto
                 said.post_lost(why)
 
         liveness = Liveness("127.0.0.1", store.port, PREFIX, me, labels, ended=said.ended_nodes, on_lost=on_lost,
-                            verdicts=said.lost_verdicts, beat_s=beat_s, lost_after_s=lost_after_s,
+                            verdicts=said.lost_verdicts, beat_s=beat_s, lost_after_s=600.0,
                             connect=connect)  # fmt: skip
         liveness.start()
         return liveness
@@ -136,18 +137,23 @@ def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(sto
 
     watches = {label: watch(label) for label in labels}
     try:
-        deadline = time.monotonic() + 60
-        while min(beats().values()) < 5 and time.monotonic() < deadline:
+        # A node read between two operations of a beat is off by up to a beat's operations: over
+        # 20 beats, by at most 0.35 an operation a beat.
+        deadline = time.monotonic() + 120
+        while min(beats().values()) < 20 and time.monotonic() < deadline:
             time.sleep(beat_s)
         done = beats()
         per_beat = {label: counts[label] / done[label] for label in labels}
-        assert min(done.values()) >= 5 and all(6.5 <= ops <= 8.5 for ops in per_beat.values()), (done, per_beat)
+        assert min(done.values()) >= 20 and all(6.6 <= ops <= 7.4 for ops in per_beat.values()), (done, per_beat)
         assert not lost
-        if lost_after_s > 60:
+        if nodes > 8:
             return
+        lost_after_s = 15.0
+        for liveness in watches.values():
+            liveness.lost_after_s = lost_after_s
         gone = labels[nodes // 2]  # a node in the middle stops beating
         watches[gone].stop()
-        deadline = time.monotonic() + lost_after_s + 20
+        deadline = time.monotonic() + lost_after_s + 30
         while len(lost) < nodes - 1 and time.monotonic() < deadline:
             time.sleep(beat_s)
         assert set(lost) == set(labels) - {gone}, lost  # every other node stops its workers
