@@ -259,7 +259,7 @@ REFUSALS = [
     (["--env", "JOB_COMPLETION_INDEX=0"], "--env JOB_COMPLETION_INDEX with --kind indexed-job"),
     (["--runtime", "torch-distributed"], "--runtime torch-distributed with --kind indexed-job"),
     (["--kind", "trainjob", "--backoff-limit", "3"], "--backoff-limit with --kind trainjob"),
-    (["--gpus-per-node", "0"], "--gpus-per-node 0: it must be at least 1"),
+    (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1, not 0"),
     (["--memory", "64GB"], "--memory '64GB' is not a Kubernetes resource quantity"),
     (["--namespace", "ML"], "--namespace 'ML' is not a Kubernetes namespace's name"),
     (["--image", "my image"], "--image 'my image' is not a container image"),

@@ -50,8 +50,8 @@ def test_an_elastic_node_range_asks_slurm_for_a_range(tmp_path, monkeypatch):
     [
         (["--simulate-nodes", "2"], "--simulate-nodes with phalanx slurm (from --simulate-nodes)"),
         (["--standalone"], "--standalone with phalanx slurm"),
-        (["--gpus-per-node", "0"], "--gpus-per-node 0"),
-        (["--max-requeues", "-1"], "cannot be negative"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1, not 0"),
+        (["--max-requeues", "-1"], "--max-requeues must be at least 0, not -1"),
         (["--time", "four hours"], "not a SLURM time limit"),
     ],
 )

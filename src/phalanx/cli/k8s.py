@@ -47,6 +47,7 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
+from phalanx.settings import arguments
 from phalanx.settings.options import add_launch_options, add_script_arguments
 
 
@@ -65,7 +66,12 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--name", metavar="NAME",
                        help="the job's name, a DNS-1035 label (default: the script's name, train_ddp.py -> train-ddp)")  # fmt: skip
     group.add_argument("--namespace", metavar="NAME", help="the namespace (default: kubectl's current one)")
-    group.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs of each pod (nvidia.com/gpu limits)")
+    group.add_argument(
+        "--gpus-per-node",
+        type=arguments.count("--gpus-per-node", example=8),
+        metavar="N",
+        help="GPUs of each pod (nvidia.com/gpu limits)",
+    )
     group.add_argument("--cpu", metavar="QUANTITY", help="CPU each pod requests (8, 500m)")
     group.add_argument("--memory", metavar="QUANTITY", help="memory each pod requests (64Gi)")
     group.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -76,7 +82,7 @@ def add_parser(commands: Any) -> None:
     group.add_argument(
         "--runtime", metavar="NAME", help="trainjob: the ClusterTrainingRuntime (default torch-distributed)"
     )
-    group.add_argument("--backoff-limit", type=int, metavar="N",
+    group.add_argument("--backoff-limit", type=arguments.count("--backoff-limit", minimum=0, example=3), metavar="N",
                        help="indexed-job, pytorchjob: pod failures before the job fails (default 3 x nodes: a failure "
                        "usually ends every pod)")  # fmt: skip
     group.add_argument("--output", metavar="DIR", help="write one file per object into DIR instead of printing them")

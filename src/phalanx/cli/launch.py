@@ -43,6 +43,7 @@ from typing import Any
 
 from phalanx.cli import command_parser
 from phalanx.jobs.ssh.job import FORWARDED
+from phalanx.settings import arguments
 from phalanx.settings.options import add_launch_options, add_script_arguments
 
 
@@ -70,9 +71,9 @@ def add_parser(commands: Any) -> None:
                        help="one more variable for every host (repeatable)")  # fmt: skip
     group.add_argument("--no-default-env", action="store_true",
                        help=f"do not pass on {', '.join(FORWARDED)}")  # fmt: skip
-    group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="SECONDS",
+    group.add_argument("--preflight-timeout", type=arguments.seconds("--preflight-timeout", example=30), default=30.0, metavar="SECONDS",
                        help="the bound for the preflight of all hosts together (default 30)")  # fmt: skip
-    group.add_argument("--grace", type=float, default=30.0, metavar="SECONDS",
+    group.add_argument("--grace", type=arguments.seconds("--grace", example=30), default=30.0, metavar="SECONDS",
                        help="after a failure or a stop, how long hosts get to end on their own before SIGTERM, "
                        "and again before SIGKILL (default 30)")  # fmt: skip
     add_launch_options(parser)
@@ -81,13 +82,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phalanx.errors import SettingsRefused
     from phalanx.jobs.ssh.job import job_from_args, launch
     from phalanx.jobs.ssh.transport import Ssh
 
-    for name in ("preflight_timeout", "grace"):
-        if getattr(args, name) <= 0:
-            flag = "--" + name.replace("_", "-")
-            raise SettingsRefused(f"{flag} {getattr(args, name):g}: it must be positive", hint=f"for example {flag} 30")
     ssh = Ssh(config=args.ssh_config, options=tuple(args.ssh_option))
     return launch(job_from_args(args), ssh, args.preflight_timeout)

@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        except SystemExit as exit_:  # --help, --version, argparse's refusals: flushed where a closed pipe is caught
+            sys.stdout.flush()
+            return int(exit_.code or 0)
         if args.command is None:
             parser.print_help()
             return 2

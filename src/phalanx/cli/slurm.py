@@ -29,6 +29,8 @@ import argparse
 from typing import Any
 
 from phalanx.cli import command_parser
+from phalanx.jobs.slurm.sbatch import check_time_limit
+from phalanx.settings import arguments
 from phalanx.settings.options import add_launch_options, add_script_arguments
 
 
@@ -42,16 +44,31 @@ def add_parser(commands: Any) -> None:
     )
     group = parser.add_argument_group("SLURM")
     group.add_argument("--submit", action="store_true", help="submit the script with sbatch instead of printing it")
-    group.add_argument("--time", metavar="TIME", help="time limit, as sbatch reads it (4:00:00, 2-00:00:00)")
+    group.add_argument(
+        "--time",
+        type=arguments.Argument("--time", "time", check_time_limit),
+        metavar="TIME",
+        help="time limit, as sbatch reads it (4:00:00, 2-00:00:00)",
+    )
     group.add_argument("--partition", metavar="NAME", help="the partition to run in")
     group.add_argument("--account", metavar="NAME", help="the account to charge")
     group.add_argument("--job-name", metavar="NAME", help="the job's name (default: the script's name)")
-    group.add_argument("--gpus-per-node", type=int, metavar="N", help="GPUs to allocate on each node")
-    group.add_argument("--cpus-per-task", type=int, metavar="N", help="CPUs to allocate to each node's phalanx run")
-    group.add_argument("--signal-lead", type=int, default=120, metavar="SECONDS",
+    group.add_argument(
+        "--gpus-per-node",
+        type=arguments.count("--gpus-per-node", example=8),
+        metavar="N",
+        help="GPUs to allocate on each node",
+    )
+    group.add_argument(
+        "--cpus-per-task",
+        type=arguments.count("--cpus-per-task", example=16),
+        metavar="N",
+        help="CPUs to allocate to each node's phalanx run",
+    )
+    group.add_argument("--signal-lead", type=arguments.count("--signal-lead", example=120), default=120, metavar="SECONDS",
                        help="send SIGUSR1 this long before the time limit (default 120; SLURM may send it up to "
                        "60 s earlier)")  # fmt: skip
-    group.add_argument("--max-requeues", type=int, default=3, metavar="N",
+    group.add_argument("--max-requeues", type=arguments.count("--max-requeues", minimum=0, example=3), default=3, metavar="N",
                        help="requeue after a preemption or the time limit at most N times (default 3)")  # fmt: skip
     group.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                        help="one more #SBATCH line, e.g. --sbatch=--mem=64G (repeatable)")  # fmt: skip

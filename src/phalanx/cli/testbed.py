@@ -24,11 +24,12 @@ settings refused (not root, a bed that exists already, an unknown host, netem mi
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from phalanx.cli import command_parser
-
-DEFAULT_NAME = "phx"
+from phalanx.settings import arguments
+from phalanx.testbed.bed import DEFAULT_NAME, check_name, check_shaping
 
 
 def add_parser(commands: Any) -> None:
@@ -42,19 +43,37 @@ def add_parser(commands: Any) -> None:
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = verbs.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--name", default=DEFAULT_NAME, help=f"the bed's name (default {DEFAULT_NAME})")
+        sub.add_argument(
+            "--name",
+            default=DEFAULT_NAME,
+            type=arguments.Argument("--name", "name", check_name),
+            help=f"the bed's name (default {DEFAULT_NAME})",
+        )
         return sub
 
     up = verb("up", "build a bed of K hosts (h1 ... hK)")
-    up.add_argument("--hosts", type=int, required=True, metavar="K", help="how many hosts")
+    up.add_argument(
+        "--hosts", type=arguments.count("--hosts", example=2), required=True, metavar="K", help="how many hosts"
+    )
     _shaping_options(up)
-    up.add_argument("--subnet", type=int, metavar="N", help="use 10.N.0.0/24 (default: the first free of 10.200-249)")
+    up.add_argument(
+        "--subnet",
+        type=arguments.count("--subnet", minimum=0, example=200),
+        metavar="N",
+        help="use 10.N.0.0/24 (default: the first free of 10.200-249)",
+    )
     shape = verb("shape", "shape the links of some hosts (all without HOST)")
     shape.add_argument("host", nargs="*", metavar="HOST")
     _shaping_options(shape)
     cut = verb("cut", "cut a host's link: its packets vanish until restore (or --for seconds)")
     cut.add_argument("host", metavar="HOST")
-    cut.add_argument("--for", dest="seconds", type=float, metavar="SECONDS", help="restore the link after this long")
+    cut.add_argument(
+        "--for",
+        dest="seconds",
+        type=arguments.seconds("--for", example=5),
+        metavar="SECONDS",
+        help="restore the link after this long",
+    )
     restore = verb("restore", "restore a host's cut link")
     restore.add_argument("host", metavar="HOST")
     run_in = verb("exec", "run a command in a host (its network, its /etc/hosts); HOST all: in every host at once")
@@ -66,9 +85,13 @@ def add_parser(commands: Any) -> None:
 
 
 def _shaping_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rate", metavar="RATE", help="link rate, as tc writes it: 1gbit, 100mbit")
-    parser.add_argument("--delay", metavar="TIME", help="added delay each way, as tc writes it: 1ms (needs netem)")
-    parser.add_argument("--loss", metavar="PERCENT", help="packet loss each way: 0.1%% (needs netem)")
+    helps = {"rate": "link rate, as tc writes it: 1gbit, 100mbit", "delay": "added delay each way, as tc writes it: "
+             "1ms (needs netem)", "loss": "packet loss each way: 0.1%% (needs netem)"}  # fmt: skip
+    for part, metavar in (("rate", "RATE"), ("delay", "TIME"), ("loss", "PERCENT")):
+        parse = functools.partial(check_shaping, part)
+        parser.add_argument(
+            f"--{part}", type=arguments.Argument(f"--{part}", part, parse), metavar=metavar, help=helps[part]
+        )
 
 
 def run(args: argparse.Namespace) -> int:

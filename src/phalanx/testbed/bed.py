@@ -35,6 +35,8 @@ NETNS_ETC = Path("/etc/netns")
 BRIDGE_HOST = 254
 #: Interface names are at most 15 characters: "tb<bed>-br" and "tb<bed>-v<k>" must fit.
 MAX_NAME = 8
+#: The bed every verb means without --name.
+DEFAULT_NAME = "phx"
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _HOST = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -43,6 +45,24 @@ class TestBedError(PhalanxError):
     """A command the bed ran failed; the message has the command and what it printed (exit code 1)."""
 
     __test__ = False
+
+
+#: How tc writes each part of a link's shape (the flag's name), with an example.
+SHAPING_GRAMMAR = {
+    "rate": (re.compile(r"^\d+(\.\d+)?([kmg]?bit|[kmg]?bps)$"), "1gbit"),
+    "delay": (re.compile(r"^\d+(\.\d+)?(us|ms|s)$"), "1ms"),
+    "loss": (re.compile(r"^(100(\.0+)?|\d{1,2}(\.\d+)?)%$"), "0.1%"),
+}
+
+
+def check_shaping(part: str, value: str) -> str:
+    """``--rate``, ``--delay`` or ``--loss`` as tc reads it; refused otherwise."""
+    pattern, example = SHAPING_GRAMMAR[part]
+    if not pattern.match(value):
+        raise SettingsRefused(
+            f"--{part} {value!r} is not written as tc reads it", hint=f"for example --{part} {example}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -418,13 +438,19 @@ def _subnets_of_beds() -> list[int]:
     return found
 
 
-def _check_names(name: str, host_names: Sequence[str]) -> None:
+def check_name(name: str) -> str:
+    """A bed's name, as ``--name`` of every verb takes it; refused unless it can prefix its interfaces."""
     if not _NAME.match(name):
         raise SettingsRefused(
             f"test bed name {name!r}: 1 to {MAX_NAME} lower-case letters and digits, starting with a letter",
             "the name prefixes every interface of the bed, and Linux allows 15 characters per interface name.",
-            "for example --name phx",
+            f"for example --name {DEFAULT_NAME}",
         )
+    return name
+
+
+def _check_names(name: str, host_names: Sequence[str]) -> None:
+    check_name(name)
     if not 1 <= len(host_names) <= 250:
         raise SettingsRefused(
             f"a test bed of {len(host_names)} hosts", "it has room for 1 to 250.", "for example --hosts 2"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,26 +13,14 @@ from collections.abc import Callable
 
 from phalanx.console import format_table, say
 from phalanx.errors import SettingsRefused
-from phalanx.testbed.bed import Shaping, TestBed, beds, build, check_can_build, state_file, tear_down
-
-_RATE = re.compile(r"^\d+(\.\d+)?([kmg]?bit|[kmg]?bps)$")
-_TIME = re.compile(r"^\d+(\.\d+)?(us|ms|s)$")
-_PERCENT = re.compile(r"^\d+(\.\d+)?%$")
+from phalanx.testbed.bed import DEFAULT_NAME, Shaping, TestBed, beds, build, check_can_build, state_file, tear_down
 
 
 def _shaping(args: argparse.Namespace) -> Shaping:
-    for value, pattern, flag, example in ((args.rate, _RATE, "--rate", "1gbit"), (args.delay, _TIME, "--delay", "1ms"),
-                                          (args.loss, _PERCENT, "--loss", "0.1%")):  # fmt: skip
-        if value is not None and not pattern.match(value):
-            raise SettingsRefused(
-                f"{flag} {value!r} is not written as tc reads it", hint=f"for example {flag} {example}"
-            )
     return Shaping(args.rate, args.delay, args.loss)
 
 
 def up(args: argparse.Namespace) -> int:
-    if args.hosts < 1:
-        raise SettingsRefused(f"--hosts {args.hosts}: a bed has at least one host", hint="for example --hosts 2")
     bed = build(args.name, [f"h{k}" for k in range(1, args.hosts + 1)], shaping=_shaping(args), subnet=args.subnet)
     print(_table(bed))
     first = bed.hosts[0]
@@ -41,7 +28,7 @@ def up(args: argparse.Namespace) -> int:
         f"  run in a host   phalanx testbed exec {first.name} -- CMD   (or exec all -- CMD: every host at once)\n"
         f"  a job on all    phalanx testbed exec all -- phalanx run --nnodes {len(bed.hosts)} "
         f"--rdzv-endpoint {first.address} train.py\n"
-        f"  remove it       phalanx testbed down{'' if bed.name == 'phx' else ' --name ' + bed.name}")  # fmt: skip
+        f"  remove it       phalanx testbed down{'' if bed.name == DEFAULT_NAME else ' --name ' + bed.name}")  # fmt: skip
     return 0
 
 
@@ -53,9 +40,6 @@ def shape(args: argparse.Namespace) -> int:
 
 
 def cut(args: argparse.Namespace) -> int:
-    if args.seconds is not None and not 0 < args.seconds < float("inf"):  # NaN too
-        raise SettingsRefused(f"--for {args.seconds:g}: a cut lasts a positive number of seconds",
-                              hint=f"for example --for 5, or no --for: `phalanx testbed restore {args.host}` ends it")  # fmt: skip
     bed = TestBed.load(args.name)
     bed.cut_link(args.host)
     if args.seconds is None:

@@ -113,15 +113,6 @@ class ManifestSpec:
                 f"{self.nodes} nodes of {self.nproc_per_node} processes: a job needs at least one of each",
                 hint="for example --nnodes 2 --nproc-per-node 4",
             )
-        if self.gpus_per_node is not None and self.gpus_per_node < 1:
-            raise SettingsRefused(
-                f"--gpus-per-node {self.gpus_per_node}: it must be at least 1",
-                hint="leave it out for pods without GPUs",
-            )
-        if self.backoff_limit is not None and self.backoff_limit < 0:
-            raise SettingsRefused(
-                f"--backoff-limit {self.backoff_limit}: it cannot be negative", hint="for example --backoff-limit 3"
-            )
         for flag, quantity in (("--cpu", self.cpu), ("--memory", self.memory)):
             if quantity is not None and not _QUANTITY.match(quantity):
                 raise SettingsRefused(

@@ -16,7 +16,7 @@ from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.jobs.inherited import refuse_torchrun_markers
-from phalanx.jobs.slurm.sbatch import SlurmJob, check_time_limit
+from phalanx.jobs.slurm.sbatch import SlurmJob
 from phalanx.launch.job import check_log_dir
 from phalanx.settings.entrypoint import Entrypoint
 from phalanx.settings.options import blaming, given_flags, given_settings, refuse_settings
@@ -63,14 +63,6 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
     if not args.training_script:
         raise SettingsRefused("no training script given", hint="phalanx slurm [options] train.py [ARGS...]")
     Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module)).check_exists()
-    for name, value in (("--gpus-per-node", args.gpus_per_node), ("--cpus-per-task", args.cpus_per_task),
-                        ("--signal-lead", args.signal_lead)):  # fmt: skip
-        if value is not None and value < 1:
-            raise SettingsRefused(f"{name} {value}: it must be at least 1", hint=f"for example {name} 4")
-    if args.max_requeues < 0:
-        raise SettingsRefused(
-            f"--max-requeues {args.max_requeues}: it cannot be negative", hint="for example --max-requeues 3"
-        )
     _check_names(args)
     refuse_torchrun_markers(os.environ, "the batch job's nodes inherit this shell's variables")
     settings, config_path, _ = given_settings(args, os.environ)
@@ -91,7 +83,7 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         output=str(log_dir / "slurm-%j.out"),
         signal_lead_s=args.signal_lead,
         max_requeues=args.max_requeues,
-        time=check_time_limit(args.time) if args.time else None,
+        time=args.time,
         partition=args.partition,
         account=args.account,
         gpus_per_node=args.gpus_per_node,
