@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,6 +103,23 @@ def test_a_host_that_refuses_ssh_is_named_with_a_hint(capsys, script):
     assert "127.0.0.1: ssh failed: " in err and "Connection refused" in err
     assert "127.0.0.1  failed" in err  # the table's ssh column
     assert "nothing was started" in err
+
+
+def test_a_host_that_never_answers_is_named_within_the_preflight_timeout(capsys, script):
+    """A port that takes the connection and says nothing (a hung sshd, a firewall's tarpit): ssh
+    waits for a banner that never comes. The preflight ends within --preflight-timeout (plus the
+    time to end its ssh processes), names the host, and leaves no ssh running."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        code = main(["launch", "--hosts", "127.0.0.1", "--ssh-option", f"Port={port}", "--preflight-timeout", "3",
+                     "--dry-run", script])  # fmt: skip
+        seconds = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "127.0.0.1: did not answer in time" in err and "127.0.0.1  no answer" in err, err
+    assert 3 <= seconds < 3 + 2, seconds
+    assert psutil.Process().children(recursive=True) == []
 
 
 def test_the_command_each_host_runs(script):

@@ -134,7 +134,7 @@ def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeo
             )
             endpoint = _read_reach(reachable, answers, candidates, expect.port)
     finally:
-        _close(listener)
+        _close(listener, deadline)
     return Preflight(checks, endpoint, time.monotonic() - started)
 
 
@@ -346,11 +346,13 @@ def _owned_by_first_host(first: HostCheck, result: dict[str, dict[str, Any]], ca
     return [candidate for candidate, address in addresses.items() if address in own or address.startswith("127.")]
 
 
-def _close(listener: subprocess.Popen[str]) -> None:
+def _close(listener: subprocess.Popen[str], deadline: float) -> None:
+    """Ends the first host's listener: it leaves when its stdin closes, but a host that never
+    answered holds it past the preflight's bound, which it may not outlast by more than a moment."""
     try:
         if listener.stdin is not None:
             listener.stdin.close()
-        listener.wait(timeout=5)
+        listener.wait(timeout=max(0.2, min(5.0, deadline - time.monotonic())))
     except (OSError, subprocess.TimeoutExpired):
         listener.kill()
         listener.wait()
