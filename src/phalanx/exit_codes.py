@@ -1,9 +1,6 @@
-"""The exit codes of every phalanx command, in one place (documented in README.md), the words
-that begin a stall report, which goes with STALLED, and the quick exit of a finished process."""
+"""The exit codes of every phalanx command, in one place (documented in README.md)."""
 
 import enum
-import gc
-from typing import NoReturn
 
 
 class ExitCode(enum.IntEnum):
@@ -30,25 +27,3 @@ def exit_code_of(returncode: int) -> int:
     """A process's exit code as a shell reports it: 128+N for a death by signal N (Python's
     ``returncode`` is -N then)."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-#: How the stall watchdog's report begins, in the log of a worker that exits with STALLED: the
-#: watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the report by it
-#: (phalanx.launch.failure), to show it as the root cause.
-STALL_REPORT = "phalanx: stall:"
-
-
-def exit_quickly(code: int) -> NoReturn:
-    """Ends a process that has finished its work (files closed, results written) with ``code``.
-
-    At exit the interpreter searches every object still alive for reference cycles: with torch
-    imported, about a second of CPU; two in a training process, which has more alive (on the
-    2-core machine: ``python -c "import torch"`` exits in 1.05 s, and in 0.3 s after
-    ``gc.freeze()``; a 2-process launch of examples/train.py ends 3.4 s sooner, its launcher's
-    exit and its workers' together). Freezing the objects skips that search. Everything else
-    still happens: atexit handlers run, objects are released as their modules go, standard
-    output is flushed. Only an object that nothing but a cycle keeps alive is never finalized
-    (the memory goes back with the process): so nothing may be left open when this is called.
-    """
-    gc.freeze()
-    raise SystemExit(code)

@@ -121,7 +121,7 @@ _RECORDER = "the stall watchdog, and the count of each rank's collectives (the c
 #: Every private torch name phalanx uses, with the feature that needs it; the canary checks them.
 PRIVATE_NAMES = (
     PrivateName("torch.distributed.launcher.api", "LocalElasticAgent", _RESTARTS),  # swapped for phalanx's subclass
-    PrivateName(_AGENT, "SimpleElasticAgent._rendezvous", "each rendezvous round's store (the rank plan, failures)"),
+    PrivateName(_AGENT, "SimpleElasticAgent._rendezvous", "each rendezvous round's store (the rank table, failures)"),
     PrivateName(_AGENT, "SimpleElasticAgent._monitor_workers", _RESTARTS),
     PrivateName(_AGENT, "SimpleElasticAgent._exit_barrier", _RESTARTS),
     PrivateName(_AGENT, "_remaining_restarts", _RESTARTS, assigned_by="SimpleElasticAgent"),

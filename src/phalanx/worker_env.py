@@ -1,7 +1,8 @@
-"""The environment variables the launcher hands to every worker, in one typed schema.
+"""What the launcher and its workers agree on: the environment variables it hands to every
+worker, in one typed schema, and the words a worker's stall report begins with.
 
-torchrun sets the standard ones (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). These are
-phalanx's own additions: :mod:`phalanx.launch.plan` writes them and the runtime reads them,
+torchrun sets the standard variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...). These are
+phalanx's own additions: :mod:`phalanx.launch.node_setup` writes them and the runtime reads them,
 both through this class, never through string keys of their own.
 """
 
@@ -9,6 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+#: How the stall watchdog's report begins, in the log of a worker that exits with
+#: ExitCode.STALLED: the watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the
+#: report by it (phalanx.launch.failure), to show it as the root cause.
+STALL_REPORT = "phalanx: stall:"
 
 
 def job_name(rdzv_id: str, endpoint: str) -> str:

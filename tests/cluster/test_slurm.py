@@ -124,7 +124,7 @@ def test_more_nodes_than_the_allocation_is_refused_before_anything_starts(slurm_
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("phalanx: error: the launch settings contradict the SLURM job") == 2
     assert re.search(r"nnodes\s+3 \(--nnodes\)\s+2 \(SLURM_STEP_NUM_NODES=2\)", done.stderr), done.stderr
-    assert "rank plan" not in done.stderr and not (slurm_in.folder / "phalanx-logs").exists()
+    assert "rank table" not in done.stderr and not (slurm_in.folder / "phalanx-logs").exists()
 
 
 def test_two_tasks_per_node_are_refused_with_the_right_srun_line(slurm_in):

@@ -67,6 +67,6 @@ def test_refused_before_anything_starts(phalanx, workdir) -> None:
     done = phalanx("bench", "collectives", "--nproc-per-node", "2", "-d", "uint32", timeout=60)
     assert done.returncode == 2
     assert "gloo cannot move uint32" in done.stderr and "HINT: use -d int32" in done.stderr
-    assert "rank plan" not in done.stderr  # no job was started
+    assert "rank table" not in done.stderr  # no job was started
     done = phalanx("bench", "collectives", "--plot", str(workdir / "missing" / "x.png"), timeout=60)
     assert done.returncode == 2 and "does not exist" in done.stderr

@@ -62,7 +62,7 @@ def test_refused_before_anything_starts(phalanx, workdir) -> None:
         done = phalanx("bench", "ddp", "--nproc-per-node", "2", *args, timeout=60)
         assert done.returncode == 2, (args, done.output)
         assert fragment in done.stderr and hint in done.stderr, (args, done.stderr)
-        assert "rank plan" not in done.stderr and "training" not in done.stderr  # no job was started
+        assert "rank table" not in done.stderr and "training" not in done.stderr  # no job was started
 
 
 def test_powersgd_on_gloo_survives_a_model_of_two_buckets(phalanx) -> None:

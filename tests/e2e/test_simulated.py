@@ -30,7 +30,7 @@ def copy_worker(workdir: Path, name: str) -> str:
     return str(workdir / name)
 
 
-def rank_plan(output: str) -> dict[int, tuple[str, str, str]]:
+def rank_table(output: str) -> dict[int, tuple[str, str, str]]:
     """node -> (address, global ranks, local ranks), parsed from the printed table."""
     rows = re.findall(r"^\s+(\d+)\s+(node\d+)\s+([\d.]+)\s+([\d,-]+)\s+([\d,-]+)\s*$", output, re.M)
     return {int(node): (address, ranks, local) for node, _, address, ranks, local in rows}
@@ -58,7 +58,7 @@ def test_two_simulated_nodes_of_two_processes(phalanx, workdir):
         assert [int(records[r]["LOCAL_RANK"]) for r in ranks] == [0, 1]
         assert len({records[r]["GROUP_RANK"] for r in ranks}) == 1
 
-    plan = rank_plan(result.stderr)
+    plan = rank_table(result.stderr)
     assert plan == {0: ("127.0.0.101", "0-1", "0-1"), 1: ("127.0.0.102", "2-3", "0-1")}, result.stderr
     assert "world size 4" in result.stderr
     for node, (_, ranks, _) in plan.items():
@@ -70,7 +70,7 @@ def test_two_simulated_nodes_of_two_processes(phalanx, workdir):
     assert "hello from rank 1" not in result.stdout and "hello from rank 3" not in result.stdout
     logs = list(workdir.glob("phalanx-logs/*/attempt_0/rank3/stdout.log"))
     assert len(logs) == 1 and "hello from rank 3" in logs[0].read_text()
-    assert result.stderr.count("rank plan:") == 1  # printed once, by the node that holds rank 0
+    assert result.stderr.count("rank table:") == 1  # printed once, by the node that holds rank 0
     assert result.stderr.count("phalanx 0.") == 1  # the decision block, once
 
 
@@ -91,7 +91,7 @@ def test_max_restarts_recovers_and_keeps_each_attempts_logs(phalanx, workdir):
     script = copy_worker(workdir, "fail_on_rank.py")
     result = phalanx("run", "--simulate-nodes", "2", "--max-restarts", "1", script, "1", env={"RECOVER": "1"})
     assert result.returncode == 0, result.output
-    assert "restart 1" in result.stderr  # the rank plan of the second attempt
+    assert "restart 1" in result.stderr  # the rank table of the second attempt
     assert re.search(
         r"phalanx: node1: rank 1 exited with code 1: ValueError: rank 1 fails on purpose \(\S+"
         r"/attempt_0/rank1/stderr.log\); restarting the workers \(restart 1 of 1\)\n",

@@ -15,7 +15,7 @@ What it checks, and what the runtime guarantees across a change of the world siz
   with the real samples that step trained (a resumed run drops the records after its
   checkpoint and logs them again), and the samples of each epoch add up to the dataset's size;
 - what the nodes tell each other about their workers holds for one round (failures, finished,
-  the rank plan): every round's rank plan is printed at once (a node that joined later counts its
+  the rank table): every round's rank table is printed at once (a node that joined later counts its
   own starts from 0: a plan kept per attempt waited 30 s for it in vain), the survivors finish
   without waiting for the lost node, and no report names it.
 
@@ -191,7 +191,7 @@ def test_a_third_host_joins_and_a_lost_host_leaves_and_the_epochs_stay_exact(bed
         per_epoch[record["epoch"]] += record["samples"]
     assert dict(per_epoch) == {epoch: DATASET_SIZE for epoch in range(1, EPOCHS + 1)}, dict(per_epoch)
 
-    # (d): each round's rank plan at once (3 nodes, then 2), nothing blamed on the lost host
+    # (d): each round's rank table at once (3 nodes, then 2), nothing blamed on the lost host
     h3 = bed.host("h3").address
     plans = outputs["h1"] + outputs["h2"]
     assert "3 nodes x 1 process = world size 3" in plans and "not every node posted its ranks" not in plans

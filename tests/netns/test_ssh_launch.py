@@ -84,7 +84,7 @@ def test_two_hosts_train_as_one_world_like_two_simulated_nodes(hosts):
     assert launched.returncode == 0, launched.output[-4000:]
     assert (
         "h1: [10." in launched.stdout
-        and "h1: phalanx: rank plan: 2 nodes x 1 process = world size 2" in launched.stderr
+        and "h1: phalanx: rank table: 2 nodes x 1 process = world size 2" in launched.stderr
     )
     assert "phalanx launch: preflight of 2 hosts" in launched.stderr
     simulated = run_command([sys.executable, "-m", "phalanx", "run", "--simulate-nodes", "2", *TRAIN, "--metrics-json",

@@ -49,7 +49,7 @@ def test_plain_torchrun_fails_where_phalanx_trains(workdir):
         assert f"interface  {b.device}" in other.output
         losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", main.output)]
         assert len(losses) == 3 and losses[-1] < losses[0], main.output
-        assert re.search(rf"0\s+{a.address}\s+{a.address}\s+0\s+0", main.output), main.output  # the rank plan
+        assert re.search(rf"0\s+{a.address}\s+{a.address}\s+0\s+0", main.output), main.output  # the rank table
         assert re.search(rf"1\s+{b.address}\s+{b.address}\s+1\s+0", main.output), main.output
 
 

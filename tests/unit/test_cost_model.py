@@ -423,7 +423,7 @@ def test_plan_text_shows_the_tutorial_table_formula_and_verdict(phalanx):
     )
     assert result.returncode == 0, result.output
     out = result.stdout
-    assert "phalanx: rank plan: 2 nodes x 4 processes = world size 8" in out
+    assert "phalanx: rank table: 2 nodes x 4 processes = world size 8" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("  0 ") or line.startswith("  1 ")]
     assert [row[-2:] for row in rows] == [["0-3", "0-3"], ["4-7", "0-3"]]  # RANK, LOCAL_RANK as the tutorial
     assert "t = 2(n-1)/n x S / B + k x 2(n-1) x L" in out

@@ -23,7 +23,7 @@ from phalanx.launch import crossnode as crossnode_module
 from phalanx.launch.agent import NodeAgent
 from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.failure import RankFailure
-from tests.unit.node_plans import node
+from tests.unit.node_setups import node
 
 NOBODY_WAITS = lambda: 0  # noqa: E731 - nodes waiting in the rendezvous to restart
 
@@ -75,14 +75,14 @@ def agent_of(index: int, store: TCPStore, round_number: int = 0) -> NodeAgent:
     """Node ``index``'s agent, after rendezvous round ``round_number`` of a job of two nodes."""
     agent = NodeAgent(node(index, store.port))
     agent.store, agent.nodes_in_job = store, 2
-    agent.crossnode = CrossNode(store, agent.prefix, agent.plan.node_label)  # as once the nodes met in the lobby
+    agent.crossnode = CrossNode(store, agent.prefix, agent.setup.node_label)  # as once the nodes met in the lobby
     agent._new_round(PrefixStore(f"torch.rendezvous.lobbytest.{round_number}", store))  # what torch's agent hands it
     return agent
 
 
 def finished(agent: NodeAgent, timeout: float, nodes_waiting: Callable[[], int]) -> bool:
     """What the agent's exit barrier asks: whether every node's workers finished within ``timeout``."""
-    return agent.crossnode.workers_finished(timeout, nodes_waiting, agent.nodes_in_job, agent.plan.is_host)
+    return agent.crossnode.workers_finished(timeout, nodes_waiting, agent.nodes_in_job, agent.setup.is_host)
 
 
 def crash(node_label: str) -> RankFailure:

@@ -14,7 +14,7 @@ from pathlib import Path
 import phalanx
 
 LAYERS = (
-    {"exit_codes", "errors", "console", "worker_env", "torch_compat", "settings", "testbed"},
+    {"exit_codes", "errors", "console", "quick_exit", "worker_env", "torch_compat", "settings", "testbed"},
     {"clusters"},
     {"runtime"},
     {"launch"},

@@ -9,12 +9,12 @@ import pytest
 
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch.lobby import Lobby
-from phalanx.launch.plan import NodePlan
-from tests.unit.node_plans import free_port, node
+from phalanx.launch.node_setup import NodeSetup
+from tests.unit.node_setups import free_port, node
 
 
-def fingerprint(plan: NodePlan, **changes) -> dict[str, str]:
-    base = {"nnodes": "2", "nproc-per-node": str(plan.nproc_per_node), "backend": "gloo", "script": "train.py",
+def fingerprint(setup: NodeSetup, **changes) -> dict[str, str]:
+    base = {"nnodes": "2", "nproc-per-node": str(setup.nproc_per_node), "backend": "gloo", "script": "train.py",
             "script sha256": "0" * 64, "phalanx": "0.1.0", "torch": "2.13.0"}  # fmt: skip
     return {**base, **changes}
 
@@ -39,32 +39,32 @@ def join_all(lobbies: list[Lobby]) -> list[object]:
 
 def test_nodes_that_agree_meet():
     port = free_port()
-    plans = [node(0, port), node(1, port)]
-    results = join_all([Lobby(p, fingerprint(p)) for p in plans])
+    setups = [node(0, port), node(1, port)]
+    results = join_all([Lobby(p, fingerprint(p)) for p in setups])
     assert all(isinstance(r, list) and len(r) == 2 for r in results), results
     assert {fp["address"] for fp in results[0]} == {"127.0.0.101", "127.0.0.102"}
 
 
 def test_every_node_stops_on_a_difference():
     port = free_port()
-    plans = [node(0, port), node(1, port, nproc_per_node=2)]
-    results = join_all([Lobby(p, fingerprint(p)) for p in plans])
+    setups = [node(0, port), node(1, port, nproc_per_node=2)]
+    results = join_all([Lobby(p, fingerprint(p)) for p in setups])
     for result in results:
         assert isinstance(result, NodesDisagree), result
         assert "nproc-per-node" in result.why and "127.0.0.101 (node0)" in result.why and "127.0.0.102" in result.why
 
 
 def test_a_lonely_host_times_out_naming_who_joined():
-    plan = node(0, free_port(), join_timeout=1.0)
-    [result] = join_all([Lobby(plan, fingerprint(plan))])
+    setup = node(0, free_port(), join_timeout=1.0)
+    [result] = join_all([Lobby(setup, fingerprint(setup))])
     assert isinstance(result, JoinTimeout)
     assert "only 1 of 2 nodes joined" in result.what and "joined: 127.0.0.101 (node0)" in result.why
     assert "accepted" in result.why  # the direct connect reached the store
 
 
 def test_a_node_without_its_host_times_out_with_the_connect_result():
-    plan = node(1, free_port(), join_timeout=1.0)
-    [result] = join_all([Lobby(plan, fingerprint(plan))])
+    setup = node(1, free_port(), join_timeout=1.0)
+    [result] = join_all([Lobby(setup, fingerprint(setup))])
     assert isinstance(result, JoinTimeout)
     assert "did not answer within 1 s" in result.what and "refused" in result.why
 
@@ -73,16 +73,16 @@ def test_the_host_port_already_taken():
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
-        plan = node(0, taken.getsockname()[1])
+        setup = node(0, taken.getsockname()[1])
         with pytest.raises(SettingsRefused, match="cannot listen on port"):
-            Lobby(plan, fingerprint(plan)).join()
+            Lobby(setup, fingerprint(setup)).join()
 
 
 def test_progress_is_reported_while_waiting(monkeypatch, capsys):
     from phalanx.launch import lobby
 
     monkeypatch.setattr(lobby, "PROGRESS_EVERY_S", 0.3)
-    plan = node(0, free_port(), join_timeout=1.5)
-    join_all([Lobby(plan, fingerprint(plan))])
+    setup = node(0, free_port(), join_timeout=1.5)
+    join_all([Lobby(setup, fingerprint(setup))])
     err = capsys.readouterr().err
     assert "phalanx: waiting for nodes (" in err and "1 of 2 joined: 127.0.0.101" in err

@@ -13,8 +13,8 @@ from typing import Any
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
 from phalanx.bench.collective_settings import CollectiveSettings
-from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
+from phalanx.quick_exit import exit_quickly
 
 
 def link_of_this_node(line_rate_override: float | None) -> tuple[str | None, float | None]:

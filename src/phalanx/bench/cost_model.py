@@ -60,8 +60,8 @@ class Layout:
         return self.nnodes * self.nproc_per_node
 
 
-def rank_plan_rows(layout: Layout) -> list[dict[str, Any]]:
-    """The tutorial's table for this layout, as rows for :func:`phalanx.launch.rank_plan.format_rank_plan`.
+def rank_table_rows(layout: Layout) -> list[dict[str, Any]]:
+    """The tutorial's table for this layout, as rows for :func:`phalanx.launch.rank_table.format_rank_table`.
 
     torchrun numbers ranks node by node: node i holds RANK i*P .. i*P+P-1, LOCAL_RANK 0 .. P-1.
     """

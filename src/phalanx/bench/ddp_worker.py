@@ -15,8 +15,8 @@ from phalanx.bench.ddp_models import MODELS
 from phalanx.bench.ddp_report import ddp_row
 from phalanx.bench.ddp_runner import measure, waiting_group
 from phalanx.bench.ddp_settings import DdpSettings
-from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
+from phalanx.quick_exit import exit_quickly
 
 
 def cpu_cores_per_host() -> dict[str, int]:

@@ -16,17 +16,17 @@ from phalanx.bench.cost_model import (
     POWERSGD_MIN_COMPRESSION_RATE,
     Prediction,
     Row,
-    rank_plan_rows,
+    rank_table_rows,
 )
 from phalanx.bench.link import format_bandwidth, format_latency
 from phalanx.console import format_table
-from phalanx.launch.rank_plan import format_rank_plan
+from phalanx.launch.rank_table import format_rank_table
 
 CAUTION = (
     "the prediction is the all-reduce alone: DDP overlaps it with the backward pass, and compression costs compute "
     "(casts, PowerSGD's matmuls) not counted here; measure a real step before you choose"
 )
-RANK_PLAN_NOTE = "  (torchrun numbers ranks node by node; with the c10d rendezvous, node order is join order)"
+RANK_TABLE_NOTE = "  (torchrun numbers ranks node by node; with the c10d rendezvous, node order is join order)"
 WIDTH = 100
 
 
@@ -71,8 +71,8 @@ def format_report(prediction: Prediction) -> str:
     size = prediction.size
     frozen = f", {size.frozen:,} frozen ones not sent" if size.frozen else ""
     lines = [
-        format_rank_plan(rank_plan_rows(prediction.layout)),
-        RANK_PLAN_NOTE,
+        format_rank_table(rank_table_rows(prediction.layout)),
+        RANK_TABLE_NOTE,
         "",
         f"phalanx: all-reduce a step: {size.parameters:,} trainable parameters ({size.origin}{frozen}) over {ranks} ranks",
     ]
@@ -135,7 +135,7 @@ def report_as_dict(prediction: Prediction) -> dict[str, Any]:
             "origin": size.origin,
         },
         "layout": {**asdict(prediction.layout), "world_size": ranks},
-        "rank_plan": rank_plan_rows(prediction.layout),
+        "rank_plan": rank_table_rows(prediction.layout),
         "link": None if bound is None else {**asdict(bound.link), "reason": bound.reason},
         "formula": f"{FORMULA}  ({FORMULA_LEGEND})",
         "assumptions": assumptions(prediction),

@@ -237,9 +237,9 @@ def run_collectives(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_path(args.plot)
 
-    def check_world(plans: list[Any]) -> None:
-        plan = plans[0]  # every node of a job runs the same backend and process count
-        settings.check_world(plan.backend, plan.nnodes_max * plan.nproc_per_node)
+    def check_world(setups: list[Any]) -> None:
+        setup = setups[0]  # every node of a job runs the same backend and process count
+        settings.check_world(setup.backend, setup.nnodes_max * setup.nproc_per_node)
 
     outcome = run_tool(
         args,
@@ -310,9 +310,9 @@ def run_ddp(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_path(args.plot)
 
-    def check_world(plans: list[Any]) -> None:
-        plan = plans[0]  # every node of a job runs the same backend and process count
-        settings.runnable(plan.backend, plan.nnodes_max * plan.nproc_per_node)
+    def check_world(setups: list[Any]) -> None:
+        setup = setups[0]  # every node of a job runs the same backend and process count
+        settings.runnable(setup.backend, setup.nnodes_max * setup.nproc_per_node)
 
     outcome = run_tool(args, "phalanx.bench.ddp_worker", {"ddp": settings.to_dict()}, check_world)
     _show(outcome, args, format_report, plot_ddp_throughput)

@@ -38,7 +38,7 @@ from phalanx.cli import run as run_cli
 from phalanx.cli import slurm as slurm_cli
 from phalanx.cli import testbed as testbed_cli
 from phalanx.errors import PhalanxError
-from phalanx.exit_codes import exit_quickly
+from phalanx.quick_exit import exit_quickly
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ What phalanx does on top of torchrun: the node that owns the endpoint's address 
 rendezvous store; each node advertises the address that routes to the endpoint (not its
 hostname) and names that interface in GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; settings that
 cannot work are refused before anything starts; the nodes compare their settings before the
-first step; rank 0's node prints the rank plan; each rank logs to LOG_DIR/<run>/attempt_N/rankR/;
+first step; rank 0's node prints the rank table; each rank logs to LOG_DIR/<run>/attempt_N/rankR/;
 a failure ends with its root cause.
 
 Under a scheduler (SLURM, Kubeflow, an Indexed Job, SkyPilot, torchrun's PET_ variables) the

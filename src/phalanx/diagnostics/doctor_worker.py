@@ -20,8 +20,8 @@ from phalanx.bench.collective_runner import CollectiveBench
 from phalanx.diagnostics.doctor_settings import DoctorSettings
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.probes import Probe
-from phalanx.exit_codes import exit_quickly
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
+from phalanx.quick_exit import exit_quickly
 from phalanx.worker_env import WorkerEnv
 
 T = TypeVar("T")

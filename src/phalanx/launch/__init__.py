@@ -1,4 +1,4 @@
-"""The launcher: user input -> LaunchSpec -> per-node plan -> torchrun's elastic agent.
+"""The launcher: user input -> LaunchSpec -> per-node setup -> torchrun's elastic agent.
 
 Modules, in the order data flows through them:
 
@@ -7,8 +7,8 @@ Modules, in the order data flows through them:
   the cluster environment > defaults), and :mod:`.cluster`: what the cluster environment
   (:mod:`phalanx.clusters`) gives and what contradicts it;
 - :mod:`.network`: which local address and interface reach the endpoint, and who hosts the store;
-- :mod:`.plan`: what one node agent runs (:class:`NodePlan`), and the decision block it prints;
-- :mod:`.torchrun`: a node plan as torchrun's argv and environment;
+- :mod:`.node_setup`: what one node agent runs (:class:`NodeSetup`), and the decision block it prints;
+- :mod:`.torchrun`: a node setup as torchrun's argv and environment;
 - :mod:`.agent`: runs one node: the lobby, then torchrun's agent in this process;
 - :mod:`.lobby`: join progress and the cross-node settings check, on the rendezvous store;
 - :mod:`.logs`, :mod:`.rank_plan`, :mod:`.failure`: per-rank logs, the rank table, the root cause;

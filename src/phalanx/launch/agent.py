@@ -2,7 +2,7 @@
 
 Running the agent in-process (rather than spawning ``torchrun``) costs no second interpreter
 and no second ``import torch``, and lets phalanx see what torchrun decides: the ranks it
-assigns (printed as the rank plan) and the failures it collects (reduced to a root cause).
+assigns (printed as the rank table) and the failures it collects (reduced to a root cause).
 
 A simulated node runs this module as a process of its own: ``python -m phalanx.launch.agent
 PLAN.json``.
@@ -24,7 +24,7 @@ import psutil
 
 from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
-from phalanx.exit_codes import ExitCode, exit_quickly
+from phalanx.exit_codes import ExitCode
 from phalanx.launch import failure
 from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
@@ -32,13 +32,14 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ran
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.liveness import BEAT_S, Liveness
 from phalanx.launch.lobby import Lobby, host_store
-from phalanx.launch.plan import NodePlan
-from phalanx.launch.rank_plan import RankPlanBoard, format_rank_plan, node_row
+from phalanx.launch.node_setup import NodeSetup
+from phalanx.launch.rank_table import RankTableBoard, format_rank_table, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
+from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
 from phalanx.worker_env import WorkerEnv
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     from phalanx.launch.logs import RankLogsSpecs
 
 
-def failure_file(plan: NodePlan) -> Path:
-    return Path(plan.run_dir) / "failures" / f"{plan.node_label}.json"
+def failure_file(setup: NodeSetup) -> Path:
+    return Path(setup.run_dir) / "failures" / f"{setup.node_label}.json"
 
 
 class NodeAgent:
@@ -56,24 +57,24 @@ class NodeAgent:
     node's workers, then what the job's end says (the root cause, the check that the ranks
     communicated). ``run()`` returns the node's exit code."""
 
-    def __init__(self, plan: NodePlan) -> None:
-        #: This node's plan (its endpoint gets the port the system picked, for a single node).
-        self.plan = plan
+    def __init__(self, setup: NodeSetup) -> None:
+        #: This node's setup (its endpoint gets the port the system picked, for a single node).
+        self.setup = setup
         #: The rendezvous store once the nodes met, shared with torchrun's c10d backend (None:
         #: a single node, or before the lobby).
         self.store: Any = None
-        #: The rank plan of the current rendezvous round, on the store.
-        self.board: RankPlanBoard | None = None
+        #: The rank table of the current rendezvous round, on the store.
+        self.board: RankTableBoard | None = None
         #: Keys of the whole job on the store: the lobby's, the liveness watch's (alive, ended, lost).
-        self.prefix = f"phalanx/{plan.rdzv_id}/"
+        self.prefix = f"phalanx/{setup.rdzv_id}/"
         #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
-        self.crossnode = CrossNode(None, self.prefix, plan.node_label)
+        self.crossnode = CrossNode(None, self.prefix, setup.node_label)
         #: The rendezvous rounds this node's agent took part in.
         self.rounds = 0
         #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
-        self.nodes_in_job = plan.nnodes_min
+        self.nodes_in_job = setup.nnodes_min
         #: The labels of the nodes that met in the lobby.
-        self.nodes: list[str] = [plan.node_label]
+        self.nodes: list[str] = [setup.node_label]
         #: The watch of the next nodes' beats (a multi-node job of a fixed size).
         self.liveness: Liveness | None = None
         #: Why a node counts as lost, once the liveness watch said so.
@@ -81,24 +82,24 @@ class NodeAgent:
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
 
     def run(self) -> int:
-        os.environ.update({**torchrun_env(self.plan), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
+        os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
         with forwarding(PASSED_ON):  # from the lobby on: a notice before the workers start is kept for them
             return self._run()
 
     def _run(self) -> int:
         try:
-            if self.plan.nnodes_max > 1:
-                lobby = Lobby(self.plan, node_fingerprint(self.plan))
+            if self.setup.nnodes_max > 1:
+                lobby = Lobby(self.setup, node_fingerprint(self.setup))
                 joined = lobby.join()
                 self.nodes_in_job = len(joined)
                 self.nodes = [fingerprint["label"] for fingerprint in joined]
                 self.store = lobby.store
-                self.crossnode = CrossNode(self.store, self.prefix, self.plan.node_label)
-            elif self.plan.store_address:  # one node: its store on that address alone, torchrun's shares it
-                endpoint = parse_endpoint(self.plan.rdzv_endpoint, port_zero=True)  # 0: the system picks one
-                self._alone_store = host_store(self.plan, endpoint)  # kept for torchrun, not read here
+                self.crossnode = CrossNode(self.store, self.prefix, self.setup.node_label)
+            elif self.setup.store_address:  # one node: its store on that address alone, torchrun's shares it
+                endpoint = parse_endpoint(self.setup.rdzv_endpoint, port_zero=True)  # 0: the system picks one
+                self._alone_store = host_store(self.setup, endpoint)  # kept for torchrun, not read here
                 port = self._alone_store.port
-                self.plan = dataclasses.replace(self.plan, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
+                self.setup = dataclasses.replace(self.setup, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
             return self._launch()
         except PhalanxError as error:
             say(error.render())
@@ -113,20 +114,20 @@ class NodeAgent:
 
         from phalanx.launch.logs import RankLogsSpecs
 
-        args = get_args_parser().parse_args(torchrun_argv(self.plan, logs_specs_by_name=False))  # set below
+        args = get_args_parser().parse_args(torchrun_argv(self.setup, logs_specs_by_name=False))  # set below
         config, entrypoint, entrypoint_args = config_from_args(args)
         logs = RankLogsSpecs(
-            log_dir=self.plan.run_dir,
+            log_dir=self.setup.run_dir,
             local_ranks_filter=config.logs_specs._local_ranks_filter,
             on_ranks_assigned=self._on_ranks_assigned,
         )
         config.logs_specs = logs
 
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
-            return failure.failures_from(failures, logs.stderr_of_rank, self.plan.node_label, self.plan.local_addr)
+            return failure.failures_from(failures, logs.stderr_of_rank, self.setup.node_label, self.setup.local_addr)
 
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
-            return self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.plan.is_host)
+            return self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.setup.is_host)
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         self._watch_the_other_nodes()
@@ -141,29 +142,29 @@ class NodeAgent:
             found = found_in(error.failures)
             self.crossnode.post_failures(found)
             if self.lost is not None:
-                say(f"phalanx: {self.plan.node_label}: its workers were stopped, since {self.lost}")
+                say(f"phalanx: {self.setup.node_label}: its workers were stopped, since {self.lost}")
                 self._keep_store_for_the_verdict()
                 return ExitCode.FAILED
             if failure.is_preemption(found):
-                say(f"phalanx: {self.plan.node_label}: the workers stopped for preemption after saving a checkpoint; "
+                say(f"phalanx: {self.setup.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
                 return ExitCode.PREEMPTED
             return self._report_failures(found)
         except RendezvousTimeoutError:
             raise JoinTimeout(
-                f"torchrun's rendezvous at {self.plan.rdzv_endpoint} timed out after {self.plan.join_timeout:g} s",
+                f"torchrun's rendezvous at {self.setup.rdzv_endpoint} timed out after {self.setup.join_timeout:g} s",
                 "the nodes met in phalanx's lobby, but not all of them came back to torchrun's rendezvous "
                 "(a node may have died or been restarted).",
                 "look at the other nodes' consoles; raise --join-timeout if restarts are slow",
             ) from None
         except RendezvousError as error:  # closed, or its store gone with the node that hosted it
             say(
-                f"phalanx: {self.plan.node_label}: the job's rendezvous ended ({type(error).__name__}): another node "
+                f"phalanx: {self.setup.node_label}: the job's rendezvous ended ({type(error).__name__}): another node "
                 "finished or failed first; look at the node that holds rank 0 for the root cause"
             )
             return ExitCode.FAILED
         except SignalException as error:
-            say(f"phalanx: {self.plan.node_label} stopped by {error.sigval.name}; {self._what_the_workers_did(logs)}")
+            say(f"phalanx: {self.setup.node_label} stopped by {error.sigval.name}; {self._what_the_workers_did(logs)}")
             return 128 + int(error.sigval)
         finally:
             if self.liveness is not None:  # however this node ends, its silence from now on is no loss
@@ -173,7 +174,7 @@ class NodeAgent:
 
     def _say_stopping(self, sig: signal.Signals, wait_s: int) -> None:
         again = "Ctrl-C" if sig == signal.SIGINT else sig.name
-        say(f"phalanx: {self.plan.node_label}: {sig.name}: stopping the workers; they get up to {wait_s} s to end, "
+        say(f"phalanx: {self.setup.node_label}: {sig.name}: stopping the workers; they get up to {wait_s} s to end, "
             f"then SIGKILL ({again} again kills them now)")  # fmt: skip
 
     # -- rounds ----------------------------------------------------------------------------
@@ -183,20 +184,20 @@ class NodeAgent:
         self.rounds += 1
         if self.store is None:
             return
-        name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.plan.node_label}-{self.rounds}")
+        name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.setup.node_label}-{self.rounds}")
         self.crossnode.enter_round(name)
-        self.board = RankPlanBoard(self.store, self.crossnode.round_prefix)
+        self.board = RankTableBoard(self.store, self.crossnode.round_prefix)
 
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
         """Starts the liveness watch of a multi-node job of a fixed size (see
         :mod:`phalanx.launch.liveness`). An elastic job is left to torch's agent: a lost node there
         is a new rendezvous round without it, not the end of the job."""
-        if self.store is None or self.plan.nnodes_min != self.plan.nnodes_max:
+        if self.store is None or self.setup.nnodes_min != self.setup.nnodes_max:
             return
-        endpoint = parse_endpoint(self.plan.rdzv_endpoint)
+        endpoint = parse_endpoint(self.setup.rdzv_endpoint)
         self.liveness = Liveness(
-            endpoint.host, endpoint.port, self.prefix, self.plan.node_label, self.nodes,
+            endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.nodes,
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
             store_host=str(endpoint),
         )  # fmt: skip
@@ -211,7 +212,7 @@ class NodeAgent:
         would go on to close the rendezvous and phalanx to post the failures, on a store that no
         longer answers (a minute's timeout each), and there is nothing left to save."""
         self.lost = why
-        say(f"phalanx: PROBLEM: {self.plan.node_label}: {why}: it is lost (its machine down, or its network cut); "
+        say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
             "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
         if not store_lost and not heard:  # for the other nodes: each stops its workers, and says the cause first
@@ -230,12 +231,12 @@ class NodeAgent:
         """On the store's host, stopped for a lost node: the store goes down with this process, and
         a node that does not watch the lost one hears the verdict on its next beat. So it stays
         up until every other node posted how it ended, at most two beats (the lost one never will)."""
-        if not self.plan.is_host or self.store is None:
+        if not self.setup.is_host or self.store is None:
             return
         deadline = time.monotonic() + 2 * BEAT_S
         while time.monotonic() < deadline:
             try:
-                if len(self.crossnode.ended_nodes(self.store) - {self.plan.node_label}) >= len(self.nodes) - 2:
+                if len(self.crossnode.ended_nodes(self.store) - {self.setup.node_label}) >= len(self.nodes) - 2:
                     return
             except Exception as error:
                 raise_if_signal(error)
@@ -244,7 +245,7 @@ class NodeAgent:
 
     def _check_everyone_joined(self, logs: RankLogsSpecs) -> int:
         """After a success: whether this node's ranks joined the job's process group, or each ran alone."""
-        if self.plan.independent_ranks:
+        if self.setup.independent_ranks:
             return ExitCode.OK
         records = _exit_records(logs)
         alone = solo_ranks(records)
@@ -253,7 +254,7 @@ class NodeAgent:
             return ExitCode.OK
         world = next(record.world_size for record in records.values() if record is not None)
         say(
-            f"phalanx: PROBLEM: {self.plan.node_label}: rank{'s' if len(alone) > 1 else ''} {ranges(alone)} of the "
+            f"phalanx: PROBLEM: {self.setup.node_label}: rank{'s' if len(alone) > 1 else ''} {ranges(alone)} of the "
             f"job's {world} never communicated with the others (no collective in a process group of the whole "
             f"job): each trained alone, so nothing was distributed (their logs: {logs.root_log_dir})\n"
             f"HINT: {group_hint([r for r in records.values() if r is not None])}"
@@ -282,7 +283,7 @@ class NodeAgent:
         from phalanx.runtime.watchdog import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_VARIABLE
 
         who, they = (f"ranks {ranges(ranks)}", "they") if len(ranks) > 1 else (f"rank {ranks[0]}", "it")
-        say(f"phalanx: note: {self.plan.node_label}: torch {installed_torch()}'s flight recorder did not count the "
+        say(f"phalanx: note: {self.setup.node_label}: torch {installed_torch()}'s flight recorder did not count the "
             f"collectives of {who}, so phalanx cannot tell whether {they} communicated with the others, only that "
             f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}={FLIGHT_RECORDER_ENTRIES} lets it count them)")  # fmt: skip
 
@@ -290,7 +291,7 @@ class NodeAgent:
         """Whether to restart the workers after these failures, said on the console either way
         (torch's agent says it at INFO only). A node that ends the job tells the others, whose
         workers failed because its own stopped."""
-        node, most = self.plan.node_label, self.plan.max_restarts
+        node, most = self.setup.node_label, self.setup.max_restarts
         reason = failure.restart_cannot_help(found) or (
             f"{self.lost}: a restart would wait for it" if self.lost else None
         )
@@ -307,7 +308,7 @@ class NodeAgent:
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
-        row = node_row(envs, self.plan.local_addr, self.plan.node_label)
+        row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
         if self.board is not None:
             self.board.post(row)
@@ -315,14 +316,14 @@ class NodeAgent:
             return
         rows = [row] if self.board is None else self.board.gather(row["nodes"])
         if rows is None:
-            say("phalanx: rank plan: not every node posted its ranks within 30 s; continuing without the table")
+            say("phalanx: rank table: not every node posted its ranks within 30 s; continuing without the table")
             return
-        say(format_rank_plan(rows))
+        say(format_rank_table(rows))
 
     def _report_failures(self, found: list[failure.RankFailure]) -> int:
         """Names the root cause; the exit code that goes with it."""
-        failure.save_failures(found, failure_file(self.plan))
-        if self.plan.is_simulated:  # the simulating parent merges every node's file and names the root cause once
+        failure.save_failures(found, failure_file(self.setup))
+        if self.setup.is_simulated:  # the simulating parent merges every node's file and names the root cause once
             return failure.exit_code_for(found)
         everyone = found + self.crossnode.failures_of_other_nodes(found, self.nodes_in_job)
         for verdict in self.crossnode.lost_verdicts():
@@ -330,14 +331,14 @@ class NodeAgent:
         say(failure.format_root_cause(everyone))
         silent = self._silent_nodes()
         if silent:
-            say(f"phalanx: {self.plan.node_label}: no word from {', '.join(silent)} (neither finished nor failed): "
+            say(f"phalanx: {self.setup.node_label}: no word from {', '.join(silent)} (neither finished nor failed): "
                 "it may be gone with its workers (killed, or its machine down), and the failures above the "
                 "consequence")  # fmt: skip
         return failure.exit_code_for(everyone)
 
     def _silent_nodes(self) -> list[str]:
         """The nodes of this round that posted neither a finish nor a failure (best effort). The
-        round's nodes are those that posted their row of its rank plan: in an elastic job, not
+        round's nodes are those that posted their row of its rank table: in an elastic job, not
         the nodes that met in the lobby (one of them may have left in an earlier round, and one
         that joined later never met the others there)."""
         if self.store is None or self.board is None:
@@ -348,7 +349,7 @@ class NodeAgent:
         except Exception as error:
             raise_if_signal(error)
             return []
-        return [node for node in nodes if node != self.plan.node_label and node not in ended]
+        return [node for node in nodes if node != self.setup.node_label and node not in ended]
 
 
 def _exit_records(logs: Any) -> dict[int, GroupRecord | None]:
@@ -366,8 +367,8 @@ def _alive(process: psutil.Process) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent(WorkerEnv.from_env(os.environ).launcher_pid)  # a simulated node dies with its simulation
-    plan = NodePlan.from_json(Path(argv[0]).read_text())
-    return NodeAgent(plan).run()
+    setup = NodeSetup.from_json(Path(argv[0]).read_text())
+    return NodeAgent(setup).run()
 
 
 if __name__ == "__main__":

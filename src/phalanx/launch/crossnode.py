@@ -6,7 +6,7 @@ whose silence is no loss), ``lost`` (the liveness watch's verdicts) and the lobb
 rendezvous round, under ``.../round/<name>/`` (:mod:`.rounds` names it alike on every node of the
 round): ``failures`` (each node's failure report, one JSON line), ``finished`` (the nodes whose
 workers finished), ``ends`` (a node's word that the job ends rather than restarts) and the rank
-plan. What a node said in an earlier round holds for that round only.
+table. What a node said in an earlier round holds for that round only.
 
 Every post is best effort, and every read too where it says so: the store goes down with the
 node that hosts it, and what is left to say then is said on the console.

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.exit_codes import STALL_REPORT, ExitCode
+from phalanx.exit_codes import ExitCode
+from phalanx.worker_env import STALL_REPORT
 
 TAIL_LINES = 12
 

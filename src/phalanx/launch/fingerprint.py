@@ -11,7 +11,7 @@ import importlib.metadata
 from pathlib import Path
 
 from phalanx import __version__
-from phalanx.launch.plan import NodePlan
+from phalanx.launch.node_setup import NodeSetup
 from phalanx.settings.entrypoint import Entrypoint
 
 #: The settings compared, in the order the mismatch table lists them (extra ones follow, sorted).
@@ -36,18 +36,18 @@ def _torch_version() -> str:
         return "(not installed)"
 
 
-def node_fingerprint(plan: NodePlan) -> dict[str, str]:
-    entrypoint = Entrypoint(plan.script, plan.script_args, plan.is_module)
-    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
+def node_fingerprint(setup: NodeSetup) -> dict[str, str]:
+    entrypoint = Entrypoint(setup.script, setup.script_args, setup.is_module)
+    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
     return {
         "nnodes": nnodes,
-        "nproc-per-node": str(plan.nproc_per_node),
-        "backend": plan.backend,
-        "script": ("-m " if plan.is_module else "") + plan.script,
+        "nproc-per-node": str(setup.nproc_per_node),
+        "backend": setup.backend,
+        "script": ("-m " if setup.is_module else "") + setup.script,
         "script sha256": file_sha256(entrypoint.source_file()),
         "phalanx": __version__,
         "torch": _torch_version(),
-        **plan.extra_fingerprint,
+        **setup.extra_fingerprint,
     }
 
 

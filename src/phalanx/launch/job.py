@@ -13,18 +13,18 @@ from pathlib import Path
 
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
-from phalanx.launch.plan import NodePlan, decision_block, plan_nodes
+from phalanx.launch.node_setup import NodeSetup, decision_block, set_up_nodes
 from phalanx.launch.spec import LaunchSpec
 from phalanx.torch_compat import check_installed
 
 
-def dry_run_text(plans: list[NodePlan]) -> str:
+def dry_run_text(setups: list[NodeSetup]) -> str:
     from phalanx.launch.torchrun import command_line
 
-    parts = [decision_block(plans)]
-    for plan in plans:
-        role = " (hosts the store)" if plan.is_host else ""
-        parts.append(f"\n# {plan.node_label} ({plan.local_addr}){role}:\n{command_line(plan)}")
+    parts = [decision_block(setups)]
+    for setup in setups:
+        role = " (hosts the store)" if setup.is_host else ""
+        parts.append(f"\n# {setup.node_label} ({setup.local_addr}){role}:\n{command_line(setup)}")
     return "\n".join(parts)
 
 
@@ -60,31 +60,31 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def check_run_log_dir(spec: LaunchSpec, plans: list[NodePlan]) -> None:
-    """The log folder the plans' run writes under, made (or, for a dry run, tried and left as it
+def check_run_log_dir(spec: LaunchSpec, setups: list[NodeSetup]) -> None:
+    """The log folder the setups' run writes under, made (or, for a dry run, tried and left as it
     was), or refused naming where --log-dir came from."""
     with spec.blamed("log_dir"):
-        check_log_dir(Path(plans[0].run_dir).parent, keep=not spec.dry_run)
+        check_log_dir(Path(setups[0].run_dir).parent, keep=not spec.dry_run)
 
 
-def start(plans: list[NodePlan]) -> int:
+def start(setups: list[NodeSetup]) -> int:
     """Runs this host's node agents (one, or K when simulated) and returns the job's exit code."""
-    say(decision_block(plans))
-    if plans[0].is_simulated:
+    say(decision_block(setups))
+    if setups[0].is_simulated:
         from phalanx.launch.simulate import Simulation
 
-        return Simulation(plans).run()
+        return Simulation(setups).run()
     from phalanx.launch.agent import NodeAgent
 
-    return NodeAgent(plans[0]).run()
+    return NodeAgent(setups[0]).run()
 
 
 def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
-    """Plans this host's nodes and starts them; with --dry-run prints the plan and starts nothing."""
+    """Sets up this host's nodes and starts them; with --dry-run prints their setup and starts nothing."""
     check_installed()
-    plans = plan_nodes(spec, run_dir)
-    check_run_log_dir(spec, plans)
+    setups = set_up_nodes(spec, run_dir)
+    check_run_log_dir(spec, setups)
     if spec.dry_run:
-        print(dry_run_text(plans))
+        print(dry_run_text(setups))
         return 0
-    return start(plans)
+    return start(setups)

@@ -24,7 +24,7 @@ from phalanx.console import format_table, say
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
 from phalanx.launch.fingerprint import differing_settings
-from phalanx.launch.plan import NodePlan
+from phalanx.launch.node_setup import NodeSetup
 from phalanx.settings.values import Endpoint, parse_endpoint
 
 PROGRESS_EVERY_S = 10.0
@@ -36,18 +36,18 @@ STORE_READ_TIMEOUT_S = 60.0
 STORE_ANSWER_MIN_S = 2.0
 
 
-def host_store(plan: NodePlan, endpoint: Endpoint) -> Any:
+def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
     """The job's rendezvous store on the node that hosts it (its ``port``: the endpoint's, or the
     one the system picked for port 0). torchrun's c10d backend then makes its own store on the same
     port, multi-tenant, and so shares this one.
 
-    It listens on ``plan.store_address`` alone where the plan names one (torch's TCPStore would
+    It listens on ``setup.store_address`` alone where the setup names one (torch's TCPStore would
     otherwise listen on every address of the host: it has no authentication), else everywhere."""
     from torch.distributed import TCPStore
 
     listening = None
     try:
-        listening, port = _listen(plan.store_address, endpoint.port) if plan.store_address else (None, endpoint.port)
+        listening, port = _listen(setup.store_address, endpoint.port) if setup.store_address else (None, endpoint.port)
         store = TCPStore(
             endpoint.host, port, is_master=True, multi_tenant=True, wait_for_workers=False,
             timeout=timedelta(seconds=STORE_READ_TIMEOUT_S), use_libuv=True,
@@ -83,21 +83,21 @@ def _listen(address: str, port: int) -> tuple[int, int]:
 
 
 class Lobby:
-    def __init__(self, plan: NodePlan, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic):
-        self.plan = plan
-        self.fingerprint = {"address": plan.local_addr, "label": plan.node_label, **fingerprint}
-        self.endpoint = parse_endpoint(plan.rdzv_endpoint)
+    def __init__(self, setup: NodeSetup, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic):
+        self.setup = setup
+        self.fingerprint = {"address": setup.local_addr, "label": setup.node_label, **fingerprint}
+        self.endpoint = parse_endpoint(setup.rdzv_endpoint)
         self.clock = clock
         self.store: Any = None
-        self.prefix = f"phalanx/{plan.rdzv_id}/"
+        self.prefix = f"phalanx/{setup.rdzv_id}/"
         self._next_progress = 0.0
 
     # -- the store -------------------------------------------------------------------------
     def connect(self, deadline: float) -> None:
         from torch.distributed import TCPStore
 
-        if self.plan.is_host:
-            self.store = host_store(self.plan, self.endpoint)
+        if self.setup.is_host:
+            self.store = host_store(self.setup, self.endpoint)
             return
         self._wait_until_reachable(deadline)
         timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
@@ -147,15 +147,15 @@ class Lobby:
         self._next_progress = started + PROGRESS_EVERY_S
         while True:
             outcome = network.probe_tcp(
-                self.endpoint.host, self.endpoint.port, timeout=min(2.0, self.plan.join_timeout)
+                self.endpoint.host, self.endpoint.port, timeout=min(2.0, self.setup.join_timeout)
             )
             if outcome.startswith("accepted"):
                 return
             now = self.clock()
             if now >= deadline:
                 raise JoinTimeout(
-                    f"the endpoint {self.endpoint} did not answer within {self.plan.join_timeout:g} s",
-                    f"a direct TCP connect from {self.plan.local_addr} to it: {outcome}.",
+                    f"the endpoint {self.endpoint} did not answer within {self.setup.join_timeout:g} s",
+                    f"a direct TCP connect from {self.setup.local_addr} to it: {outcome}.",
                     "start the main node (the one that owns that address) first or at the same time; check that "
                     f"port {self.endpoint.port} is open in its firewall and that the address is right",
                 )
@@ -167,12 +167,12 @@ class Lobby:
     # -- joining ---------------------------------------------------------------------------
     def join(self) -> list[dict[str, str]]:
         """Registers this node, then waits for the others; returns every node's fingerprint."""
-        deadline = self.clock() + self.plan.join_timeout
+        deadline = self.clock() + self.setup.join_timeout
         self.connect(deadline)
         index = self.store.add(self.prefix + "joined", 1) - 1
-        if index >= self.plan.nnodes_max:
+        if index >= self.setup.nnodes_max:
             raise NodesDisagree(
-                f"job '{self.plan.rdzv_id}' already has its {self.plan.nnodes_max} nodes; this one would be one too many",
+                f"job '{self.setup.rdzv_id}' already has its {self.setup.nnodes_max} nodes; this one would be one too many",
                 f"{index + 1} nodes have tried to join the endpoint {self.endpoint}.",
                 "give this node's job another --rdzv-id, or raise --nnodes on every node",
             )
@@ -192,7 +192,7 @@ class Lobby:
             mismatch = differing_settings(seen)
             if mismatch:
                 self._abort(seen, mismatch)
-            if len(seen) >= self.plan.nnodes_min:
+            if len(seen) >= self.setup.nnodes_min:
                 return seen
             now = self.clock()
             if now >= deadline:
@@ -200,14 +200,14 @@ class Lobby:
             if now >= self._next_progress:
                 names = ", ".join(fp["address"] for fp in seen)
                 say(
-                    f"phalanx: waiting for nodes ({now - started:.0f} s of {self.plan.join_timeout:g}): "
-                    f"{len(seen)} of {self.plan.nnodes_min} joined: {names}"
+                    f"phalanx: waiting for nodes ({now - started:.0f} s of {self.setup.join_timeout:g}): "
+                    f"{len(seen)} of {self.setup.nnodes_min} joined: {names}"
                 )
                 self._next_progress = now + PROGRESS_EVERY_S
             time.sleep(POLL_EVERY_S)
 
     def _read_joined(self, seen: list[dict[str, str]]) -> list[dict[str, str]]:
-        count = min(self.store.add(self.prefix + "joined", 0), self.plan.nnodes_max)
+        count = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
         fingerprints = list(seen)
         for index in range(len(seen), count):
             key = self._node_key(index)
@@ -220,10 +220,10 @@ class Lobby:
         probe = network.probe_tcp(self.endpoint.host, self.endpoint.port)
         joined = ", ".join(f"{fp['address']} ({fp['label']})" for fp in seen) or "none"
         raise JoinTimeout(
-            f"only {len(seen)} of {self.plan.nnodes_min} nodes joined job '{self.plan.rdzv_id}' at {self.endpoint} "
-            f"within {self.plan.join_timeout:g} s",
+            f"only {len(seen)} of {self.setup.nnodes_min} nodes joined job '{self.setup.rdzv_id}' at {self.endpoint} "
+            f"within {self.setup.join_timeout:g} s",
             f"joined: {joined}. A direct TCP connect from this node to the endpoint: {probe}.",
-            f"start the same command ({self.plan.command_name}) on the missing nodes; they must reach "
+            f"start the same command ({self.setup.command_name}) on the missing nodes; they must reach "
             f"{self.endpoint} (try `nc -zv {self.endpoint.host} {self.endpoint.port}` there). "
             "Raise --join-timeout if nodes start slowly",
         )
@@ -240,13 +240,13 @@ class Lobby:
             return
         report = json.loads(self.store.get(key))
         readers = self.store.add(self.prefix + "abort_seen", 1)
-        if self.plan.is_host:  # keep the store up until every node has read why (bounded)
+        if self.setup.is_host:  # keep the store up until every node has read why (bounded)
             until = self.clock() + ABORT_GRACE_S
             while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
                 time.sleep(POLL_EVERY_S)
                 readers = self.store.add(self.prefix + "abort_seen", 0)
         raise NodesDisagree(
-            f"the nodes of job '{self.plan.rdzv_id}' were started with different settings; every node stops",
+            f"the nodes of job '{self.setup.rdzv_id}' were started with different settings; every node stops",
             mismatch_table(report["fingerprints"], report["mismatch"]),
             "start every node with the same phalanx command, the same script file and the same "
             "phalanx and torch versions",

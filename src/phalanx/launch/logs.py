@@ -50,7 +50,7 @@ class RankLogsSpecs(LogsSpecs):
         # numbers the rounds alike on every node. TORCHELASTIC_RESTART_COUNT does not: it counts
         # the restarts after a failure of this node's own workers, and a node whose healthy
         # workers were stopped for another node's restart keeps its count (its second round
-        # then overwrote the first round's logs, and looked up the rank plan of the wrong round).
+        # then overwrote the first round's logs, and looked up the rank table of the wrong round).
         attempt_number, self._starts = self._starts, self._starts + 1
         attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         self.folder_of_rank = {int(env["RANK"]): attempt / f"rank{env['RANK']}" for env in envs.values()}

@@ -3,7 +3,7 @@
 torch's elastic agent starts the workers once per rendezvous round: the first, one after each
 restart (``--max-restarts``), and one after each change of membership in an elastic job
 (``--nnodes MIN:MAX``: a node joins or is lost). What the nodes tell each other about the
-workers (their failures, that they finished, that the job ends, the rank plan) holds for one
+workers (their failures, that they finished, that the job ends, the rank table) holds for one
 round only: a node whose workers failed in an earlier round, and which has left the job since,
 must not be blamed, or waited for, in a later one.
 

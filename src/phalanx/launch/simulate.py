@@ -19,7 +19,7 @@ from phalanx.console import say
 from phalanx.exit_codes import ExitCode
 from phalanx.launch import failure
 from phalanx.launch.agent import failure_file
-from phalanx.launch.plan import NodePlan
+from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.signals import PASSED_ON, forwarding
 from phalanx.worker_env import WorkerEnv
 
@@ -31,8 +31,8 @@ TERMINATE_GRACE_S = 45.0
 
 
 class Simulation:
-    def __init__(self, plans: list[NodePlan]) -> None:
-        self.plans = plans
+    def __init__(self, setups: list[NodeSetup]) -> None:
+        self.setups = setups
         self.nodes: list[subprocess.Popen[bytes]] = []
         self._signalled: int | None = None
         self._stopped: set[int] = set()  # the nodes this process signalled (the others ended by themselves)
@@ -50,14 +50,14 @@ class Simulation:
         return self._outcome(codes)
 
     def _start(self) -> None:
-        for plan in self.plans:
-            plan_path = (Path(plan.run_dir) / "plans" / f"{plan.node_label}.json").resolve()
-            plan_path.parent.mkdir(parents=True, exist_ok=True)
-            plan_path.write_text(plan.to_json())
+        for setup in self.setups:
+            setup_path = (Path(setup.run_dir) / "setups" / f"{setup.node_label}.json").resolve()
+            setup_path.parent.mkdir(parents=True, exist_ok=True)
+            setup_path.write_text(setup.to_json())
             env = {**os.environ, **WorkerEnv(launcher_pid=os.getpid()).to_env()}
             # A session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on
             # once (an agent that got it twice would take the second for "kill at once").
-            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(plan_path)], env=env,
+            self.nodes.append(subprocess.Popen([sys.executable, "-m", "phalanx.launch.agent", str(setup_path)], env=env,
                                                start_new_session=True))  # fmt: skip
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -100,12 +100,12 @@ class Simulation:
         for said in (ExitCode.PREEMPTED, ExitCode.NOT_DISTRIBUTED):
             if said in codes and set(codes) <= {ExitCode.OK, said}:
                 return said  # every node said why already
-        reports = [failure_file(plan) for plan in self.plans]
+        reports = [failure_file(setup) for setup in self.setups]
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
         # ended by a signal phalanx did not send, before it could write its report (an agent that
         # reported and then aborted at exit is not the cause: its report says what was)
-        killed = [(plan, -code) for index, (plan, code) in enumerate(zip(self.plans, codes)) if code < 0
-                  and index not in self._stopped and not failure_file(plan).exists()]  # fmt: skip
+        killed = [(setup, -code) for index, (setup, code) in enumerate(zip(self.setups, codes)) if code < 0
+                  and index not in self._stopped and not failure_file(setup).exists()]  # fmt: skip
         if killed:
             say(_killed_node(*killed[0], found))
             return ExitCode.FAILED
@@ -116,7 +116,7 @@ class Simulation:
         return next((code for code in codes if code in (ExitCode.REFUSED, ExitCode.JOIN_TIMEOUT)), ExitCode.FAILED)
 
 
-def _killed_node(plan: NodePlan, signum: int, consequences: list[failure.RankFailure]) -> str:
+def _killed_node(setup: NodeSetup, signum: int, consequences: list[failure.RankFailure]) -> str:
     """The root cause when a simulated node's agent was killed from outside (kill -9, the
     out-of-memory killer): its workers died with it, and the other nodes' failures came after."""
     try:
@@ -124,7 +124,7 @@ def _killed_node(plan: NodePlan, signum: int, consequences: list[failure.RankFai
     except ValueError:
         name = f"signal {signum}"
     lines = [
-        f"phalanx: root cause: {plan.node_label} ({plan.local_addr}): its node agent was killed by {name}, "
+        f"phalanx: root cause: {setup.node_label} ({setup.local_addr}): its node agent was killed by {name}, "
         "not by phalanx; its workers ended with it"
     ]
     if consequences:

@@ -2,7 +2,7 @@
 
 The spec is built once, at the edge (:mod:`.options`), and validated in ``__post_init__`` so
 that no code behind it ever sees settings that cannot work. Checks that depend on this host
-(interfaces, GPUs) belong to the node plan (:mod:`.plan`), not here.
+(interfaces, GPUs) belong to the node setup (:mod:`.node_setup`), not here.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def is_loopback_host(host: str) -> bool:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """A launch as the user asked for it, typed and checked: what `phalanx run` plans nodes from.
+    """A launch as the user asked for it, typed and checked: what `phalanx run` sets nodes up from.
 
     The fields from ``nnodes`` to ``headless_service`` are the launch options, each documented
     once, in its entry of :data:`phalanx.settings.options.LAUNCH_OPTIONS` (``--help`` shows the

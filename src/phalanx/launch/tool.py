@@ -33,16 +33,16 @@ def run_tool(
     args: argparse.Namespace,
     module: str,
     settings: Mapping[str, Any],
-    check_plans: Callable[[Any], None] | None = None,
+    check_setups: Callable[[Any], None] | None = None,
 ) -> ToolOutcome:
     """Launches ``python -m module`` on this host's nodes with the launch options in ``args``.
 
-    ``check_plans`` sees the node plans before anything starts (the backend is chosen by then),
+    ``check_setups`` sees the node setups before anything starts (the backend is chosen by then),
     so that a command can refuse settings the chosen backend cannot run.
     """
     from phalanx.launch.job import check_run_log_dir, dry_run_text, start
+    from phalanx.launch.node_setup import new_run_dir, set_up_nodes
     from phalanx.launch.options import spec_from_args
-    from phalanx.launch.plan import new_run_dir, plan_nodes
     from phalanx.settings.entrypoint import Entrypoint
 
     spec = spec_from_args(args, entrypoint=Entrypoint(module, is_module=True))
@@ -51,14 +51,14 @@ def run_tool(
     worker_args = (SETTINGS_FLAG, json.dumps(dict(settings), sort_keys=True), REPORT_FLAG, str(report_path))
     # nodes started with different tool settings would issue different collectives and hang
     spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True), extra_fingerprint=_flat(settings))
-    plans = plan_nodes(spec, run_dir)
-    if check_plans is not None:
-        check_plans(plans)
-    check_run_log_dir(spec, plans)
+    setups = set_up_nodes(spec, run_dir)
+    if check_setups is not None:
+        check_setups(setups)
+    check_run_log_dir(spec, setups)
     if spec.dry_run:
-        print(dry_run_text(plans))
+        print(dry_run_text(setups))
         return ToolOutcome(0, None, report_path)
-    exit_code = start(plans)
+    exit_code = start(setups)
     return ToolOutcome(exit_code, read_report(report_path), report_path)
 
 

@@ -1,4 +1,4 @@
-"""A node plan as torchrun's command line and environment.
+"""A node setup as torchrun's command line and environment.
 
 The argv built here is what the node agent hands to torch.distributed.run's own parser, and
 what ``--dry-run`` prints: the printed command is the command that runs (the agent hands its
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import shlex
 
-from phalanx.launch.plan import NodePlan
+from phalanx.launch.node_setup import NodeSetup
 
 #: The module every worker runs first (phalanx.launch.bootstrap); it runs the user's script.
 BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
@@ -18,42 +18,42 @@ BOOTSTRAP_MODULE = "phalanx.launch.bootstrap"
 PREFIX_TEMPLATE_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
-def torchrun_argv(plan: NodePlan, *, logs_specs_by_name: bool = True) -> list[str]:
+def torchrun_argv(setup: NodeSetup, *, logs_specs_by_name: bool = True) -> list[str]:
     """``logs_specs_by_name``: name phalanx's log layout by its entry point, as a printed torchrun
     command must; torchrun looks it up among the installed packages' entry points, which a
     phalanx run from a source tree (PYTHONPATH=src) has none of."""
-    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
+    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
     # torch reads its timeouts as whole numbers of seconds
-    rdzv_conf = f"is_host={int(plan.is_host)},join_timeout={math.ceil(plan.join_timeout)}"
-    if plan.nnodes_min != plan.nnodes_max:
-        rdzv_conf += f",last_call_timeout={math.ceil(plan.last_call)}"
+    rdzv_conf = f"is_host={int(setup.is_host)},join_timeout={math.ceil(setup.join_timeout)}"
+    if setup.nnodes_min != setup.nnodes_max:
+        rdzv_conf += f",last_call_timeout={math.ceil(setup.last_call)}"
     argv = [
         f"--nnodes={nnodes}",
-        f"--nproc-per-node={plan.nproc_per_node}",
+        f"--nproc-per-node={setup.nproc_per_node}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={plan.rdzv_endpoint}",
-        f"--rdzv-id={plan.rdzv_id}",
+        f"--rdzv-endpoint={setup.rdzv_endpoint}",
+        f"--rdzv-id={setup.rdzv_id}",
         f"--rdzv-conf={rdzv_conf}",
-        f"--local-addr={plan.local_addr}",
-        f"--max-restarts={plan.max_restarts}",
-        f"--log-dir={plan.run_dir}",
+        f"--local-addr={setup.local_addr}",
+        f"--max-restarts={setup.max_restarts}",
+        f"--log-dir={setup.run_dir}",
         *(["--logs-specs=phalanx"] if logs_specs_by_name else []),
         "--redirects=3",
         "--tee=3",
     ]
-    if plan.all_ranks:
-        argv.append(f"--local-ranks-filter={','.join(str(r) for r in range(plan.nproc_per_node))}")
+    if setup.all_ranks:
+        argv.append(f"--local-ranks-filter={','.join(str(r) for r in range(setup.nproc_per_node))}")
     # Every worker runs the script through phalanx's entry point (it dies with its launcher, and
     # records whether it joined the job's process group): torchrun's own -m, then the script's.
-    target = ["-m", plan.script] if plan.is_module else [plan.script]
-    return [*argv, "-m", BOOTSTRAP_MODULE, *target, *plan.script_args]
+    target = ["-m", setup.script] if setup.is_module else [setup.script]
+    return [*argv, "-m", BOOTSTRAP_MODULE, *target, *setup.script_args]
 
 
-def torchrun_env(plan: NodePlan) -> dict[str, str]:
+def torchrun_env(setup: NodeSetup) -> dict[str, str]:
     """What the agent adds to the inherited environment (its workers inherit it in turn)."""
-    return {**plan.env, PREFIX_TEMPLATE_VARIABLE: f"[{plan.node_label} rank${{rank}}]: "}
+    return {**setup.env, PREFIX_TEMPLATE_VARIABLE: f"[{setup.node_label} rank${{rank}}]: "}
 
 
-def command_line(plan: NodePlan) -> str:
-    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in sorted(torchrun_env(plan).items()))
-    return f"{env} \\\n  torchrun {shlex.join(torchrun_argv(plan))}"
+def command_line(setup: NodeSetup) -> str:
+    env = " ".join(f"{name}={shlex.quote(value)}" for name, value in sorted(torchrun_env(setup).items()))
+    return f"{env} \\\n  torchrun {shlex.join(torchrun_argv(setup))}"

@@ -25,8 +25,8 @@ from datetime import timedelta
 from typing import Any
 
 from phalanx.errors import SettingsRefused
-from phalanx.exit_codes import STALL_REPORT, ExitCode
-from phalanx.worker_env import WorkerEnv
+from phalanx.exit_codes import ExitCode
+from phalanx.worker_env import STALL_REPORT, WorkerEnv
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"

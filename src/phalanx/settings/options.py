@@ -211,7 +211,7 @@ TORCHRUN_ONLY = {
                   "run a Python script or module; start another program from a small Python script"),
     "node-rank": ("the rendezvous ranks the nodes in the order they join (torchrun ignores --node-rank with c10d too); "
                   "under a scheduler the node's rank comes from its variables",
-                  "drop --node-rank: the rank plan printed at the start shows which node got which ranks"),
+                  "drop --node-rank: the rank table printed at the start shows which node got which ranks"),
     "master-addr": _ENDPOINT,
     "master-port": _ENDPOINT,
     "rdzv-backend": ("phalanx always uses torchrun's c10d rendezvous", "drop --rdzv-backend"),

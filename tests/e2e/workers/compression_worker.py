@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import phalanx
-from phalanx.exit_codes import exit_quickly
+from phalanx.quick_exit import exit_quickly
 from phalanx.runtime.checkpoint import restore_rng_state, rng_state
 from phalanx.runtime.compression import AutoTrial
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model

@@ -1,8 +1,8 @@
-"""NodePlan: what one node agent runs, with every decision already made.
+"""NodeSetup: what one node agent runs, with every decision already made.
 
-:func:`plan_nodes` turns a spec into the plans of the nodes this host runs: one for a real node,
-K for ``--simulate-nodes K``. A plan is plain data (JSON round-trips), so a simulated node's
-agent process receives exactly the plan the parent printed.
+:func:`set_up_nodes` turns a spec into the setups of the nodes this host runs: one for a real
+node, K for ``--simulate-nodes K``. A setup is plain data (JSON round-trips), so a simulated
+node's agent process receives exactly the setup the parent printed.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
-class NodePlan:
+class NodeSetup:
     """Everything one node agent needs to run its node, decided before it starts: what the
-    launcher plans on this host (one plan, or K when simulated), written to JSON for a simulated
+    launcher sets up on this host (one, or K when simulated), written to JSON for a simulated
     node's own process, and what the decision block and the torchrun command are made of."""
 
     # -- what runs
@@ -100,7 +100,7 @@ class NodePlan:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> NodePlan:
+    def from_json(cls, text: str) -> NodeSetup:
         data = json.loads(text)
         for name in ("script_args", "notes"):
             data[name] = tuple(data[name])
@@ -218,15 +218,15 @@ def new_run_dir(spec: LaunchSpec) -> Path:
     return spec.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.rdzv_id}"
 
 
-def plan_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodePlan]:
-    """The plans of the node agents this host runs."""
+def set_up_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodeSetup]:
+    """The setups of the node agents this host runs."""
     run_dir = run_dir or new_run_dir(spec)
     if spec.simulate_nodes:
-        return _plan_simulated(spec, run_dir)
-    return [_plan_real(spec, run_dir)]
+        return _set_up_simulated(spec, run_dir)
+    return [_set_up_real(spec, run_dir)]
 
 
-def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
+def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
     if spec.interface:
         with spec.blamed("interface"):
             network.check_interface(spec.interface)
@@ -266,7 +266,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     label = _node_label(spec, choice.local_addr)
     job = job_name(spec.rdzv_id, str(spec.rdzv_endpoint)) if spec.rdzv_endpoint is not None else None
     worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr, job=job)
-    return NodePlan(
+    return NodeSetup(
         **_job_fields(spec, str(choice.endpoint)),
         nproc_per_node=resources.nproc,
         backend=resources.backend,
@@ -282,7 +282,7 @@ def _plan_real(spec: LaunchSpec, run_dir: Path) -> NodePlan:
     )
 
 
-def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
+def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
     count = spec.simulate_nodes
     resources = _resources(spec, nodes_on_host=count)
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
@@ -295,7 +295,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
         f"store      {endpoint} (hosted by node0, listening on 127.0.0.1 only)",
         *common_notes,
     ]
-    plans = []
+    setups = []
     for index in range(count):
         address = f"127.0.0.{SIMULATED_ADDRESS_BASE + index}"
         env = {**common_env, **WorkerEnv(backend=resources.backend, node=f"node{index}", address=address,
@@ -304,8 +304,8 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
             mask = os.environ.get("CUDA_VISIBLE_DEVICES")
             visible = mask.split(",") if mask else [str(k) for k in range(resources.gpu_count)]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[index * resources.nproc : (index + 1) * resources.nproc])
-        plans.append(
-            NodePlan(
+        setups.append(
+            NodeSetup(
                 **_job_fields(spec, endpoint),
                 nproc_per_node=resources.nproc,
                 backend=resources.backend,
@@ -321,7 +321,7 @@ def _plan_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodePlan]:
                 store_address="127.0.0.1" if index == 0 else None,
             )
         )
-    return plans
+    return setups
 
 
 def _simulated_nodes(count: int) -> str:
@@ -365,19 +365,19 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
     }
 
 
-def decision_block(plans: list[NodePlan]) -> str:
+def decision_block(setups: list[NodeSetup]) -> str:
     """The short block printed once at start: what phalanx decided for this host, and why."""
-    plan = plans[0]
-    nnodes = str(plan.nnodes_min) if plan.nnodes_min == plan.nnodes_max else f"{plan.nnodes_min}:{plan.nnodes_max}"
-    if plan.is_simulated:
-        head = f"this host runs job '{plan.rdzv_id}' as {len(plans)} simulated node{'s' if len(plans) > 1 else ''}"
-    elif plan.nnodes_max == 1:
-        head = f"this host runs job '{plan.rdzv_id}' on 1 node"
+    setup = setups[0]
+    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
+    if setup.is_simulated:
+        head = f"this host runs job '{setup.rdzv_id}' as {len(setups)} simulated node{'s' if len(setups) > 1 else ''}"
+    elif setup.nnodes_max == 1:
+        head = f"this host runs job '{setup.rdzv_id}' on 1 node"
     else:
-        node = plan.local_addr if plan.node_label == plan.local_addr else f"{plan.node_label} ({plan.local_addr})"
-        head = f"node {node} joins job '{plan.rdzv_id}' of {nnodes} nodes"
+        node = setup.local_addr if setup.node_label == setup.local_addr else f"{setup.node_label} ({setup.local_addr})"
+        head = f"node {node} joins job '{setup.rdzv_id}' of {nnodes} nodes"
     torch = installed_torch() or "(not installed)"
     head = f"phalanx {__version__} on torch {torch}: {head}"
     untested = outside_range(torch)
     warning = [f"warning    torch {torch} is {untested}: `phalanx env` names what may not work"] if untested else []
-    return "\n".join([head, *(f"  {line}" for line in [*plan.notes, *warning]), f"  logs       {plan.run_dir}/"])
+    return "\n".join([head, *(f"  {line}" for line in [*setup.notes, *warning]), f"  logs       {setup.run_dir}/"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from phalanx.launch.plan import NodePlan
+from phalanx.launch.node_setup import NodeSetup
 
 
 def free_port() -> int:
@@ -15,12 +15,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def node(index: int, port: int, **changes) -> NodePlan:
+def node(index: int, port: int, **changes) -> NodeSetup:
     """Node ``index`` of a two-node job whose store is at 127.0.0.1:``port`` (node 0 hosts it)."""
-    plan = NodePlan(
+    setup = NodeSetup(
         script="train.py", script_args=(), is_module=False, nnodes_min=2, nnodes_max=2,
         rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, join_timeout=5.0, last_call=30.0,
         nproc_per_node=1, backend="gloo", is_host=index == 0, local_addr=f"127.0.0.{101 + index}",
         interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
     )  # fmt: skip
-    return dataclasses.replace(plan, **changes)
+    return dataclasses.replace(setup, **changes)

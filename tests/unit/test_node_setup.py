@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 from phalanx.errors import SettingsRefused
-from phalanx.launch import gpus, network, plan
-from phalanx.launch.plan import NodePlan, plan_nodes
+from phalanx.launch import gpus, network, node_setup
+from phalanx.launch.node_setup import NodeSetup, set_up_nodes
 from phalanx.launch.spec import LaunchSpec
 from phalanx.launch.torchrun import command_line, torchrun_argv, torchrun_env
 from phalanx.settings.entrypoint import Entrypoint
 from phalanx.settings.values import Endpoint
-from tests.unit import node_plans
+from tests.unit import node_setups
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def no_inherited_interface(monkeypatch):
 
 
 def test_single_node_uses_loopback_and_a_free_port(entry, tmp_path):
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
     argv = torchrun_argv(node)
     assert "--rdzv-endpoint=127.0.0.1:0" in argv  # port 0: the store picks a free one, never 29500
     assert "--rdzv-conf=is_host=1,join_timeout=300" in argv
@@ -39,13 +39,13 @@ def test_single_node_uses_loopback_and_a_free_port(entry, tmp_path):
 def test_the_log_layout_is_named_only_where_torchrun_must_look_it_up(entry, tmp_path):
     """The printed command names it by its entry point; the agent hands torchrun the object, so
     phalanx run works from a source tree too, where no entry point is installed."""
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2), run_dir=tmp_path / "run")
     assert "--logs-specs=phalanx" in torchrun_argv(node) and "--logs-specs=phalanx" in command_line(node)
     assert not any(arg.startswith("--logs-specs") for arg in torchrun_argv(node, logs_specs_by_name=False))
 
 
 def test_simulated_nodes_get_distinct_addresses_and_one_host(entry, tmp_path):
-    nodes = plan_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=3, nproc_per_node=2), run_dir=tmp_path)
+    nodes = set_up_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=3, nproc_per_node=2), run_dir=tmp_path)
     assert [n.is_host for n in nodes] == [True, False, False]
     assert [n.local_addr for n in nodes] == ["127.0.0.101", "127.0.0.102", "127.0.0.103"]
     assert len({n.rdzv_endpoint for n in nodes}) == 1
@@ -56,28 +56,28 @@ def test_simulated_nodes_get_distinct_addresses_and_one_host(entry, tmp_path):
         assert torchrun_env(node)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == f"[{node.node_label} rank${{rank}}]: "
 
 
-def test_plan_survives_json(entry, tmp_path):
-    [node, _] = plan_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=2), run_dir=tmp_path)
-    assert NodePlan.from_json(node.to_json()) == node
+def test_a_setup_survives_json(entry, tmp_path):
+    [node, _] = set_up_nodes(LaunchSpec(entrypoint=entry, simulate_nodes=2), run_dir=tmp_path)
+    assert NodeSetup.from_json(node.to_json()) == node
 
 
 def test_user_interface_variables_are_kept(entry, tmp_path, monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
     assert "GLOO_SOCKET_IFNAME" not in node.env and node.env["NCCL_SOCKET_IFNAME"] == "lo"
     assert any("kept GLOO_SOCKET_IFNAME=eth9" in note for note in node.notes)
 
 
 def test_missing_interface_is_refused_with_the_list(entry, tmp_path):
     with pytest.raises(SettingsRefused) as refused:
-        plan_nodes(LaunchSpec(entrypoint=entry, interface="nosuch0"), run_dir=tmp_path)
+        set_up_nodes(LaunchSpec(entrypoint=entry, interface="nosuch0"), run_dir=tmp_path)
     assert "no network interface of that name" in refused.value.what
     assert "lo (127.0.0.1" in refused.value.why
 
 
 def test_endpoint_on_this_host_makes_it_the_host(entry, tmp_path):
     spec = LaunchSpec(entrypoint=entry, rdzv_endpoint=Endpoint("127.0.0.1", 29400))
-    [node] = plan_nodes(spec, run_dir=tmp_path)
+    [node] = set_up_nodes(spec, run_dir=tmp_path)
     assert node.is_host and node.local_addr == "127.0.0.1" and node.interface == "lo"
 
 
@@ -85,7 +85,7 @@ def test_endpoint_on_this_host_makes_it_the_host(entry, tmp_path):
 def test_nccl_with_more_processes_than_gpus(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 2)
     with pytest.raises(SettingsRefused) as refused:
-        plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=4, backend="nccl"), run_dir=tmp_path)
+        set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=4, backend="nccl"), run_dir=tmp_path)
     assert "needs 4 GPUs" in refused.value.what and "has 2" in refused.value.what
     assert "--nproc-per-node 2" in refused.value.hint
 
@@ -93,37 +93,37 @@ def test_nccl_with_more_processes_than_gpus(entry, tmp_path, monkeypatch):
 def test_nccl_without_gpus(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
     with pytest.raises(SettingsRefused, match="no GPU"):
-        plan_nodes(LaunchSpec(entrypoint=entry, backend="nccl"), run_dir=tmp_path)
+        set_up_nodes(LaunchSpec(entrypoint=entry, backend="nccl"), run_dir=tmp_path)
 
 
 def test_auto_picks_nccl_and_gpu_count_with_gpus(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 4)
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
     assert (node.backend, node.nproc_per_node) == ("nccl", 4)
-    simulated = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="gpu", simulate_nodes=2), run_dir=tmp_path)
+    simulated = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="gpu", simulate_nodes=2), run_dir=tmp_path)
     assert [n.nproc_per_node for n in simulated] == [2, 2]  # the host's GPUs are shared out
 
 
 def test_auto_without_gpus_is_gloo_on_every_core(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
-    monkeypatch.setattr(plan, "usable_cpus", lambda: 6)
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
+    monkeypatch.setattr(node_setup, "usable_cpus", lambda: 6)
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node="auto"), run_dir=tmp_path)
     assert (node.backend, node.nproc_per_node) == ("gloo", 6)
 
 
 def test_simulated_nccl_nodes_get_their_own_gpus(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 4)
-    nodes = plan_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2, simulate_nodes=2), run_dir=tmp_path)
+    nodes = set_up_nodes(LaunchSpec(entrypoint=entry, nproc_per_node=2, simulate_nodes=2), run_dir=tmp_path)
     assert [n.env["CUDA_VISIBLE_DEVICES"] for n in nodes] == ["0,1", "2,3"]
     assert all(n.backend == "nccl" for n in nodes)
 
 
 def test_dry_run_command_line_is_copyable(entry, tmp_path):
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry), run_dir=tmp_path)
     text = command_line(node)
     assert "torchrun --nnodes=1" in text and "GLOO_SOCKET_IFNAME=lo" in text
     assert "'[node0 rank${rank}]: '" in text  # quoted for the shell
-    assert plan.decision_block([node]).startswith("phalanx ")
+    assert node_setup.decision_block([node]).startswith("phalanx ")
 
 
 def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes():
@@ -134,12 +134,12 @@ def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes
 
 
 def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
-    [node] = plan_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
     assert "--rdzv-conf=is_host=1,join_timeout=91" in torchrun_argv(node)
 
 
 def test_last_call_reaches_torchrun_for_an_elastic_job_only():
-    fixed = node_plans.node(0, 29400, last_call=7.2)
+    fixed = node_setups.node(0, 29400, last_call=7.2)
     assert "--rdzv-conf=is_host=1,join_timeout=5" in torchrun_argv(fixed)
     elastic = dataclasses.replace(fixed, nnodes_max=3)
     assert "--rdzv-conf=is_host=1,join_timeout=5,last_call_timeout=8" in torchrun_argv(elastic)
@@ -148,8 +148,8 @@ def test_last_call_reaches_torchrun_for_an_elastic_job_only():
 
 def test_many_more_cpu_workers_than_cores_are_warned_of(entry, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "visible_gpu_count", lambda: 0)
-    monkeypatch.setattr(plan, "usable_cpus", lambda: 2)
-    fine = plan_nodes(LaunchSpec(entry, nproc_per_node=8), tmp_path)[0]
-    crowded = plan_nodes(LaunchSpec(entry, nproc_per_node=9), tmp_path)[0]
+    monkeypatch.setattr(node_setup, "usable_cpus", lambda: 2)
+    fine = set_up_nodes(LaunchSpec(entry, nproc_per_node=8), tmp_path)[0]
+    crowded = set_up_nodes(LaunchSpec(entry, nproc_per_node=9), tmp_path)[0]
     assert not any(note.startswith("warning") for note in fine.notes)
     assert any(note.startswith("warning    9 worker processes on this host's 2 CPU cores") for note in crowded.notes)

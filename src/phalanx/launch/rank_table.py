@@ -1,4 +1,4 @@
-"""The rank plan: which node holds which global and local ranks, as the tutorial's table shows.
+"""The rank table: which node holds which global and local ranks, as the tutorial's table shows.
 
 torchrun assigns ranks inside each agent after its rendezvous; phalanx reads them where the
 agent hands them to its workers (:class:`~phalanx.launch.logs.RankLogsSpecs`), every node posts
@@ -31,13 +31,13 @@ def node_row(envs: dict[int, dict[str, str]], address: str, label: str) -> dict[
     }
 
 
-def format_rank_plan(rows: list[dict[str, Any]]) -> str:
+def format_rank_table(rows: list[dict[str, Any]]) -> str:
     rows = sorted(rows, key=lambda row: row["node"])
     world = rows[0]["world_size"]
     counts = sorted({len(row["ranks"]) for row in rows})
     per_node = f"{counts[0]} process{'es' if counts[0] != 1 else ''}" if len(counts) == 1 else "uneven processes"
     attempt = f", restart {rows[0]['attempt']}" if rows[0]["attempt"] else ""
-    head = f"phalanx: rank plan: {len(rows)} node{'s' if len(rows) != 1 else ''} x {per_node} = world size {world}{attempt}"
+    head = f"phalanx: rank table: {len(rows)} node{'s' if len(rows) != 1 else ''} x {per_node} = world size {world}{attempt}"
     table = format_table(
         ["node", "name", "address", "global ranks (RANK)", "local ranks (LOCAL_RANK)"],
         [[row["node"], row["label"], row["address"], ranges(row["ranks"]), ranges(row["local_ranks"])] for row in rows],
@@ -45,10 +45,10 @@ def format_rank_plan(rows: list[dict[str, Any]]) -> str:
     return f"{head}\n{table}"
 
 
-class RankPlanBoard:
-    """Rows of the rank plan posted on the rendezvous store, one per node, under a rendezvous
+class RankTableBoard:
+    """Rows of the rank table posted on the rendezvous store, one per node, under a rendezvous
     round's prefix (a node that joined later counts its attempts from 0: the round names the
-    plan on every node alike)."""
+    table on every node alike)."""
 
     def __init__(self, store: Any, prefix: str) -> None:
         self.store = store
