@@ -65,6 +65,7 @@ BENCHMARKS = (
     Benchmark("collectives_vs_torch", needs_root=True, minutes=5),
     Benchmark("auto_compression", needs_root=True, minutes=120),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=15),
+    Benchmark("control_plane", minutes=20),
 )
 
 

@@ -52,8 +52,16 @@ def check_checkpoint_report(written: dict, output: str) -> None:
         assert line in output, output
 
 
+def check_control_plane_report(written: dict, _stdout: str) -> None:
+    """The smoke run's two sizes (8 and 16 nodes): a node's store operations per phase are the same."""
+    rows = written["results"]["rows"]
+    assert [row["nodes"] for row in rows] == [8, 16], rows
+    assert rows[0]["ops_max"]["lobby"] == rows[1]["ops_max"]["lobby"] <= 11, rows
+    assert written["results"]["beat_ops"] <= 7.5, written["results"]
+
+
 #: What a benchmark's smoke report must show beyond the targets every one has.
-MORE_CHECKS = {"checkpoint": check_checkpoint_report}
+MORE_CHECKS = {"checkpoint": check_checkpoint_report, "control_plane": check_control_plane_report}
 
 
 def test_every_benchmark_is_listed() -> None:

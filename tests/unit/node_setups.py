@@ -1,10 +1,11 @@
-"""Node plans for tests that run the launcher's node-to-node parts (the lobby, the exit wait) on a
+"""Node setups for tests that run the launcher's node-to-node parts (the lobby, the exit wait) on a
 real TCPStore over loopback: the nodes are threads or plain calls there, the sockets are real."""
 
 from __future__ import annotations
 
 import dataclasses
 import socket
+from typing import Any
 
 from phalanx.launch.node_setup import NodeSetup
 
@@ -24,3 +25,19 @@ def node(index: int, port: int, **changes) -> NodeSetup:
         interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
     )  # fmt: skip
     return dataclasses.replace(setup, **changes)
+
+
+class CountingStore:
+    """A store client that counts the operations of one node."""
+
+    def __init__(self, store: Any, counts: dict[str, int], node: str) -> None:
+        self.store, self.counts, self.node = store, counts, node
+
+    def __getattr__(self, name: str) -> object:
+        operation = getattr(self.store, name)
+
+        def counted(*args: object) -> object:
+            self.counts[self.node] += 1
+            return operation(*args)
+
+        return counted

@@ -174,17 +174,22 @@ def test_a_world_of_two_that_never_communicates_ran_alone(tmp_path, collective):
     """Accelerate on CPUs without ACCELERATE_USE_CPU=1 creates the group, then trains alone: the
     group alone is no evidence. One all-reduce is, also after the group was destroyed. The two
     meet through a file: a port probed free and closed can be taken by any outgoing connection of
-    a parallel test before rank 0 listens on it."""
+    a parallel test before rank 0 listens on it. Neither destroys the group before the other has
+    formed it (a file each, no collective): gloo's connect of the one would find the other gone."""
     script = write(
         tmp_path,
         "two.py",
         f"""
-        import os, sys, torch
+        import os, sys, time, torch
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=int(os.environ["RANK"]),
                                 world_size=2)
         if sys.argv[1] == "yes":
             dist.all_reduce(torch.ones(1))
+        rank = int(os.environ["RANK"])
+        open(f"formed{{rank}}", "w").close()
+        while not os.path.exists(f"formed{{1 - rank}}"):
+            time.sleep(0.01)
         dist.destroy_process_group()
     """,
     )

@@ -76,7 +76,7 @@ FREE_TEXT = {
     "bench ddp --compression": "names from a list, checked by test_bench_settings.py",
     "bench ddp --plot": "an output file",
     "plan --model": "MODULE:FACTORY, imported",
-    "plan --from-doctor": "a doctor report, checked by test_plan.py",
+    "plan --from-doctor": "a doctor report, checked by test_cost_model.py",
 }
 #: What each command needs besides the flag under test, so that the flag's check is reached and
 #: an accepted value would start nothing. The flag under test comes last: argparse keeps it.

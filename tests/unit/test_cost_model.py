@@ -445,7 +445,7 @@ def test_plan_json_from_a_module_and_a_doctor_file(phalanx, workdir):
     assert report["model"] == {"parameters": 1_505_290, "frozen_parameters": 0, "shapes_known": True,
                                "origin": "--model planmodels:SimpleModel"}  # fmt: skip
     assert report["link"]["bandwidth_bytes_per_s"] == 125e6 and report["link"]["latency_s"] == 1e-4
-    assert [row["ranks"] for row in report["rank_plan"]] == [[0], [1]]
+    assert [row["ranks"] for row in report["rank_table"]] == [[0], [1]]
     rows = {row["compression"]: row for row in report["compressions"]}
     assert rows["none"]["bytes_per_step"] == 1_505_290 * 4
     assert rows["none"]["allreduce_s"] == pytest.approx(1_505_290 * 4 / 125e6 + 2 * 1e-4, rel=1e-12)

@@ -91,7 +91,7 @@ def crash(node_label: str) -> RankFailure:
 
 
 def test_it_passes_as_soon_as_the_other_node_finishes(store, clock):
-    clock.at(0.5, lambda: store.append(f"{agent_of(0, store).crossnode.round_prefix}finished", "node0\n"))
+    clock.at(0.5, agent_of(0, store).crossnode.post_finished)
     assert finished(agent_of(1, store), 10.0, NOBODY_WAITS) is True
     assert waited(clock, 0.5)
 

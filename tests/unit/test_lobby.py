@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
+from torch.distributed import TCPStore
 
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
-from phalanx.launch.lobby import Lobby
+from phalanx.launch.lobby import Lobby, Meeting, store_client
 from phalanx.launch.node_setup import NodeSetup
-from tests.unit.node_setups import free_port, node
+from tests.unit.node_setups import CountingStore, free_port, node
 
 
 def fingerprint(setup: NodeSetup, **changes) -> dict[str, str]:
@@ -19,12 +21,12 @@ def fingerprint(setup: NodeSetup, **changes) -> dict[str, str]:
     return {**base, **changes}
 
 
-def join_all(lobbies: list[Lobby]) -> list[object]:
+def join_all(lobbies: list[Lobby], watch: int = 0, seconds: float = 30) -> list[object]:
     results: list[object] = [None] * len(lobbies)
 
     def join(i: int) -> None:
         try:
-            results[i] = lobbies[i].join()
+            results[i] = lobbies[i].join(watch)
         except Exception as error:
             results[i] = error
 
@@ -32,17 +34,34 @@ def join_all(lobbies: list[Lobby]) -> list[object]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
-    assert not any(t.is_alive() for t in threads), "a lobby did not return within 30 s"
+        thread.join(timeout=seconds)
+    assert not any(t.is_alive() for t in threads), f"a lobby did not return within {seconds} s"
     return results
 
 
 def test_nodes_that_agree_meet():
     port = free_port()
     setups = [node(0, port), node(1, port)]
-    results = join_all([Lobby(p, fingerprint(p)) for p in setups])
-    assert all(isinstance(r, list) and len(r) == 2 for r in results), results
-    assert {fp["address"] for fp in results[0]} == {"127.0.0.101", "127.0.0.102"}
+    results = join_all([Lobby(p, fingerprint(p)) for p in setups], watch=2)
+    assert all(isinstance(r, Meeting) and r.count == 2 for r in results), results
+    assert sorted(r.index for r in results) == [0, 1]
+    assert [r.watched for r in results] == [["node1"], ["node0"]]  # the other one: a ring of two
+
+
+def test_the_one_node_of_many_that_differs_is_named_to_every_node():
+    """Each node compares itself with the first that joined: equal to the first, all are equal. The
+    one that differs is named, with what differs, to every node."""
+    port = free_port()
+    setups = [
+        node(0, port, nnodes_min=6, nnodes_max=6),
+        *(node(i, port, nnodes_min=6, nnodes_max=6) for i in range(1, 6)),
+    ]
+    prints = [fingerprint(setup) for setup in setups]
+    prints[4] = fingerprint(setups[4], torch="2.12.0")
+    results = join_all([Lobby(setup, fp) for setup, fp in zip(setups, prints)])
+    for result in results:
+        assert isinstance(result, NodesDisagree), result
+        assert "torch" in result.why and "127.0.0.105 (node4)" in result.why and "2.12.0" in result.why, result.why
 
 
 def test_every_node_stops_on_a_difference():
@@ -52,6 +71,35 @@ def test_every_node_stops_on_a_difference():
     for result in results:
         assert isinstance(result, NodesDisagree), result
         assert "nproc-per-node" in result.why and "127.0.0.101 (node0)" in result.why and "127.0.0.102" in result.why
+
+
+def test_the_first_node_to_give_up_takes_the_others_with_it():
+    """A job of 3 whose third node never comes: the node whose join timeout passes first decides
+    that the job cannot form, and the other node that joined gives up with it, naming it."""
+    port = free_port()
+    setups = [node(0, port, nnodes_min=3, nnodes_max=3, join_timeout=1.0),
+              node(1, port, nnodes_min=3, nnodes_max=3, join_timeout=30.0)]  # fmt: skip
+    started = time.monotonic()
+    results = join_all([Lobby(setup, fingerprint(setup)) for setup in setups])
+    assert time.monotonic() - started < 10  # not node1's 30 s
+    assert all(isinstance(result, JoinTimeout) and "only 2 of 3 nodes joined" in result.what for result in results)
+    assert "node0's wait ended first" in results[1].why and "wait ended first" not in results[0].why
+
+
+def test_a_node_that_differs_from_an_elastic_job_that_formed_stops_alone():
+    """An elastic job (1 to 3 nodes) formed with its first node; a second node started with other
+    settings stops itself, and the job's outcome stays: a third, agreeing node joins it."""
+    port = free_port()
+    first = node(0, port, nnodes_min=1, nnodes_max=3)
+    host = Lobby(first, fingerprint(first))  # kept: the store goes down with its lobby
+    [met] = join_all([host])
+    assert isinstance(met, Meeting) and met.count == 1
+    odd = node(1, port, nnodes_min=1, nnodes_max=3)
+    [refused] = join_all([Lobby(odd, fingerprint(odd, torch="2.12.0"))])
+    assert isinstance(refused, NodesDisagree) and "already runs with" in refused.what and "2.12.0" in refused.why
+    late = node(2, port, nnodes_min=1, nnodes_max=3)
+    [joined] = join_all([Lobby(late, fingerprint(late))])
+    assert isinstance(joined, Meeting) and joined.count == 3
 
 
 def test_a_lonely_host_times_out_naming_who_joined():
@@ -86,3 +134,32 @@ def test_progress_is_reported_while_waiting(monkeypatch, capsys):
     join_all([Lobby(setup, fingerprint(setup))])
     err = capsys.readouterr().err
     assert "phalanx: waiting for nodes (" in err and "1 of 2 joined: 127.0.0.101" in err
+
+
+@pytest.mark.parametrize("nodes", [8, 64])
+def test_a_node_does_the_same_store_operations_to_meet_in_a_job_of_any_size(nodes, monkeypatch):
+    """Each node takes its place, writes and compares its fingerprint (with the first node's), says
+    it agrees, waits once for the word that the nodes met, and reads the two nodes it will watch:
+    at most 11 store operations, at 8 nodes as at 64 (reading every node's fingerprint, as the
+    lobby did, was 64 and more at 64 nodes, polled every 20 ms). The nodes are threads of this
+    process; the store is real, and hosted by the test, so that every node's operations count."""
+    from phalanx.launch import lobby
+
+    monkeypatch.setattr(lobby, "PROGRESS_EVERY_S", 1000.0)  # a progress line reads the count: none here
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True, use_libuv=True)
+    setups = [node(index, server.port, nnodes_min=nodes, nnodes_max=nodes, is_host=False, join_timeout=120.0)
+              for index in range(nodes)]  # fmt: skip
+    counts = {setup.node_label: 0 for setup in setups}
+
+    def counted(me: str):
+        return lambda host, port, timeout_s: CountingStore(store_client(host, port, timeout_s), counts, me)
+
+    lobbies = [
+        Lobby(setup, fingerprint(setup, nnodes=str(nodes)), connect=counted(setup.node_label)) for setup in setups
+    ]
+    results = join_all(lobbies, watch=2, seconds=120)
+    assert all(isinstance(r, Meeting) and r.count == nodes and len(r.watched) == 2 for r in results), results
+    order = {r.index: lobbies[i].setup.node_label for i, r in enumerate(results)}
+    assert all(r.watched == [order[(r.index + 1) % nodes], order[(r.index + 2) % nodes]] for r in results)
+    print(f"MEASURED: {nodes} nodes: store operations per node to meet, at most {max(counts.values())}")
+    assert max(counts.values()) <= 11, counts

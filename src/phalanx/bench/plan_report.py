@@ -135,7 +135,7 @@ def report_as_dict(prediction: Prediction) -> dict[str, Any]:
             "origin": size.origin,
         },
         "layout": {**asdict(prediction.layout), "world_size": ranks},
-        "rank_plan": rank_table_rows(prediction.layout),
+        "rank_table": rank_table_rows(prediction.layout),
         "link": None if bound is None else {**asdict(bound.link), "reason": bound.reason},
         "formula": f"{FORMULA}  ({FORMULA_LEGEND})",
         "assumptions": assumptions(prediction),

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         except SystemExit as exit_:  # --help, --version, argparse's refusals: flushed where a closed pipe is caught
             sys.stdout.flush()
-            return int(exit_.code or 0)
+            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
         if args.command is None:
             parser.print_help()
             return 2

@@ -11,7 +11,7 @@ Modules, in the order data flows through them:
 - :mod:`.torchrun`: a node setup as torchrun's argv and environment;
 - :mod:`.agent`: runs one node: the lobby, then torchrun's agent in this process;
 - :mod:`.lobby`: join progress and the cross-node settings check, on the rendezvous store;
-- :mod:`.logs`, :mod:`.rank_plan`, :mod:`.failure`: per-rank logs, the rank table, the root cause;
+- :mod:`.logs`, :mod:`.rank_table`, :mod:`.failure`: per-rank logs, the rank table, the root cause;
 - :mod:`.simulate`: K node agents on this host;
 - :mod:`.signals`: processes that die with their launcher, and signals passed on to them;
 - :mod:`.bootstrap` and :mod:`.group_record`: every worker's entry point, which runs the user's

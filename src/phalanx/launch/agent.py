@@ -5,7 +5,7 @@ and no second ``import torch``, and lets phalanx see what torchrun decides: the 
 assigns (printed as the rank table) and the failures it collects (reduced to a root cause).
 
 A simulated node runs this module as a process of its own: ``python -m phalanx.launch.agent
-PLAN.json``.
+SETUP.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
-from phalanx.launch.liveness import BEAT_S, Liveness
+from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import RankTableBoard, format_rank_table, node_row
@@ -73,8 +73,8 @@ class NodeAgent:
         self.rounds = 0
         #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
         self.nodes_in_job = setup.nnodes_min
-        #: The labels of the nodes that met in the lobby.
-        self.nodes: list[str] = [setup.node_label]
+        #: The nodes whose beats this node watches: the next ones in the order of the lobby.
+        self.watched: list[str] = []
         #: The watch of the next nodes' beats (a multi-node job of a fixed size).
         self.liveness: Liveness | None = None
         #: Why a node counts as lost, once the liveness watch said so.
@@ -90,9 +90,9 @@ class NodeAgent:
         try:
             if self.setup.nnodes_max > 1:
                 lobby = Lobby(self.setup, node_fingerprint(self.setup))
-                joined = lobby.join()
-                self.nodes_in_job = len(joined)
-                self.nodes = [fingerprint["label"] for fingerprint in joined]
+                fixed = self.setup.nnodes_min == self.setup.nnodes_max  # the liveness watch's jobs
+                meeting = lobby.join(watch=WATCHED if fixed else 0)
+                self.nodes_in_job, self.watched = meeting.count, meeting.watched
                 self.store = lobby.store
                 self.crossnode = CrossNode(self.store, self.prefix, self.setup.node_label)
             elif self.setup.store_address:  # one node: its store on that address alone, torchrun's shares it
@@ -197,7 +197,7 @@ class NodeAgent:
             return
         endpoint = parse_endpoint(self.setup.rdzv_endpoint)
         self.liveness = Liveness(
-            endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.nodes,
+            endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.watched,
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
             store_host=str(endpoint),
         )  # fmt: skip
@@ -236,7 +236,7 @@ class NodeAgent:
         deadline = time.monotonic() + 2 * BEAT_S
         while time.monotonic() < deadline:
             try:
-                if len(self.crossnode.ended_nodes(self.store) - {self.setup.node_label}) >= len(self.nodes) - 2:
+                if len(self.crossnode.ended_nodes(self.store) - {self.setup.node_label}) >= self.nodes_in_job - 2:
                     return
             except Exception as error:
                 raise_if_signal(error)

@@ -66,6 +66,12 @@ class CrossNode:
         line = json.dumps([dataclasses.asdict(f) for f in found]) + "\n"
         self._best_effort(lambda: self.store.append(f"{self.round_prefix}failures", line))
 
+    def post_finished(self) -> None:
+        """That this node's workers finished: its name (read by the liveness watch and the failed
+        nodes) and the count (read by the waiting nodes each poll: one number at any size)."""
+        self.store.append(f"{self.round_prefix}finished", f"{self.node}\n")
+        self.store.add(f"{self.round_prefix}finished_count", 1)
+
     def post_end_of_job(self, why: str) -> None:
         """That the job ends: without it the other nodes restart, and find the rendezvous closed."""
         self._best_effort(lambda: self.store.set(f"{self.round_prefix}ends", why))
@@ -154,13 +160,14 @@ class CrossNode:
         started = time.monotonic()
         deadline, said_waiting = started + timeout, False
         try:
-            self.store.append(f"{self.round_prefix}finished", f"{self.node}\n")
+            self.post_finished()
+            failures = f"{self.round_prefix}failures"
             while time.monotonic() < deadline:
                 if not said_waiting and time.monotonic() - started >= SAY_WAITING_AFTER_S:
                     said_waiting = True
                     say(f"phalanx: {self.node}: its workers finished; waiting up to {timeout:g} s for the other "
                         "nodes' workers to finish")  # fmt: skip
-                failed = self.posted("failures")
+                failed = self.store.check([failures])
                 if failed or nodes_waiting() > 0:
                     why = (self.whose_failure() if failed else
                            "another node waits to restart the workers, and these cannot join it")  # fmt: skip
@@ -169,7 +176,7 @@ class CrossNode:
                     if is_host:
                         self._keep_store_up(deadline, nodes_waiting, nodes)
                     return False
-                if len(self.posted("finished")) >= nodes:
+                if self.store.add(f"{self.round_prefix}finished_count", 0) >= nodes:
                     return True
                 time.sleep(0.1)
         except Exception as error:

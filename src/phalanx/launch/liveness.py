@@ -25,9 +25,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
+from phalanx.launch.lobby import store_client
 from phalanx.launch.restarts import raise_if_signal
 
 BEAT_S = 5.0
@@ -38,27 +38,9 @@ LOST_AFTER_S = 30.0
 WATCHED = 2
 
 
-def watched_by(me: str, nodes: Sequence[str], count: int = WATCHED) -> list[str]:
-    """The ``count`` nodes after ``me`` in the ring of ``nodes`` (fewer when the job has fewer).
-
-    Example:
-        >>> watched_by("n3", ["n0", "n1", "n2", "n3"])
-        ['n0', 'n1']
-    """
-    index = list(nodes).index(me)
-    ring = [nodes[(index + step) % len(nodes)] for step in range(1, len(nodes))]
-    return ring[:count]
-
-
-def store_client(host: str, port: int, timeout_s: float) -> Any:
-    """A connection of its own to the rendezvous store (libuv, as the store's host serves)."""
-    from torch.distributed import TCPStore
-
-    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
-
-
 class Liveness:
-    """Beats for ``me`` and watches the next nodes of ``nodes`` (labels, this one among them) on the
+    """Beats for ``me`` and watches the beats of the nodes ``watched`` (their labels: the next
+    :data:`WATCHED` nodes in the order of the lobby, :class:`phalanx.launch.lobby.Meeting`) on the
     store at ``host:port``; calls ``on_lost(why, store_lost, heard)`` once, from its own thread, when
     one is lost (``store_lost``: the one lost is the store's host, which this node can no longer
     reach; ``heard``: another node's watch said so, in ``verdicts(store)``, its lines
@@ -71,14 +53,14 @@ class Liveness:
     """
 
     def __init__(
-        self, host: str, port: int, prefix: str, me: str, nodes: Sequence[str], *,
+        self, host: str, port: int, prefix: str, me: str, watched: Sequence[str], *,
         ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool, bool], None],
         verdicts: Callable[[Any], list[str]] = lambda _store: [],
         beat_s: float = BEAT_S, lost_after_s: float = LOST_AFTER_S, store_host: str = "",
         connect: Callable[[str, int, float], Any] = store_client,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
-        self.others = watched_by(me, nodes)
+        self.others = list(watched)
         self.connect = connect
         self.ended, self.on_lost, self.verdicts = ended, on_lost, verdicts
         self.beat_s, self.lost_after_s = beat_s, lost_after_s

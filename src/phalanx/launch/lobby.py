@@ -4,6 +4,9 @@ It gives a multi-node start the two things torchrun lacks: a word every ~10 s ab
 joined (and, on timeout, what a direct connect to the endpoint says), and a comparison of every
 node's launch settings that stops all nodes with a table instead of forming a wrong world.
 
+Each node's store operations are the same at 2 nodes as at 1,024 (benchmarks/control_plane.py):
+it compares its settings with the first node's only, and waits for one word, not by polling.
+
 The host node creates the store as torchrun's c10d backend would (``multi_tenant=True``), so
 the backend reuses this very server: one port, no window in which it is closed.
 """
@@ -13,27 +16,42 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from phalanx.console import format_table, say
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
 from phalanx.launch import network
 from phalanx.launch.fingerprint import differing_settings
 from phalanx.launch.node_setup import NodeSetup
+from phalanx.launch.restarts import raise_if_signal
 from phalanx.settings.values import Endpoint, parse_endpoint
 
 PROGRESS_EVERY_S = 10.0
 POLL_EVERY_S = 0.02  # store reads on an idle TCP connection are cheap; a late start is not
+#: How often a node whose waiting connection failed looks for the lobby's outcome instead.
+POLL_S = 0.5
 #: How long the host keeps the store up after a mismatch so that every node can read why.
 ABORT_GRACE_S = 5.0
 STORE_READ_TIMEOUT_S = 60.0
 #: At least this long for the store's first answer, even when the join deadline is nearer.
 STORE_ANSWER_MIN_S = 2.0
+
+
+#: Nodes the progress line names one by one; above, it counts them (each name is a store read).
+NAMED_NODES = 8
+
+
+def store_client(host: str, port: int, timeout_s: float) -> Any:
+    """A client of the job's rendezvous store (libuv, as the store's host serves)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), use_libuv=True)
 
 
 def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
@@ -45,6 +63,7 @@ def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
     otherwise listen on every address of the host: it has no authentication), else everywhere."""
     from torch.distributed import TCPStore
 
+    _allow_a_connection_per_node()
     listening = None
     try:
         listening, port = _listen(setup.store_address, endpoint.port) if setup.store_address else (None, endpoint.port)
@@ -66,6 +85,16 @@ def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
     return store
 
 
+def _allow_a_connection_per_node() -> None:
+    """Raises this process's limit of open files to what the system allows: the store holds two
+    connections of each node while they meet, and one each after (1,024 nodes: 2,048 files, where
+    a login shell's limit is often 1,024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _listen(address: str, port: int) -> tuple[int, int]:
     """A socket listening on ``address`` alone, to hand to the store as its own: its descriptor
     and its port."""
@@ -82,27 +111,46 @@ def _listen(address: str, port: int) -> tuple[int, int]:
     return listening.detach(), port  # the store owns it from here
 
 
+class Meeting(NamedTuple):
+    """What a node learns in the lobby, in a constant number of store operations at any size."""
+
+    #: The nodes that met (at least --nnodes' minimum; up to its maximum in an elastic job).
+    count: int
+    #: This node's place in the order of joining, from 0.
+    index: int
+    #: The labels of the next nodes in that order, as a ring (as many as ``join`` was asked for):
+    #: the nodes this one watches (:mod:`phalanx.launch.liveness`).
+    watched: list[str]
+
+
 class Lobby:
-    def __init__(self, setup: NodeSetup, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic):
+    """The lobby of one node. Each node's store operations do not grow with the job: it takes a
+    place (one counter), writes its fingerprint, compares it with the first node's (equal to the
+    first, all are equal; the one that differs is named with what differs), and waits for the
+    word that enough nodes agreed with one blocking wait, not a poll."""
+
+    def __init__(
+        self, setup: NodeSetup, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic,
+        connect: Callable[[str, int, float], Any] = store_client,
+    ) -> None:  # fmt: skip
         self.setup = setup
         self.fingerprint = {"address": setup.local_addr, "label": setup.node_label, **fingerprint}
         self.endpoint = parse_endpoint(setup.rdzv_endpoint)
         self.clock = clock
+        self.connect_client = connect
         self.store: Any = None
         self.prefix = f"phalanx/{setup.rdzv_id}/"
-        self._next_progress = 0.0
+        self._started = self._next_progress = 0.0
 
     # -- the store -------------------------------------------------------------------------
     def connect(self, deadline: float) -> None:
-        from torch.distributed import TCPStore
-
         if self.setup.is_host:
             self.store = host_store(self.setup, self.endpoint)
             return
         self._wait_until_reachable(deadline)
-        timeout = timedelta(seconds=STORE_READ_TIMEOUT_S)
-        self.store = self._store_client(lambda: TCPStore(self.endpoint.host, self.endpoint.port, is_master=False,
-                                                         timeout=timeout, use_libuv=True), deadline)  # fmt: skip
+        self.store = self._store_client(
+            lambda: self.connect_client(self.endpoint.host, self.endpoint.port, STORE_READ_TIMEOUT_S), deadline
+        )
 
     def _store_client(self, connect: Callable[[], Any], deadline: float) -> Any:
         """The store client, within the join deadline. torch's client waits for its first answer
@@ -165,10 +213,21 @@ class Lobby:
             time.sleep(POLL_EVERY_S)  # the host may be a moment behind: poll often, report rarely
 
     # -- joining ---------------------------------------------------------------------------
-    def join(self) -> list[dict[str, str]]:
-        """Registers this node, then waits for the others; returns every node's fingerprint."""
-        deadline = self.clock() + self.setup.join_timeout
+    def join(self, watch: int = 0) -> Meeting:
+        """Registers this node, compares it with the first, then waits for the lobby's outcome.
+
+        The outcome is one key, written once (the first write wins) and obeyed by every node:
+        ``met`` by the node whose agreement completed --nnodes' minimum, ``abort:<report>`` by a
+        node that differs from the first, ``gave_up:<node>`` by the first node whose join timeout
+        passed (the job cannot form: every node that joined gives up with it).
+
+        Args:
+            watch: how many of the next nodes in the order of joining the meeting names.
+        """
+        self._started = self.clock()
+        deadline = self._started + self.setup.join_timeout
         self.connect(deadline)
+        self._next_progress = self.clock() + PROGRESS_EVERY_S
         index = self.store.add(self.prefix + "joined", 1) - 1
         if index >= self.setup.nnodes_max:
             raise NodesDisagree(
@@ -177,76 +236,131 @@ class Lobby:
                 "give this node's job another --rdzv-id, or raise --nnodes on every node",
             )
         self.store.set(self._node_key(index), json.dumps(self.fingerprint))
-        return self._wait_for_nodes(deadline)
+        first = self.fingerprint if index == 0 else self._fingerprint_of(0)
+        mismatch = differing_settings([first, self.fingerprint])
+        if mismatch:
+            report = json.dumps({"fingerprints": [first, self.fingerprint], "mismatch": mismatch})
+            outcome = self._decide("abort:" + report)
+            if outcome == "met":  # an elastic job that formed without this node: it alone stops
+                raise self._disagreement(json.loads(report), alone=True)
+        elif self.store.add(self.prefix + "agreed", 1) == self.setup.nnodes_min:
+            self._decide("met")
+        outcome = self._wait_for_outcome(deadline)
+        if outcome != "met":
+            self._end_of_lobby(outcome)
+        count = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
+        watched = [(index + step) % count for step in range(1, min(watch, count - 1) + 1)]
+        return Meeting(count, index, [self._fingerprint_of(other)["label"] for other in watched])
+
+    @property
+    def _outcome_key(self) -> str:
+        return self.prefix + "outcome"
 
     def _node_key(self, index: int) -> str:
         return f"{self.prefix}node/{index}"
 
-    def _wait_for_nodes(self, deadline: float) -> list[dict[str, str]]:
-        started = self.clock()
-        self._next_progress = started + PROGRESS_EVERY_S
-        seen: list[dict[str, str]] = []
-        while True:
-            self._raise_if_aborted()
-            seen = self._read_joined(seen)
-            mismatch = differing_settings(seen)
-            if mismatch:
-                self._abort(seen, mismatch)
-            if len(seen) >= self.setup.nnodes_min:
-                return seen
-            now = self.clock()
-            if now >= deadline:
-                self._raise_join_timeout(seen)
-            if now >= self._next_progress:
-                names = ", ".join(fp["address"] for fp in seen)
-                say(
-                    f"phalanx: waiting for nodes ({now - started:.0f} s of {self.setup.join_timeout:g}): "
-                    f"{len(seen)} of {self.setup.nnodes_min} joined: {names}"
+    def _fingerprint_of(self, index: int) -> dict[str, str]:
+        """Node ``index``'s fingerprint: it wrote it just after taking its place (a get waits for it)."""
+        return json.loads(self.store.get(self._node_key(index)))
+
+    def _decide(self, outcome: str) -> str:
+        """Writes the lobby's outcome unless a node wrote one first; returns the one that holds."""
+        return self.store.compare_set(self._outcome_key, "", outcome).decode()
+
+    def _wait_for_outcome(self, deadline: float) -> str:
+        """Waits for the lobby's outcome, saying every PROGRESS_EVERY_S how many nodes joined; at
+        the deadline, decides that this node gives up (unless an outcome came first).
+
+        One blocking wait on a connection of its own (the main one stays free for the progress
+        count), not a poll: a node's operations do not grow with how long it waits, so not with
+        the job's size either. Should that connection fail, the node polls instead.
+        """
+        waited, failed = threading.Event(), threading.Event()
+
+        def wait() -> None:
+            try:
+                waiter = self.connect_client(self.endpoint.host, self.endpoint.port, STORE_READ_TIMEOUT_S)
+                waiter.wait(
+                    [self._outcome_key], timedelta(seconds=max(0.1, deadline - self.clock()) + STORE_ANSWER_MIN_S)
                 )
-                self._next_progress = now + PROGRESS_EVERY_S
-            time.sleep(POLL_EVERY_S)
+            except Exception:  # the deadline passed with no outcome, or the connection failed: polled below
+                failed.set()
+            waited.set()
 
-    def _read_joined(self, seen: list[dict[str, str]]) -> list[dict[str, str]]:
-        count = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
-        fingerprints = list(seen)
-        for index in range(len(seen), count):
-            key = self._node_key(index)
-            if not self.store.check([key]):
-                break  # joined a moment ago, fingerprint not written yet: read it next round
-            fingerprints.append(json.loads(self.store.get(key)))
-        return fingerprints
+        thread = threading.Thread(target=wait, name="phalanx-lobby-wait", daemon=True)
+        thread.start()
+        try:
+            while not (waited.is_set() and not failed.is_set()):
+                now = self.clock()
+                if now >= deadline:
+                    return self._decide(f"gave_up:{self.setup.node_label}")
+                if failed.is_set() and self.store.check([self._outcome_key]):
+                    break
+                if now >= self._next_progress:
+                    self._say_progress()
+                    self._next_progress = now + PROGRESS_EVERY_S
+                waited.wait(timeout=min(POLL_S, max(0.0, min(self._next_progress, deadline) - now)))
+            return self.store.get(self._outcome_key).decode()
+        except Exception as error:  # the store went away with its host
+            raise_if_signal(error)
+            raise JoinTimeout(
+                f"the rendezvous store at {self.endpoint} went away while the nodes met",
+                f"it said: {(str(error) or type(error).__name__).splitlines()[0]}. Its host's phalanx run ended "
+                "(its own output says why), or its machine or network is down.",
+                "see the first node's output; then start every node again",
+            ) from None
+        finally:
+            thread.join(timeout=STORE_ANSWER_MIN_S)  # it ends with its wait: at the outcome or the deadline
 
-    def _raise_join_timeout(self, seen: list[dict[str, str]]) -> None:
+    def _say_progress(self) -> None:
+        joined = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
+        waited = self.clock() - self._started
+        names = f": {', '.join(fp['address'] for fp in self._joined(joined))}" if joined <= NAMED_NODES else ""
+        say(f"phalanx: waiting for nodes ({waited:.0f} s of {self.setup.join_timeout:g}): "
+            f"{joined} of {self.setup.nnodes_min} joined{names}")  # fmt: skip
+
+    def _joined(self, count: int) -> list[dict[str, str]]:
+        """The fingerprints of the first ``count`` nodes that joined and wrote theirs."""
+        keys = [self._node_key(index) for index in range(count)]
+        written = [key for key in keys if self.store.check([key])]
+        return [json.loads(value) for value in self.store.multi_get(written)] if written else []
+
+    def _raise_join_timeout(self, gave_up_first: str) -> None:
+        seen = self._joined(min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max))
         probe = network.probe_tcp(self.endpoint.host, self.endpoint.port)
         joined = ", ".join(f"{fp['address']} ({fp['label']})" for fp in seen) or "none"
+        first = "" if gave_up_first == self.setup.node_label else (
+            f"{gave_up_first}'s wait ended first, and the nodes that joined gave up with it. ")  # fmt: skip
         raise JoinTimeout(
             f"only {len(seen)} of {self.setup.nnodes_min} nodes joined job '{self.setup.rdzv_id}' at {self.endpoint} "
             f"within {self.setup.join_timeout:g} s",
-            f"joined: {joined}. A direct TCP connect from this node to the endpoint: {probe}.",
+            f"{first}joined: {joined}. A direct TCP connect from this node to the endpoint: {probe}.",
             f"start the same command ({self.setup.command_name}) on the missing nodes; they must reach "
             f"{self.endpoint} (try `nc -zv {self.endpoint.host} {self.endpoint.port}` there). "
             "Raise --join-timeout if nodes start slowly",
         )
 
-    # -- disagreement ----------------------------------------------------------------------
-    def _abort(self, fingerprints: list[dict[str, str]], mismatch: list[str]) -> None:
-        report = {"fingerprints": fingerprints, "mismatch": mismatch}
-        self.store.compare_set(self.prefix + "abort", "", json.dumps(report))
-        self._raise_if_aborted()
-
-    def _raise_if_aborted(self) -> None:
-        key = self.prefix + "abort"
-        if not self.store.check([key]):
-            return
-        report = json.loads(self.store.get(key))
-        readers = self.store.add(self.prefix + "abort_seen", 1)
-        if self.setup.is_host:  # keep the store up until every node has read why (bounded)
+    # -- an outcome other than met ----------------------------------------------------------
+    def _end_of_lobby(self, outcome: str) -> None:
+        """Raises the refusal every node gives for ``outcome`` (abort or gave_up). The store's host
+        first keeps the store up until every node that joined has read it (bounded)."""
+        readers = self.store.add(self.prefix + "outcome_seen", 1)
+        if self.setup.is_host:
             until = self.clock() + ABORT_GRACE_S
             while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
                 time.sleep(POLL_EVERY_S)
-                readers = self.store.add(self.prefix + "abort_seen", 0)
-        raise NodesDisagree(
-            f"the nodes of job '{self.setup.rdzv_id}' were started with different settings; every node stops",
+                readers = self.store.add(self.prefix + "outcome_seen", 0)
+        kind, _, detail = outcome.partition(":")
+        if kind == "abort":
+            raise self._disagreement(json.loads(detail), alone=False)
+        self._raise_join_timeout(gave_up_first=detail)
+
+    def _disagreement(self, report: dict[str, Any], alone: bool) -> NodesDisagree:
+        what = (f"this node's settings differ from those job '{self.setup.rdzv_id}' already runs with; it stops"
+                if alone else
+                f"the nodes of job '{self.setup.rdzv_id}' were started with different settings; every node stops")  # fmt: skip
+        return NodesDisagree(
+            what,
             mismatch_table(report["fingerprints"], report["mismatch"]),
             "start every node with the same phalanx command, the same script file and the same "
             "phalanx and torch versions",

@@ -55,7 +55,7 @@ class RankTableBoard:
         self.prefix = prefix
 
     def _key(self, node: int) -> str:
-        return f"{self.prefix}rank_plan/{node}"
+        return f"{self.prefix}rank_table/{node}"
 
     def post(self, row: dict[str, Any]) -> None:
         self.store.set(self._key(row["node"]), json.dumps(row))

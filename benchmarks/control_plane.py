@@ -1,0 +1,337 @@
+"""phalanx's control plane at 8 to 1,024 nodes, against torch's own rendezvous on the same store.
+
+N simulated nodes are threads of this process, each with its own connections to one real libuv
+TCPStore (as the store's host serves them), and each runs phalanx's code itself, not a copy:
+
+  lobby   phalanx.launch.lobby.Lobby.join: a place, the fingerprint compared with the first
+          node's, one wait for the word that the nodes met, the two nodes to watch
+  table   phalanx.launch.rank_table.RankTableBoard: every node posts its row, one gathers them
+  end     phalanx.launch.crossnode.CrossNode.workers_finished: every node says that its workers
+          finished and waits until all did (torch's exit barrier then passes at once)
+  beat    phalanx.launch.liveness.Liveness: the operations of one beat, counted over a few beats
+
+Beside it, on a store of its own: torch's c10d rendezvous (DynamicRendezvousHandler, one per
+simulated node, as every torchrun agent makes one), timed to the moment every node has its rank.
+
+Reported per N: the store operations of the node that made the most, per phase; each phase's
+wall time; the steady load of the beats as a share of what the store served in a tight loop
+here. Workers are not started: they are torch's, and the harness measures what phalanx adds.
+
+Targets (at the largest N): phalanx's start (lobby and table) adds at most 1 s to torch's
+rendezvous, and the beats load the store with less than 1% of what it can serve.
+
+Usage: python benchmarks/control_plane.py [--nodes 8 64 256 1024] [--smoke] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
+
+from phalanx.launch import lobby
+from phalanx.launch.crossnode import CrossNode
+from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
+from phalanx.launch.lobby import Lobby, Meeting, store_client
+from phalanx.launch.node_setup import NodeSetup
+from phalanx.launch.rank_table import RankTableBoard
+
+REPO = Path(__file__).resolve().parents[1]
+#: What the start may add to torch's rendezvous, in seconds, and the beats' share of the store.
+ADDED_S_LIMIT = 1.0
+LOAD_LIMIT = 0.01
+FINGERPRINT = {"nnodes": "N", "nproc-per-node": "8", "backend": "nccl", "script": "train.py",
+               "script sha256": "0" * 64, "phalanx": "0.1.0", "torch": "2.13.0"}  # fmt: skip
+
+
+class Counted:
+    """A store client that counts its operations in ``counts[phase]``."""
+
+    def __init__(self, store: Any, counts: dict[str, int]) -> None:
+        self.store, self.counts, self.phase = store, counts, "lobby"
+
+    def __getattr__(self, name: str) -> Any:
+        operation = getattr(self.store, name)
+        if not callable(operation):
+            return operation
+
+        def counted(*args: Any) -> Any:
+            self.counts[self.phase] = self.counts.get(self.phase, 0) + 1
+            return operation(*args)
+
+        return counted
+
+
+def setup_of(index: int, nodes: int, port: int) -> NodeSetup:
+    return NodeSetup(
+        script="train.py", script_args=(), is_module=False, nnodes_min=nodes, nnodes_max=nodes,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="scale", max_restarts=0, join_timeout=900.0, last_call=1.0,
+        nproc_per_node=8, backend="nccl", is_host=False, local_addr="127.0.0.1", interface="lo",
+        node_label=f"node{index}", run_dir="unused", all_ranks=False,
+    )  # fmt: skip
+
+
+def in_threads(count: int, work: Callable[[int], Any], name: str) -> tuple[list[Any], float]:
+    """Runs ``work(i)`` for every i at once; returns the results (or errors) and the wall time."""
+    results: list[Any] = [None] * count
+    start = threading.Barrier(count + 1)
+
+    def run(index: int) -> None:
+        start.wait()
+        try:
+            results[index] = work(index)
+        except Exception as error:
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.monotonic()
+    for thread in threads:
+        thread.join()
+    failed = [result for result in results if isinstance(result, Exception)]
+    if failed:
+        raise RuntimeError(f"{name}: {len(failed)} of {count} nodes failed, the first with {failed[0]!r}")
+    return results, time.monotonic() - began
+
+
+def master(port: int = 0) -> Any:
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, multi_tenant=True, use_libuv=True,
+                    timeout=timedelta(seconds=900))  # fmt: skip
+
+
+def phalanx_phases(nodes: int) -> dict[str, Any]:
+    lobby.PROGRESS_EVERY_S = 1e9  # a progress line reads the count (and up to 8 names): not the protocol's
+    server = master()
+    counts: list[dict[str, int]] = [{} for _ in range(nodes)]
+    clients: list[Counted | None] = [None] * nodes
+
+    def join(index: int) -> Meeting:
+        def connect(host: str, port: int, timeout_s: float) -> Counted:
+            client = Counted(store_client(host, port, timeout_s), counts[index])
+            clients[index] = clients[index] or client  # the lobby's main connection: the later phases' too
+            return client
+
+        return Lobby(setup_of(index, nodes, server.port), FINGERPRINT, connect=connect).join(watch=WATCHED)
+
+    meetings, lobby_s = in_threads(nodes, join, "lobby")
+    order = {meeting.index: index for index, meeting in enumerate(meetings)}
+    for client in clients:
+        client.phase = "table"
+
+    def table(index: int) -> None:
+        board = RankTableBoard(clients[index], "phalanx/scale/round/0/")
+        board.post({"node": index, "label": f"node{index}", "ranks": list(range(8 * index, 8 * index + 8))})
+        if index == order[0]:  # the node of rank 0 prints the table
+            assert board.gather(nodes) is not None
+
+    _, table_s = in_threads(nodes, table, "table")
+    for client in clients:
+        client.phase = "end"
+
+    def end(index: int) -> None:
+        crossnode = CrossNode(clients[index], "phalanx/scale/", f"node{index}")
+        crossnode.enter_round("0")
+        assert crossnode.workers_finished(600.0, lambda: 0, nodes, is_host=False)
+
+    _, end_s = in_threads(nodes, end, "end")
+    return {
+        "lobby_s": lobby_s, "table_s": table_s, "end_s": end_s,
+        "ops_max": {phase: max(c.get(phase, 0) for c in counts) for phase in ("lobby", "table", "end")},
+        "ops_median": {phase: statistics.median(c.get(phase, 0) for c in counts) for phase in ("lobby", "table", "end")},
+        "table_gatherer_ops": counts[order[0]].get("table", 0),
+    }  # fmt: skip
+
+
+def beat_ops(beats: int = 3, beat_s: float = 0.5) -> float:
+    """The store operations of one node's beat (a job of 8 nodes here: the count does not depend
+    on it, tests/unit/test_liveness.py checks that at 8 and 64)."""
+    server = master()
+    labels = [f"node{i}" for i in range(8)]
+    counts = dict.fromkeys(labels, 0)
+    watches = []
+    for index, me in enumerate(labels):
+        crossnode = CrossNode(server, "phalanx/beat/", me)
+
+        def connect(host: str, port: int, timeout_s: float, me: str = me) -> Any:
+            client = Counted(store_client(host, port, timeout_s), {})
+            client.counts = counts  # one dict of every node: the phase is the node's label
+            client.phase = me
+            return client
+
+        watched = [labels[(index + step) % len(labels)] for step in range(1, WATCHED + 1)]
+        watches.append(Liveness("127.0.0.1", server.port, "phalanx/beat/", me, watched, ended=crossnode.ended_nodes,
+                                on_lost=lambda *_: None, verdicts=crossnode.lost_verdicts, beat_s=beat_s,
+                                lost_after_s=600.0, connect=connect))  # fmt: skip
+    for watch in watches:
+        watch.start()
+    time.sleep(beats * beat_s + beat_s / 2)
+    done = {me: server.add(f"phalanx/beat/alive/{me}", 0) for me in labels}
+    for watch in watches:
+        watch.stop()
+    return max(counts[me] / max(1, done[me]) for me in labels)
+
+
+def store_capacity(seconds: float = 2.0, clients: int = 4) -> float:
+    """Operations a second this store served to ``clients`` threads in a tight loop of adds."""
+    server = master()
+    done = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def hammer(index: int) -> None:
+        client = store_client("127.0.0.1", server.port, 60.0)
+        while time.monotonic() < stop:
+            client.add("capacity", 1)
+            done[index] += 1
+
+    in_threads(clients, hammer, "capacity")
+    return sum(done) / seconds
+
+
+def torch_rendezvous_s(nodes: int, limit_s: float) -> float | None:
+    """Wall time until every one of ``nodes`` DynamicRendezvousHandlers has its rank, in a process
+    of its own (killed after ``limit_s``: None then), so that its threads load no other phase."""
+    argv = [sys.executable, __file__, "--torch-rendezvous", str(nodes)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=limit_s, check=True)
+    except subprocess.TimeoutExpired:
+        return None
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def time_torch_rendezvous(nodes: int) -> float:
+    """The measurement itself (``--torch-rendezvous N``)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    server = master()
+    timeout = RendezvousTimeout(join=timedelta(seconds=900), last_call=timedelta(seconds=1))
+
+    def rendezvous(index: int) -> tuple[int, Any]:
+        client = store_client("127.0.0.1", server.port, 900.0)
+        backend = C10dRendezvousBackend(client, "scale")
+        handler = DynamicRendezvousHandler.from_backend("scale", client, backend, nodes, nodes, "127.0.0.1",
+                                                        timeout=timeout)  # fmt: skip
+        return handler.next_rendezvous().rank, handler
+
+    done, seconds = in_threads(nodes, rendezvous, "torch-rdzv")
+    assert sorted(rank for rank, _ in done) == list(range(nodes)), done
+    for _, handler in done:  # once every node has its rank: the first to shut down closes the rendezvous
+        handler.shutdown()
+    return seconds
+
+
+def reverse_lookup_s() -> float:
+    """How long this machine takes to name a loopback client as the store's server does (c10d
+    reverse-resolves every client's address, IPv4-mapped, in its one event loop)."""
+    started = time.monotonic()
+    with contextlib.suppress(OSError):
+        socket.getnameinfo(("::ffff:127.0.0.1", 0), 0)
+    return time.monotonic() - started
+
+
+def with_a_resolver_that_answers() -> None:
+    """Runs this harness again with a resolv.conf of no name server, when this machine's resolver
+    does not answer (a machine without a network: its name server times out, 5 s a lookup here).
+    Each client's connect would wait for the one before's lookup, and the harness would measure
+    the resolver, not the protocols; a cluster's resolver answers at once. Needs root (a mount
+    namespace of its own); otherwise it says so and goes on."""
+    if reverse_lookup_s() < 0.5 or os.environ.get("PHALANX_HARNESS_RESOLVER"):
+        return
+    can = os.geteuid() == 0 and shutil.which("unshare") is not None
+    if not can or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        print("this machine's resolver does not answer: each store connect waits for it (run as root to avoid it)")
+        return
+    empty = Path(tempfile.mkdtemp()) / "resolv.conf"
+    empty.write_text("# no name server: a lookup fails at once\n")
+    script = f'mount --bind {empty} /etc/resolv.conf && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", sys.executable, *sys.argv]
+    # c10d warns of every lookup that failed: here, each of thousands of connects
+    quiet = {"PHALANX_HARNESS_RESOLVER": "empty", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    os.execvpe("unshare", argv, {**os.environ, **quiet})
+
+
+def raise_open_files(nodes: int) -> bool:
+    """Raises this process's limit of open files to what ``nodes`` need; False when it cannot."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 4 * nodes + 256  # each node's connections, and the server's side of them
+    if hard != resource.RLIM_INFINITY and needed > hard:
+        return False
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    return True
+
+
+def main() -> None:
+    with_a_resolver_that_answers()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[8, 64, 256, 1024])
+    parser.add_argument("--smoke", action="store_true", help="8 and 16 nodes (seconds): proves that the harness runs")
+    parser.add_argument(
+        "--torch-limit",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="give up on torch's rendezvous of N nodes after this long (default 600)",
+    )
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "control_plane.json")
+    parser.add_argument("--torch-rendezvous", type=int, help=argparse.SUPPRESS)  # the child's measurement
+    args = parser.parse_args()
+    if args.torch_rendezvous:
+        raise_open_files(args.torch_rendezvous)
+        print(time_torch_rendezvous(args.torch_rendezvous))
+        return
+    sizes = [8, 16] if args.smoke else args.nodes
+    if not raise_open_files(max(sizes)):
+        parser.error(f"--nodes {max(sizes)} needs more open files than this machine allows (ulimit -Hn)")
+
+    capacity = store_capacity()
+    per_beat = beat_ops()
+    print(f"store capacity here: {capacity:.0f} operations/s (4 clients, adds); a beat: {per_beat:.1f} operations "
+          f"every {BEAT_S:g} s per node")  # fmt: skip
+    rows = []
+    header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'table s':>8} {'end s':>7} {'added s':>8} " \
+             f"{'ops lobby':>9} {'ops table':>9} {'ops end':>8} {'beat load':>9}"  # fmt: skip
+    print(header)
+    for nodes in sizes:
+        torch_s = torch_rendezvous_s(nodes, args.torch_limit)
+        ours = phalanx_phases(nodes)
+        load = nodes * per_beat / BEAT_S / capacity
+        row = {"nodes": nodes, "torch_rendezvous_s": torch_s, **ours, "added_s": ours["lobby_s"] + ours["table_s"],
+               "beat_load": load}  # fmt: skip
+        rows.append(row)
+        ops = row["ops_max"]
+        torch_text = f"{torch_s:.2f}" if torch_s is not None else f">{args.torch_limit:g}"
+        print(f"{nodes:>6} {torch_text:>12} {ours['lobby_s']:>8.2f} {ours['table_s']:>8.2f} {ours['end_s']:>7.2f} "
+              f"{row['added_s']:>8.2f} {ops['lobby']:>9} {ops['table']:>9} {ops['end']:>8} {load:>9.2%}", flush=True)  # fmt: skip
+    largest = rows[-1]
+    targets = [
+        Target(f"seconds phalanx's start adds to torch's rendezvous ({largest['nodes']} nodes)", largest["added_s"],
+               ADDED_S_LIMIT, at_least=False, unit="s"),
+        Target(f"the beats' share of the store ({largest['nodes']} nodes)", 100 * largest["beat_load"],
+               100 * LOAD_LIMIT, at_least=False, unit="%"),
+    ]  # fmt: skip
+    write_report(args.json, {"capacity_ops_s": capacity, "beat_ops": per_beat, "rows": rows}, targets,
+                 smoke=args.smoke)  # fmt: skip
+    print(f"report: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
