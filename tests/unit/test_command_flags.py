@@ -154,15 +154,6 @@ def test_the_matrix_size_per_kind_and_command():
     assert len({flag for _, flag, _, _ in CASES}) >= 25
 
 
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    (tmp_path / "train.py").write_text("")
-    monkeypatch.chdir(tmp_path)
-    for name in ("PHALANX_CONFIG", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path
-
-
 @pytest.mark.parametrize("command, flags, kind, value", CASES, ids=[f"{c}-{f[-1]}-{v!r}" for c, f, _, v in CASES])
 def test_a_bad_value_of_a_command_s_own_flag_is_refused(command, flags, kind, value, folder):
     flag = max(flags, key=len)

@@ -91,15 +91,6 @@ def given(command: str, option: Option, way: str, value: str, folder) -> tuple[l
     return [*base, "train.py"], {variable: value}, variable
 
 
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    (tmp_path / "train.py").write_text("")
-    monkeypatch.chdir(tmp_path)
-    for name in ("PHALANX_CONFIG", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    return tmp_path
-
-
 def test_every_option_has_a_kind_with_bad_values():
     assert set(VALUE_KINDS) == set(BAD)
     for option in LAUNCH_OPTIONS:
