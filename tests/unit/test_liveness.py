@@ -86,9 +86,9 @@ def test_a_store_that_stops_answering_is_its_host_lost():
 
 @pytest.mark.parametrize("nodes", [8, 64])
 def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(store, nodes):
-    """Each node beats, reads its two watched peers' beats, the verdicts and who ended (as the
-    agent reads them, phalanx.launch.crossnode): 7 operations a beat at 8 nodes as at 64
-    (watching every node would be 66 at 64). A lost node among them is named by its watchers,
+    """Each node beats, reads its two watched peers' beats and the verdicts (who ended only when a
+    watched node missed two beats; as the agent reads them, phalanx.launch.crossnode): 4
+    operations a beat at 8 nodes as at 64 (watching every node would be 66 at 64). A lost node among them is named by its watchers,
     whose verdict every other node then hears. 64 nodes are 128 threads of this one process here,
     whose beats a loaded machine delays by seconds: their operations are counted, and only the 8
     nodes' watch is timed, once every node beats (its bound is then lowered from 600 s to 15 s:
@@ -124,13 +124,14 @@ def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(sto
     watches = {label: watch(label) for label in labels}
     try:
         # A node read between two operations of a beat is off by up to a beat's operations: over
-        # 20 beats, by at most 0.35 an operation a beat.
+        # 20 beats, by at most 0.2 an operation a beat; a beat delayed by the loaded machine may
+        # read who ended (3 more) now and then.
         deadline = time.monotonic() + 120
         while min(beats().values()) < 20 and time.monotonic() < deadline:
             time.sleep(beat_s)
         done = beats()
         per_beat = {label: counts[label] / done[label] for label in labels}
-        assert min(done.values()) >= 20 and all(6.6 <= ops <= 7.4 for ops in per_beat.values()), (done, per_beat)
+        assert min(done.values()) >= 20 and all(3.8 <= ops <= 4.6 for ops in per_beat.values()), (done, per_beat)
         assert not lost
         if nodes > 8:
             return

@@ -102,7 +102,7 @@ class Liveness:
                     store = self.connect(self.host, self.port, self.beat_s)
                 store.add(self._key(self.me), 1)
                 counts = {node: store.add(self._key(node), 0) for node in self.others}
-                ended = self.ended(store)
+                ended = self.ended(store) if self._a_watched_node_is_quiet() else None
                 heard = self.verdicts(store)
             except Exception as error:
                 raise_if_signal(error)
@@ -111,10 +111,19 @@ class Liveness:
                 self._record(counts, ended, heard)
             self._stop.wait(self.beat_s)
 
-    def _record(self, counts: dict[str, int], ended: set[str], heard: list[str]) -> None:
+    def _a_watched_node_is_quiet(self) -> bool:
+        """Whether a watched node missed two beats: only then is it worth reading who ended (three
+        keys), which excuses a node's silence; a live job's beat is four operations."""
+        quiet_after = min(2 * self.beat_s, self.lost_after_s / 2)
+        with self._lock:
+            return any(self._last_round - moved >= quiet_after for _, moved in self._seen.values())
+
+    def _record(self, counts: dict[str, int], ended: set[str] | None, heard: list[str]) -> None:
         now = time.monotonic()
         with self._lock:
-            self._last_round, self._ended, self._heard = now, ended, heard
+            self._last_round, self._heard = now, heard
+            if ended is not None:  # else as last read
+                self._ended = ended
             for node, count in counts.items():
                 if count != self._seen[node][0]:
                     self._seen[node] = (count, now)
