@@ -343,17 +343,21 @@ class Lobby:
     # -- an outcome other than met ----------------------------------------------------------
     def _end_of_lobby(self, outcome: str) -> None:
         """Raises the refusal every node gives for ``outcome`` (abort or gave_up). The store's host
-        first keeps the store up until every node that joined has read it (bounded)."""
-        readers = self.store.add(self.prefix + "outcome_seen", 1)
-        if self.setup.is_host:
-            until = self.clock() + ABORT_GRACE_S
-            while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
-                time.sleep(POLL_EVERY_S)
-                readers = self.store.add(self.prefix + "outcome_seen", 0)
+        first keeps the store up until every node that joined has read it (bounded): so each node
+        reads what its refusal names before it says it has read it."""
         kind, _, detail = outcome.partition(":")
-        if kind == "abort":
-            raise self._disagreement(json.loads(detail), alone=False)
-        self._raise_join_timeout(gave_up_first=detail)
+        try:
+            if kind == "abort":
+                raise self._disagreement(json.loads(detail), alone=False)
+            self._raise_join_timeout(gave_up_first=detail)
+        except (NodesDisagree, JoinTimeout) as refusal:
+            readers = self.store.add(self.prefix + "outcome_seen", 1)
+            if self.setup.is_host:
+                until = self.clock() + ABORT_GRACE_S
+                while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
+                    time.sleep(POLL_EVERY_S)
+                    readers = self.store.add(self.prefix + "outcome_seen", 0)
+            raise refusal from None
 
     def _disagreement(self, report: dict[str, Any], alone: bool) -> NodesDisagree:
         what = (f"this node's settings differ from those job '{self.setup.rdzv_id}' already runs with; it stops"
