@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
-from tests.conftest import kill_group, phalanx_argv, run_command
+from tests.conftest import EXAMPLES, kill_group, phalanx_argv, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # fault tests: the second stage
 WORKER = str(Path(__file__).parent / "workers" / "run_checkpoints.py")
+SIGNAL_AT_STEP = str(Path(__file__).parent / "workers" / "signal_at_step.py")
+DIES_IN_A_STEP = str(Path(__file__).parent / "workers" / "dies_in_a_step.py")
 
 
 def launch(*args: str, nodes: int = 2, nproc: int = 1) -> list[str]:
@@ -31,7 +33,8 @@ def train(workdir: Path, name: str, *args: str, code: int = 0) -> dict:
 def test_node_local_folders_keep_a_whole_copy_each_and_rank_0_may_move(workdir):
     reference = train(workdir, "reference", "--checkpoint-dir", "shared")
     assert not reference["node_local"]  # one folder that both nodes see
-    train(workdir, "crashed", "--checkpoint-dir", "local", "--node-local", "--crash-after", "12", code=1)
+    train(workdir, "crashed", "--checkpoint-dir", "local", "--node-local", "--crash-after", "12", "--no-keep-last-step",
+          code=1)  # fmt: skip
     for node in ("node0", "node1"):  # each node holds every step, with both ranks' own state
         assert sorted(p.name for p in (workdir / "local" / node).iterdir() if p.name != LOCK_NAME) == [
             "step-000000005",
@@ -44,12 +47,71 @@ def test_node_local_folders_keep_a_whole_copy_each_and_rank_0_may_move(workdir):
 
 
 def test_node_local_folders_without_a_common_checkpoint_are_refused(workdir):
-    train(workdir, "first", "--checkpoint-dir", "local", "--node-local", "--crash-after", "7", code=1)
+    train(workdir, "first", "--checkpoint-dir", "local", "--node-local", "--crash-after", "7", "--no-keep-last-step",
+          code=1)  # fmt: skip
     for step in (workdir / "local" / "node1").iterdir():
         step.rename(step.with_name("moved-" + step.name))  # a new machine in place of node 1
     refused = train(workdir, "again", "--checkpoint-dir", "local", "--node-local", code=2)["output"]
     assert "checkpoint step 5 is complete in the checkpoint folders of some nodes but not of others" in refused
     assert "HINT: copy the newest step-* folder to the nodes that lack it" in refused
+
+
+def test_a_survivors_state_reaches_the_node_whose_folder_lacks_it(workdir):
+    """Rank 1 dies after step 12 without a word (as a SIGKILL would); rank 0 survives and keeps the
+    state after step 12 in its own node's folder. The relaunch gives rank 0 the other node's
+    folder, which lacks it: the rank that has it sends it, and the job resumes after step 12."""
+    reference = train(workdir, "reference", "--checkpoint-dir", "shared")
+    train(workdir, "crashed", "--checkpoint-dir", "local", "--node-local", "--crash-after", "12", "--crash-rank", "1",
+          code=1)  # fmt: skip
+    assert [p.name[:14] for p in (workdir / "local" / "node0" / "last-step").iterdir()] == ["step-000000012"]
+    assert not (workdir / "local" / "node1" / "last-step").exists()
+    resumed = train(workdir, "resumed", "--checkpoint-dir", "local", "--node-local", "--shift", "1")
+    assert resumed["resumed_from_step"] == 12 and resumed["params_sha256"] == reference["params_sha256"]
+    assert not list((workdir / "local" / "node0" / "last-step").iterdir()), "the checkpoint of step 15 made it obsolete"
+
+
+def test_two_failures_in_a_row_each_cost_no_step(workdir):
+    """Rank 1 of examples/train.py is SIGKILLed after step 37, then again after step 52 in the
+    restarted attempt: each restart resumes after the step the killed rank completed last."""
+    args = ("--epochs", "4", "--batch-size", "16", "--checkpoint-every", "20", "--log-every", "20")
+    reference = run_command(phalanx_argv("run", "--nproc-per-node", "2", str(EXAMPLES / "train.py"), *args,
+                                         "--metrics-json", "reference.json"), timeout=240, cwd=workdir)  # fmt: skip
+    assert reference.returncode == 0, reference.output
+    killed = run_command(phalanx_argv("run", "--nproc-per-node", "2", "--max-restarts", "2", SIGNAL_AT_STEP, "KILL", "1", "37,52",
+                                      *args, "--checkpoint-dir", "ck", "--metrics-json", "killed.json"),
+                         timeout=240, cwd=workdir)  # fmt: skip
+    assert killed.returncode == 0, killed.output
+    said = [line for line in killed.output.splitlines() if "resumed from step" in line]
+    assert [line.split("resumed from step ")[1].split(" ")[0] for line in said] == ["37", "52"], killed.output
+    assert "rank 1 was killed by SIGKILL" in killed.output and "(restart 2 of 2)" in killed.output
+    metrics = json.loads((workdir / "killed.json").read_text())
+    assert metrics["params_sha256"] == json.loads((workdir / "reference.json").read_text())["params_sha256"]
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_dead_ranks_random_state_is_rebuilt_and_rank_0s_buffers_said(workdir, killed):
+    """A model with dropout, noise on its inputs and BatchNorm; one rank SIGKILLed after step 23,
+    --max-restarts 1. Killing rank 1: the final state (buffers too) equals an uninterrupted run's.
+    Killing rank 0: its buffers' update of step 23 went with it; the parameters are exact and the
+    resume says whose buffers it took."""
+
+    def launch_dies(*args: str) -> list[str]:
+        return phalanx_argv("run", "--nproc-per-node", "2", *args[:2], DIES_IN_A_STEP, *args[2:])
+
+    done = run_command(launch_dies("--max-restarts", "0", "--checkpoint-dir", "reference", "--out", "reference.json"),
+                       timeout=240, cwd=workdir)  # fmt: skip
+    assert done.returncode == 0, done.output
+    killed_run = run_command(launch_dies("--max-restarts", "1", "--checkpoint-dir", "ck", "--out", "killed.json",
+                                         "--kill-step", "23", "--fail-rank", str(killed)), timeout=240, cwd=workdir)  # fmt: skip
+    assert killed_run.returncode == 0, killed_run.output
+    assert "resumed from step 23 (ck/last-step/step-000000023-" in killed_run.output, killed_run.output
+    reference, resumed = (json.loads((workdir / f"{name}.json").read_text()) for name in ("reference", "killed"))
+    assert resumed["parameters_only_sha256"] == reference["parameters_only_sha256"]
+    said = "phalanx: the state after step 23 was kept by rank 1 before the next forward shared rank 0's buffers"
+    if killed == 1:
+        assert resumed["params_sha256"] == reference["params_sha256"] and said not in killed_run.output
+    else:
+        assert said in killed_run.output, killed_run.output
 
 
 def test_a_sigkill_during_an_async_save_resumes_from_the_previous_checkpoint(workdir):

@@ -1,8 +1,10 @@
 """Faults of a real multi-host job on test-bed hosts: a host lost (its processes killed, or its
-link cut for good), a link cut for 5 s, a preemption of every host, and a full checkpoint disk.
-Each run trains examples/train.py with checkpoints on two hosts; after a fault, the same command
-on both resumes, and the final parameters equal an uninterrupted run's (computed once, on two
-simulated nodes, which train the same model).
+link cut for good), a host's workers killed, a link cut for 5 s, a preemption of every host, and
+a full checkpoint disk. Each run trains examples/train.py with checkpoints on two hosts; after a
+fault, the same command on both resumes (or the launchers restart the workers), and the final
+parameters equal an uninterrupted run's (computed once, on two simulated nodes, which train the
+same model). Where a host's processes die, the other host's worker survives them and keeps the
+state after the last step both completed: the job resumes there, not at the last checkpoint.
 
 Bounds: a lost host is named, and the survivor has stopped, within LOST_BOUND_S (the node
 agents' liveness watch declares a silent node lost after 30 s; a killed host's sockets close,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,16 +54,31 @@ def bed():
         yield made
 
 
-def job_line(host, endpoint: str, folder: Path) -> list[str]:
+def job_line(host, endpoint: str, folder: Path, *launch: str) -> list[str]:
     return host.command([sys.executable, "-m", "phalanx", "run", "--nnodes", "2", "--rdzv-endpoint", f"{endpoint}:29400",
-                         *TRAIN, "--checkpoint-dir", str(folder / "ck"), "--metrics-json",
+                         *launch, *TRAIN, "--checkpoint-dir", str(folder / "ck"), "--metrics-json",
                          str(folder / f"{host.name}.json")])  # fmt: skip
 
 
-def start_both(bed, folder: Path) -> list[subprocess.Popen[str]]:
+def start_both(bed, folder: Path, *launch: str) -> list[subprocess.Popen[str]]:
     h1 = bed.hosts[0]
-    return [subprocess.Popen(job_line(host, h1.address, folder), cwd=folder, stdout=subprocess.PIPE,
+    return [subprocess.Popen(job_line(host, h1.address, folder, *launch), cwd=folder, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for host in bed.hosts]  # fmt: skip
+
+
+def kept_step(output: str) -> int:
+    """The step whose state a survivor said it kept."""
+    found = re.search(r"rank kept the state after step (\d+) in ", output)
+    assert found, output[-3000:]
+    return int(found.group(1))
+
+
+def resumed_from_kept_state(resumed: dict, output: str, survivor_said: str) -> None:
+    """The job resumed after the step the survivor kept: from its state, or from the committed
+    checkpoint of that same step where the kill came right after one."""
+    step = kept_step(survivor_said)
+    assert resumed["resumed_from_step"] == step, output[-3000:]
+    assert re.search(rf"resumed from step {step} \(\S*(last-step/step-|/step-{step:09d}\))", output), output[-3000:]
 
 
 def wait_for_a_checkpoint(folder: Path, processes, timeout: float = 180) -> None:
@@ -89,13 +107,14 @@ def mount(argv: list[str]) -> None:
     assert done.returncode == 0, f"mount {' '.join(argv)}: {done.stderr}"
 
 
-def relaunch_resumes_exactly(bed, folder: Path, reference: dict) -> None:
+def relaunch_resumes_exactly(bed, folder: Path, reference: dict) -> tuple[dict, str]:
     h1 = bed.hosts[0]
     outcomes = run_together([job_line(host, h1.address, folder) for host in bed.hosts], timeout=300, cwd=str(folder))
     assert [o.returncode for o in outcomes] == [0, 0], [o.output[-3000:] for o in outcomes]
     resumed = json.loads((folder / "h1.json").read_text())
     assert resumed["resumed_from_step"] is not None, outcomes[0].output[-2000:]
     assert resumed["params_sha256"] == reference["params_sha256"]
+    return resumed, "".join(outcome.output for outcome in outcomes)
 
 
 def test_a_host_killed_outright_is_named_and_a_relaunch_resumes_exactly(bed, reference, tmp_path):
@@ -109,7 +128,44 @@ def test_a_host_killed_outright_is_named_and_a_relaunch_resumes_exactly(bed, ref
     assert code != 0, output[-3000:]
     assert h2.address in output.split("phalanx: root cause:")[-1], output[-3000:]
     print(f"MEASURED: host killed: the survivor ended {seconds:.1f} s later")
-    relaunch_resumes_exactly(bed, tmp_path, reference)
+    resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), output)
+
+
+def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, tmp_path):
+    """h1 holds rank 0 and the rendezvous store: h2's launcher loses the store, but its worker
+    survives the peer long enough to keep the state, and the relaunch resumes there. (Rank 1
+    says so in its own log, not on the console, which shows rank 0.)"""
+    h1, h2 = bed.hosts
+    processes = start_both(bed, tmp_path)
+    wait_for_a_checkpoint(tmp_path, processes)
+    for pid in bed.processes("h1"):
+        os.kill(pid, signal.SIGKILL)
+    code, output, seconds = ended_within(processes[1], LOST_BOUND_S)
+    processes[0].communicate(timeout=30)
+    assert code != 0, output[-3000:]
+    print(f"MEASURED: rank 0's host killed: the survivor ended {seconds:.1f} s later")
+    (kept,) = (tmp_path / "ck" / "last-step").glob("step-*.pt")
+    said = f"rank kept the state after step {int(kept.name[5:14])} in "
+    resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), said)
+
+
+def test_a_hosts_workers_killed_cost_no_step_with_restarts(bed, reference, tmp_path):
+    """kill -9 of h2's worker, its launcher alive: the launchers restart every worker, and the job
+    resumes after the last step both ranks completed, which the survivor on h1 kept."""
+    processes = start_both(bed, tmp_path, "--max-restarts", "1")
+    wait_for_a_checkpoint(tmp_path, processes)
+    workers = [
+        pid for pid in bed.processes("h2") if "phalanx.launch.bootstrap" in Path(f"/proc/{pid}/cmdline").read_text()
+    ]
+    assert workers, "no worker on h2"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    outcomes = [ended_within(process, 300) for process in processes]
+    assert [code for code, _, _ in outcomes] == [0, 0], [output[-3000:] for _, output, _ in outcomes]
+    finished = json.loads((tmp_path / "h1.json").read_text())
+    said = outcomes[0][1] + outcomes[1][1]
+    resumed_from_kept_state(finished, said, said)
+    assert finished["params_sha256"] == reference["params_sha256"]
 
 
 def test_a_host_cut_off_for_good_is_named_on_both_sides_and_a_relaunch_resumes_exactly(bed, reference, tmp_path):
@@ -209,9 +265,12 @@ def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_checkpoi
         cause = h1_output.split("phalanx: root cause:")[-1]
         assert "step-000000040 could not be written: the disk is full" in cause, h1_output[-3000:]
         assert "the previous checkpoint (step-000000020) is intact" in cause and "HINT: free space" in cause, cause
-        assert sorted(path.name for path in (tmp_path / "ck").iterdir() if path.name != LOCK_NAME) == [
-            "step-000000020"
-        ]  # no staging left
+        assert "the state after step 40 could not be kept (No space left on device): unless another rank kept it, a " \
+               "restart resumes from the checkpoint of step 20 and trains steps 21-40 again" in h1_output, h1_output[-3000:]  # fmt: skip
+        assert sorted(
+            path.name for path in (tmp_path / "ck").iterdir() if path.name not in (LOCK_NAME, "last-step")
+        ) == ["step-000000020"]  # no staging left
+        assert not list((tmp_path / "ck").glob("last-step/*")), "a survivor's state half-written"
         mount(["-o", "remount,size=16m", str(tmp_path / "ck")])
         h1 = bed.hosts[0]
         relaunched = run_together(

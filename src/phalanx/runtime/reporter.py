@@ -143,6 +143,12 @@ class Reporter:
             "epoch_logged": self._epoch_logged,
         }
 
+    def known_state(self) -> dict[str, tuple[float, float]]:
+        """The sums of :meth:`checkpoint_state` as far as this rank knows them without a
+        collective (for a survivor of a failure, whose peers may be gone): up to the last
+        logging point. The steps since count in no later report's mean."""
+        return {"running": self._logged, "logged": self._logged, "epoch_logged": self._epoch_logged}
+
     def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
         steps since the last ones before the checkpoint."""

@@ -34,13 +34,14 @@ from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
+from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, agreed_start
 from phalanx.worker_env import WorkerEnv
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
 _LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "worker_init_fn", "generator",
                    "persistent_workers", "prefetch_factor", "timeout", "multiprocessing_context")  # fmt: skip
 #: The names run.track() leaves to the Run itself.
-_RESERVED = ("compression", "reporter")
+_RESERVED = ("compression", "reporter", "step_seed", "buffers_rank")
 
 
 @runtime_checkable
@@ -102,6 +103,13 @@ class Run:
             resumed run continues it).
         tensorboard: a folder for TensorBoard events (needs the tensorboard package).
         accumulate: micro-batches per optimizer step (see :meth:`accumulate`).
+        keep_last_step: with a checkpoint folder, when a step fails (a peer died), the ranks
+            that survive keep the state after the last completed step in it, and a restart
+            resumes there: the failed step is trained again, not everything since the last
+            checkpoint. The random state is then seeded from (seed, rank, step) after every
+            step, so that a restart rebuilds it for the ranks that died (from (seed, step) where
+            every rank started with the same random state: they keep drawing alike). Off with
+            PowerSGD or auto compression, whose per-rank state no survivor holds.
         context: the job; default :func:`phalanx.init` (it joins the process group, or uses the
             one the script created).
 
@@ -129,7 +137,8 @@ class Run:
     def __init__(
         self, checkpoint_dir: str | Path | None = None, *, checkpoint_every: int = 50, keep: int = 3,
         async_checkpoints: bool = False, log_every: int = 10, metrics_jsonl: str | Path | None = None,
-        tensorboard: str | Path | None = None, accumulate: int = 1, context: DistributedContext | None = None,
+        tensorboard: str | Path | None = None, accumulate: int = 1, keep_last_step: bool = True,
+        context: DistributedContext | None = None,
     ) -> None:  # fmt: skip
         for name, value in (
             ("checkpoint_every", checkpoint_every),
@@ -163,6 +172,9 @@ class Run:
         self._started = 0.0
         self._carried_reporter: dict[str, Any] | None = None
         self._resumed_path: Path | None = None
+        self._keep_last_step = keep_last_step
+        self._carried_seeding: dict[str, Any] | None = None  # the per-step random state's, from a checkpoint
+        self._keeper: StepKeeper | None = None
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -340,8 +352,15 @@ class Run:
             compression_of(self._model).load_state_dict(latest.state["compression"], own and own.get("compression"))
         if own is not None:
             restore_rng_state(own["rng"])
+        if "buffers_rank" in latest.state:
+            self.print(f"phalanx: the state after step {latest.step} was kept by rank {latest.state['buffers_rank']} before "
+                       "the next forward shared rank 0's buffers: its buffers (BatchNorm's running statistics) are that "
+                       "rank's, which may differ from rank 0's by one batch's update; the parameters are exact")  # fmt: skip
         self._carried_reporter = latest.state.get("reporter")
-        self.global_step = self.resumed_from = self._saved_step = latest.step
+        self._carried_seeding = latest.state.get("step_seed")
+        self.global_step = self.resumed_from = latest.step
+        # A survivor's state is no checkpoint: the step is saved again at its cadence.
+        self._saved_step = None if latest.survivor else latest.step
         self._resumed_path = latest.path
         return latest.step
 
@@ -371,6 +390,7 @@ class Run:
                 "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
             )
             self.print(f"resumed from step {self.resumed_from} ({self._resumed_path}){done}")
+        self._keeper = self._start_keeping()
         self._real_seen, self._started = self._loader.real_delivered, time.perf_counter()
         while not self._finished:
             self._epoch = self._loader.resume_point[0]
@@ -502,6 +522,8 @@ class Run:
             self.record(loss)
         self.global_step += 1
         step = self.global_step
+        if self._keeper is not None:
+            self._keeper.mark(step, loader.state_dict())
         self.context.mark_step(step)
         reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
         if loader.resume_point[0] > self._epoch:
@@ -527,6 +549,8 @@ class Run:
             os.environ.update(WorkerEnv(stopped=f"after step {step}; {saved}").to_env())  # for the launcher
             self.close()
             raise SystemExit(ExitCode.PREEMPTED)
+        if self._keeper is not None:
+            self._keeper.seeding.after(step)
 
     def save(self) -> None:
         """A checkpoint of everything tracked, after the current step; a collective.
@@ -590,6 +614,9 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        if self._keeper is not None:
+            self._keeper.keep_if_failing()  # a close() in a finally comes before sys.excepthook
+            self._keeper.release()
         try:
             if self._reporter is not None:
                 self._reporter.close()
@@ -643,12 +670,49 @@ class Run:
             state["compression"] = compression_of(self._model).state_dict()
         if self._reporter is not None:
             state["reporter"] = self._reporter.checkpoint_state(self.global_step)  # settles: all shown up to here
+        if self._keeper is not None:
+            state["step_seed"] = self._keeper.seeding.state_dict()
+        return state
+
+    def _start_keeping(self) -> StepKeeper | None:
+        """The keeper of the last step's state (``keep_last_step``), from the current step on."""
+        compression = compression_of(self._model).mode if self._model is not None else "none"
+        if not (self._keep_last_step and self.checkpoints is not None and compression in STATELESS_COMPRESSIONS):
+            return None
+        seeding, launch = agreed_start(self.context, self._carried_seeding)
+        keeper = StepKeeper(self.checkpoints, self.context, self._state_of_step, seeding, launch)
+        optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
+        module = unwrap(self._model) if self._model is not None else None
+        keeper.watch(module, self._model if self._model is not module else None, optimizers)
+        assert self._loader is not None
+        keeper.mark(self.global_step, self._loader.state_dict())
+        seeding.after(self.global_step)
+        return keeper
+
+    def _state_of_step(self, mark: StepMark) -> dict[str, Any]:
+        """What a checkpoint of the marked step would hold, built without a collective (for a
+        survivor of a failure): the mark's data position and buffers, the logging as known."""
+        state = {name: target.state_dict() for name, target in self._tracked.items()}
+        if mark.data is not None:
+            state["data"] = mark.data
+        if "model" in state:
+            state["model"] = {**state["model"], **{name: copy for name, copy in mark.buffers.items()
+                                                    if name in state["model"]}}  # fmt: skip
+        if self._model is not None:
+            state["compression"] = compression_of(self._model).state_dict()
+        if self._reporter is not None:
+            state["reporter"] = self._reporter.known_state()
+        state["step_seed"] = self._keeper.seeding.state_dict() if self._keeper is not None else None
+        if mark.buffers and mark.buffers_rank != 0:
+            state["buffers_rank"] = mark.buffers_rank
         return state
 
     def _end(self) -> None:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
         if self.checkpoints and (self._saved_step or 0) != self.global_step:
             self.save()
+        if self._keeper is not None:
+            self._keeper.release()
         self._preemption.release_interrupt()
         received = self._preemption.received
         if self._stop or received is not None:

@@ -26,6 +26,8 @@ parser.add_argument("--every", type=int, default=5)
 parser.add_argument("--width", type=int, default=32, help="hidden width: 4096 makes a checkpoint of about 130 MB")
 parser.add_argument("--async-checkpoints", action="store_true")
 parser.add_argument("--crash-after", type=int, default=None, help="exit 1 right after this step (a crash)")
+parser.add_argument("--crash-rank", type=int, default=None, help="only this rank crashes (default: every rank)")
+parser.add_argument("--no-keep-last-step", dest="keep_last_step", action="store_false")
 parser.add_argument("--out", type=Path, required=True)
 args = parser.parse_args()
 
@@ -33,7 +35,8 @@ folder = args.checkpoint_dir
 if args.node_local:
     nodes = int(os.environ["WORLD_SIZE"]) // int(os.environ["LOCAL_WORLD_SIZE"])
     folder = folder / f"node{(int(os.environ['GROUP_RANK']) + args.shift) % nodes}"
-run = phalanx.Run(folder, checkpoint_every=args.every, async_checkpoints=args.async_checkpoints, log_every=1000)
+run = phalanx.Run(folder, checkpoint_every=args.every, async_checkpoints=args.async_checkpoints, log_every=1000,
+                  keep_last_step=args.keep_last_step)  # fmt: skip
 torch.manual_seed(0)
 model = run.setup_model(
     torch.nn.Sequential(torch.nn.Linear(16, args.width), torch.nn.ReLU(), torch.nn.Linear(args.width, 4))
@@ -49,7 +52,7 @@ for _ in run.epochs(args.epochs):
         optimizer.step()
         optimizer.zero_grad()
         run.step(loss)
-        if run.global_step == args.crash_after:
+        if run.global_step == args.crash_after and args.crash_rank in (None, run.rank):
             os._exit(1)
 summary = run.summary()
 if run.is_main:

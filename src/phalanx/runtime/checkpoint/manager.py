@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.errors import CheckpointNotSaved, SettingsRefused
-from phalanx.runtime.checkpoint import encoding, folder
+from phalanx.runtime.checkpoint import encoding, folder, last_step
 from phalanx.runtime.checkpoint.errors import describe, not_saved
 from phalanx.runtime.checkpoint.lock import FolderLock
 from phalanx.runtime.context import DistributedContext
@@ -57,8 +57,10 @@ class Checkpoint:
         path: its folder.
         state: the state every rank saved alike (``state`` of :meth:`CheckpointManager.save`).
         rank_state: this rank's own part, or None when the checkpoint was written by another
-            number of processes (a rank's own state has no owner then).
+            number of processes (a rank's own state has no owner then) or is a survivor's.
         world_size: the number of processes that wrote it.
+        survivor: whether it is the state a survivor of a failure kept
+            (:meth:`CheckpointManager.save_last_step`), not a committed checkpoint.
     """
 
     step: int
@@ -66,6 +68,7 @@ class Checkpoint:
     state: dict[str, Any]
     rank_state: dict[str, Any] | None
     world_size: int
+    survivor: bool = False
 
 
 class CheckpointManager:
@@ -109,6 +112,7 @@ class CheckpointManager:
         self.node_local = self._distributed and context.local_world_size < context.world_size and not self._one_folder()
         if self._writes_files:
             folder.remove_staging(self.directory)
+            last_step.remove_temporaries(self.directory)
         self._barrier()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint") if async_save else None
         self._pending: Future[None] | None = None
@@ -172,6 +176,35 @@ class CheckpointManager:
                     "free space on that disk, or give a checkpoint folder on another disk",
                 )
 
+    def save_last_step(
+        self, step: int, launch: int, state: dict[str, Any], preferred: bool = False
+    ) -> tuple[Path, bool]:
+        """Keeps the state after ``step`` for a restart, on a rank that survived a failure.
+
+        No collective: the other ranks may be gone. Any survivor may call it; the first whole
+        copy is kept (:mod:`.last_step`), and :meth:`load_latest` resumes from it while it is
+        newer than every committed checkpoint.
+
+        Args:
+            step: the last step that ``state`` completed.
+            launch: a token of this launch of the job, the same on every rank and new at each
+                start: the survivors of one failure are told from an earlier failure's.
+            state: what :meth:`save` takes as ``state``. No rank's own part: a survivor does not
+                hold the others' (a run seeds its random state from the step instead).
+            preferred: this copy is better than others (its buffers are rank 0's) and replaces
+                one kept already.
+
+        Returns:
+            (the file, whether this rank's copy is the one kept).
+
+        Raises:
+            OSError: it could not be written (a full disk); nothing of it is left.
+        """
+        shared, skeleton = encoding.flatten(state, _SHARED)
+        header = {"world_size": self.context.world_size, "rank": self.context.rank}
+        kept = last_step.write(self.directory, step, launch, {**shared, _SHARED_SKELETON: skeleton}, header, preferred)
+        return last_step.path_of(self.directory, step, launch), kept
+
     def wait(self) -> None:
         """Waits for an async save to be committed; raises its error (CheckpointNotSaved)."""
         pending, self._pending = self._pending, None
@@ -231,6 +264,7 @@ class CheckpointManager:
             )
         if self._writes_files:
             folder.prune(self.directory, self.keep)
+            last_step.prune(self.directory, step)
         self._barrier()
 
     def _commit(self, step: int, staging: Path) -> Exception | None:
@@ -293,6 +327,9 @@ class CheckpointManager:
         self.wait()
         steps = sorted({step for found in self._all([s for s, _ in folder.committed(self.directory)]) for step in found},
                        reverse=True)  # fmt: skip
+        kept = self._load_last_step(steps[0] if steps else -1, into)
+        if kept is not None:
+            return kept
         leaders = self._all(self._readers()[1] == 0)
         somewhere, set_aside = None, 0
         for step in steps:
@@ -301,12 +338,7 @@ class CheckpointManager:
             problems = self._all(mine)
             if not any(problems):
                 return self._load(step, path, into)
-            unreadable = next((p for p in problems if p and p.startswith(_UNREADABLE)), None)
-            if unreadable is not None:
-                raise SettingsRefused(f"checkpoint {path}: {unreadable}", "it may be whole: it is left as it is, and "
-                                      "nothing older is tried (that would throw away the newer training).",
-                                      "check the folder's permissions and its file system, then run the same command "
-                                      "again")  # fmt: skip
+            _refuse_unreadable(path, problems)
             copies = (
                 [p for p, leader in zip(problems, leaders) if leader]
                 if self.node_local
@@ -333,6 +365,43 @@ class CheckpointManager:
         if set_aside and self.context.rank == 0:  # the damaged ones are kept (*.damaged): nothing is deleted
             print(f"phalanx: WARNING: none of the {set_aside} checkpoint(s) in {self.directory} checks out (each was "
                   "set aside as *.damaged, kept); training starts from step 0", file=sys.stderr, flush=True)  # fmt: skip
+        return None
+
+    def _load_last_step(self, newest_committed: int, into: dict[str, Any] | None) -> Checkpoint | None:
+        """The state survivors kept after a failure, where newer than every committed
+        checkpoint (:meth:`save_last_step`); a collective. A rank whose folder lacks it (a
+        node's own folder, a replaced node) gets it from a rank that has it."""
+        listed = sorted({tuple(kept) for found in self._all([k for k in last_step.kept(self.directory)
+                                                               if k[0] > newest_committed]) for kept in found})  # fmt: skip
+        # The newest state's launch failed last; its survivors are at most one step apart (every
+        # step all-reduces), and the lower step is one every rank completed.
+        launch = listed[-1][1] if listed else 0
+        failure = [step for step, of in listed if of == launch]
+        if len(failure) > 1 and self.context.rank == 0:
+            print(f"phalanx: survivors kept the state after step {failure[0]} and after step {failure[1]}; resuming "
+                  f"after step {failure[0]}, which every rank completed", file=sys.stderr, flush=True)  # fmt: skip
+        template = encoding.flatten(into, _SHARED)[0] if into else {}
+        for step in failure:
+            path = last_step.path_of(self.directory, step, launch)
+            header, flat, problem = _read_last_step(path, step, template)
+            problems = self._all(problem)
+            _refuse_unreadable(path, problems)
+            holders = [rank for rank, found in enumerate(problems) if found is None]
+            if holders:
+                if len(holders) < len(problems):
+                    sent = [(header, flat)]
+                    dist.broadcast_object_list(sent, src=holders[0], group=self._group)
+                    header, flat = sent[0]
+                state = encoding.unflatten(flat[_SHARED_SKELETON], flat.__getitem__)
+                return Checkpoint(step, path, state, None, header["world_size"], survivor=True)
+            if self._writes_files and problem not in (None, _MISSING):
+                print(f"phalanx: the state a survivor kept after step {step}, {path}, does not check out ({problem}); "
+                      f"{last_step.set_aside(path)}", file=sys.stderr, flush=True)  # fmt: skip
+            self._barrier()
+        if failure and self.context.rank == 0:
+            print(f"phalanx: WARNING: no state a survivor kept after a failure checks out; resuming from the newest "
+                  f"checkpoint instead, so the steps after it and up to step {failure[-1]} are trained again",
+                  file=sys.stderr, flush=True)  # fmt: skip
         return None
 
     def _problem_with(self, path: Path) -> str | None:
@@ -433,6 +502,36 @@ class CheckpointManager:
 _MISSING = "missing"
 #: How a problem of a checkpoint that could not be read begins: not damage, so not set aside.
 _UNREADABLE = "it cannot be read"
+
+
+def _refuse_unreadable(path: Path, problems: list[str | None]) -> None:
+    """A file that could not be read may be whole: nothing older is tried."""
+    unreadable = next((p for p in problems if p and p.startswith(_UNREADABLE)), None)
+    if unreadable is not None:
+        raise SettingsRefused(f"checkpoint {path}: {unreadable}", "it may be whole: it is left as it is, and "
+                              "nothing older is tried (that would throw away the newer training).",
+                              "check the folder's permissions and its file system, then run the same command "
+                              "again")  # fmt: skip
+
+
+def _read_last_step(path: Path, step: int, template: dict[str, torch.Tensor]) -> tuple[Any, Any, str | None]:
+    """(header, flat state, None), or (None, None, why this rank cannot use the file)."""
+    if not path.is_file():
+        return None, None, _MISSING
+    try:
+        header, flat = last_step.read(path, step)
+    except last_step.Damaged as damaged:
+        return None, None, str(damaged)
+    except OSError as error:
+        return None, None, f"{_UNREADABLE}: {error.strerror or error}"
+    for key, tensor in template.items():  # the model and optimizer of this script, or another's
+        stored = flat.get(key)
+        if stored is not None and (stored.shape != tensor.shape or stored.dtype != tensor.dtype):
+            return None, None, (f"it is of another model or job: {key} is {tuple(stored.shape)} {stored.dtype} there, "
+                                f"{tuple(tensor.shape)} {tensor.dtype} here")  # fmt: skip
+    if _SHARED_SKELETON not in flat or any(key not in flat for key in template if key.startswith(f"{_SHARED}/model/")):
+        return None, None, "it is of another model or job: this model's parameters are not all in it"
+    return header, flat, None
 
 
 def _safe_reader(path: Path) -> Any:

@@ -1,7 +1,9 @@
-"""Every random number generator a training step may draw from: saved and restored per rank."""
+"""Every random number generator a training step may draw from: saved and restored per rank, or
+seeded from the step alone, so that any process can rebuild the state of a rank that is gone."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import sys
 from typing import Any
@@ -34,3 +36,18 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
         numpy.random.set_state((kind, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached))
+
+
+def seed_step(seed: int, rank: int, step: int) -> None:
+    """Seeds every generator :func:`rng_state` covers from (``seed``, ``rank``, ``step``) alone.
+
+    A run that calls it after each step draws the same numbers as any process that calls it
+    with the same three values: a restart rebuilds the random state of a rank that died.
+    """
+    digest = hashlib.blake2b(f"{seed}/{rank}/{step}".encode(), digest_size=8).digest()
+    value = int.from_bytes(digest, "little") >> 1  # torch takes up to 2**64 - 1, numpy 2**32 - 1
+    torch.manual_seed(value)  # every GPU's generator too
+    random.seed(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(value % 2**32)

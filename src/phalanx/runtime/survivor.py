@@ -1,0 +1,226 @@
+"""What a rank does when its loop fails: it keeps the state after the last completed step.
+
+When a peer dies, the survivors' next collective fails and the exception ends their scripts. At
+that moment their parameters and optimizer state are still those after the last step every rank
+completed (the failed step's all-reduce never finished, so no optimizer stepped on it). A hook
+on ``sys.excepthook``, which Python and ``phalanx run``'s worker both call for an uncaught
+exception, writes that state for the restart (:meth:`CheckpointManager.save_last_step`).
+
+Three things change during the failed step and are taken from a mark made as each step ends:
+the data position (the failed step's batches were drawn), the model's buffers (a forward
+updates BatchNorm's statistics) and the random state, which is seeded from (seed, rank, step)
+after every step (:class:`StepSeeding`), so that a restart rebuilds it for the ranks that died
+as well. The buffers
+that count are rank 0's, which DDP broadcasts at the start of each forward: they are copied
+again there, so a survivor holds them even when rank 0 is the rank that died. An optimizer step
+after the mark means the state is no longer the mark's: then nothing is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from phalanx.runtime.checkpoint import CheckpointManager, folder
+from phalanx.runtime.checkpoint.rng import seed_step
+from phalanx.runtime.context import DistributedContext
+
+#: Gradient compressions that keep no state between steps: a survivor's copy holds all of theirs.
+STATELESS_COMPRESSIONS = ("none", "fp16", "bf16")
+
+
+@dataclass
+class StepMark:
+    """What the end of a step fixed: its number, the data position, the model's buffers and
+    whose they are (rank 0's, which DDP keeps, or this rank's own until the next forward)."""
+
+    step: int
+    data: dict[str, Any] | None
+    buffers: dict[str, torch.Tensor]
+    buffers_rank: int
+
+
+class StepKeeper:
+    """Keeps the state after the last completed step when the training loop fails.
+
+    Args:
+        checkpoints: where the state goes.
+        context: the job.
+        state: builds the state to keep from a mark (what a checkpoint of that step holds).
+        seeding: the per-step random state (:class:`StepSeeding`).
+        launch: this launch's token, the same on every rank (:func:`agreed_start`).
+    """
+
+    def __init__(self, checkpoints: CheckpointManager, context: DistributedContext,
+                 state: Callable[[StepMark], dict[str, Any]], seeding: StepSeeding, launch: int) -> None:  # fmt: skip
+        self.checkpoints, self.context, self.seeding, self.launch = checkpoints, context, seeding, launch
+        self._state = state
+        self._mark: StepMark | None = None
+        self._module: torch.nn.Module | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._optimizer_moved = self._through_ddp = False
+        self._hooks: list[Any] = []
+        self._previous_hook: Callable[..., Any] | None = None
+
+    def watch(self, module: torch.nn.Module | None, wrapper: torch.nn.Module | None,
+              optimizers: list[torch.optim.Optimizer]) -> None:  # fmt: skip
+        """Starts watching: the buffers to copy at each mark, the optimizers' steps, the hook.
+
+        Args:
+            module: the model (unwrapped), whose buffers are copied.
+            wrapper: DDP's wrapper of it when there is one: only a forward through it starts
+                with rank 0's buffers (one on ``module`` alone, an evaluation, does not).
+            optimizers: the tracked optimizers, whose step after a mark makes the mark stale.
+        """
+        self._hooks = [optimizer.register_step_pre_hook(self._on_optimizer_step) for optimizer in optimizers]
+        self._module = module
+        if module is not None and wrapper is not None and getattr(wrapper, "broadcast_buffers", False):
+            self._hooks.append(wrapper.register_forward_pre_hook(self._on_ddp_forward))
+            self._hooks.append(module.register_forward_pre_hook(self._on_forward))
+        self._previous_hook, sys.excepthook = sys.excepthook, self._on_uncaught
+
+    def mark(self, step: int, data: dict[str, Any] | None) -> None:
+        """Step ``step`` is complete: its data position and buffers are what a failure keeps."""
+        self._copy_buffers()
+        self._mark = StepMark(step, data, self._buffers, self.context.rank)
+        self._optimizer_moved = self._through_ddp = False
+
+    def release(self) -> None:
+        """Stops watching (the loop ended): a later exception keeps nothing."""
+        self._mark = None
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if sys.excepthook == self._on_uncaught and self._previous_hook is not None:
+            sys.excepthook = self._previous_hook
+
+    def keep_if_failing(self) -> None:
+        """Keeps the state now when an exception is on its way out (``run.close()`` in a
+        ``finally``, which would release the keeper before ``sys.excepthook`` runs)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, Exception):
+            self._keep_and_say(error)
+
+    def keep(self, error: BaseException) -> str:
+        """Writes the state after the marked step; returns the line that says where it is."""
+        mark = self._mark
+        assert mark is not None
+        if self._optimizer_moved:
+            return (f"the training failed in step {mark.step + 1} after its optimizer step began, before run.step() "
+                    f"({_described(error)}): this rank's state is past step {mark.step}, so it keeps none; "
+                    f"{self._fallback(mark.step)}")  # fmt: skip
+        print(f"phalanx: the training failed after step {mark.step} ({_described(error)}); keeping the state after "
+              f"step {mark.step} for a restart", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            preferred = bool(mark.buffers) and mark.buffers_rank == 0  # other copies' buffers differ
+            path, kept = self.checkpoints.save_last_step(mark.step, self.launch, self._state(mark), preferred)
+        except Exception as unwritten:  # said, and the error that ended the script is shown as ever
+            why = unwritten.strerror if isinstance(unwritten, OSError) and unwritten.strerror else _described(unwritten)
+            return f"the state after step {mark.step} could not be kept ({why}): {self._fallback(mark.step)}"
+        who = "this rank kept" if kept else "another rank had kept"
+        return f"{who} the state after step {mark.step} in {path}: a restart resumes there"
+
+    def _keep_and_say(self, error: Exception) -> None:
+        if self._mark is not None:
+            print(f"phalanx: {self.keep(error)}", file=sys.stderr, flush=True)
+            self._mark = None  # once
+
+    def _fallback(self, step: int) -> str:
+        """Where a restart resumes without this rank's state after ``step``: another rank's, or
+        the newest checkpoint (the steps after it are trained again)."""
+        newest = folder.committed(self.checkpoints.directory)
+        since = newest[0][0] if newest else 0
+        where = f"the checkpoint of step {since}" if newest else "the start"
+        again = "no step" if since >= step else f"step {step}" if since + 1 == step else f"steps {since + 1}-{step}"
+        return f"unless another rank kept it, a restart resumes from {where} and trains {again} again"
+
+    def _copy_buffers(self) -> None:
+        """The module's buffers now, looked up by name (a module may replace a buffer)."""
+        if self._module is None:
+            return
+        for name, live in self._module.named_buffers():
+            copy = self._buffers.get(name)
+            if copy is None or copy.shape != live.shape or copy.dtype != live.dtype or copy.device != live.device:
+                self._buffers[name] = live.detach().clone()
+            else:
+                copy.copy_(live)
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        self._optimizer_moved = True
+
+    def _on_ddp_forward(self, *_: Any) -> None:
+        self._through_ddp = True
+
+    def _on_forward(self, *_: Any) -> None:
+        """A forward through DDP starts with rank 0's buffers (it broadcast them): the first after
+        a mark copies them, and the mark's buffers are rank 0's from then on."""
+        if self._through_ddp and self._mark is not None and self._mark.buffers_rank != 0:
+            self._copy_buffers()
+            self._mark.buffers_rank = 0
+        self._through_ddp = False
+
+    def _on_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        """``sys.excepthook``: keeps the state, says so, then shows the error as before."""
+        try:
+            if isinstance(error, Exception):
+                self._keep_and_say(error)
+        finally:
+            (self._previous_hook or sys.__excepthook__)(kind, error, trace)
+
+
+class StepSeeding:
+    """The random state of every step, seeded from (seed, rank, step) or, where every rank
+    started alike (one ``torch.manual_seed`` everywhere), from (seed, step): the ranks keep
+    drawing the same numbers, as the script had them.
+
+    Args:
+        seed: the base seed.
+        per_rank: whether each rank draws its own numbers.
+        rank: this process's rank.
+    """
+
+    def __init__(self, seed: int, per_rank: bool, rank: int) -> None:
+        self.seed, self.per_rank, self.rank = seed, per_rank, rank
+
+    def after(self, step: int) -> None:
+        """Seeds this rank's random state for the step after ``step``."""
+        seed_step(self.seed, self.rank if self.per_rank else 0, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "per_rank": self.per_rank}
+
+
+def agreed_start(context: DistributedContext, carried: dict[str, Any] | None) -> tuple[StepSeeding, int]:
+    """The per-step seeding and a launch token, the same on every rank; two small collectives.
+
+    Args:
+        context: the job.
+        carried: the seeding a checkpoint carried (:meth:`StepSeeding.state_dict`); None for a
+            fresh start, which takes rank 0's initial torch seed, per rank unless every rank's
+            torch random state is the same.
+    """
+    state = torch.get_rng_state().numpy().tobytes()  # torch's: the generator a step draws from
+    fingerprint = int.from_bytes(hashlib.blake2b(state, digest_size=7).digest(), "little")
+    seed = torch.initial_seed() & (2**62 - 1) if carried is None else int(carried["seed"])
+    agreed = torch.tensor([seed, secrets.randbits(62), fingerprint], dtype=torch.int64, device=context.device)
+    alike = torch.tensor([1], dtype=torch.int64, device=context.device)
+    if context.is_distributed:
+        dist.broadcast(agreed, src=0)
+        alike[0] = int(agreed[2].item() == fingerprint)
+        dist.all_reduce(alike, op=dist.ReduceOp.MIN)
+    seed, launch, _ = agreed.tolist()
+    per_rank = bool(carried["per_rank"]) if carried is not None else not bool(alike.item())
+    return StepSeeding(int(seed), per_rank, context.rank), int(launch)
+
+
+def _described(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200] if text else 'no message'}"

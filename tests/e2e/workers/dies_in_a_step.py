@@ -1,0 +1,87 @@
+"""A phalanx.Run training that draws random numbers every step (dropout, noise on the inputs) and
+has buffers (BatchNorm), and fails on purpose, in its first attempt only:
+
+--fail-step N --fail-where backward: rank --fail-rank raises in the backward of step N + 1;
+--fail-where optimizer: it raises after the optimizer step of step N + 1, before run.step();
+--kill-step N: rank --fail-rank SIGKILLs itself right after step N.
+--close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
+(one process only: the summary comes after the close).
+
+--out: rank 0 writes run.summary() there, with the SHA-256 of the parameters alone (without
+the buffers) as parameters_only_sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch.utils.data import TensorDataset
+
+import phalanx
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--checkpoint-dir", type=Path, required=True)
+parser.add_argument("--every", type=int, default=10)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--fail-rank", type=int, default=0)
+parser.add_argument("--fail-step", type=int, default=None)
+parser.add_argument("--fail-where", choices=["backward", "optimizer"], default="backward")
+parser.add_argument("--kill-step", type=int, default=None)
+parser.add_argument("--close-in-finally", action="store_true")
+parser.add_argument("--out", type=Path, required=True)
+args = parser.parse_args()
+
+first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.every, log_every=1000)
+torch.manual_seed(0)
+model = run.setup_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                            torch.nn.Dropout(0.3), torch.nn.Linear(32, 4)))  # fmt: skip
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+run.track(optimizer=optimizer)
+data = TensorDataset(torch.randn(240, 16, generator=torch.Generator().manual_seed(1)), torch.arange(240) % 4)
+loader = run.setup_dataloader(data, batch_size=8)
+
+
+class Injected(RuntimeError):
+    """The failure this worker makes."""
+
+
+def failing_now(where: str) -> bool:
+    return (first_attempt and run.rank == args.fail_rank and args.fail_where == where
+            and run.global_step == args.fail_step)  # fmt: skip
+
+
+def train() -> None:
+    for _ in run.epochs(args.epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x + 0.1 * torch.randn_like(x)), y)
+            if failing_now("backward"):
+                raise Injected(f"injected failure in the backward of step {run.global_step + 1}")
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if failing_now("optimizer"):
+                raise Injected(f"injected failure after the optimizer step of step {run.global_step + 1}")
+            run.step(loss)
+            if first_attempt and run.rank == args.fail_rank and run.global_step == args.kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+if args.close_in_finally:
+    try:
+        train()
+    finally:
+        run.close()
+else:
+    train()
+summary = run.summary()  # a collective, or with --close-in-finally one process's figures
+if run.is_main:
+    parameters = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    args.out.write_text(json.dumps({**summary, "parameters_only_sha256": parameters}))
+run.close()
