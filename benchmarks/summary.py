@@ -66,6 +66,7 @@ BENCHMARKS = (
     Benchmark("auto_compression", needs_root=True, minutes=120),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=15),
     Benchmark("control_plane", minutes=20),
+    Benchmark("recovery", needs_root=True, minutes=60),
 )
 
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import summary
 
 #: Scripts that other benchmarks run or import, and this runner itself.
-HELPERS = {"auto_compression_worker", "fabric_script", "plain_collective_loop", "turns", "targets", "summary"}
+HELPERS = {"auto_compression_worker", "fabric_script", "plain_collective_loop", "recovery_worker", "turns", "targets",
+           "summary"}  # fmt: skip
 #: A smoke run takes seconds to a minute here; the bound leaves room for a loaded machine.
 SMOKE_TIMEOUT_S = 300
 CHECKPOINT_METHODS = ("phalanx", "phalanx-async", "rank0-old", "torch-save", "dcp")
@@ -60,8 +61,18 @@ def check_control_plane_report(written: dict, _stdout: str) -> None:
     assert written["results"]["beat_ops"] <= 4.5, written["results"]
 
 
+def check_recovery_report(written: dict, _stdout: str) -> None:
+    """The smoke trial's kill: phalanx resumed after the step the survivor kept; torchrun at its
+    checkpoint, or its failure to train again is in the report (a baseline's failure is a result)."""
+    (trial,) = written["results"]["trials"]
+    every = written["results"]["setup"]["checkpoint_every"]
+    assert trial["phalanx"]["steps_again"] <= 1, trial
+    assert trial["torchrun"].get("failed") or trial["torchrun"]["resumed_from"] == every, trial
+
+
 #: What a benchmark's smoke report must show beyond the targets every one has.
-MORE_CHECKS = {"checkpoint": check_checkpoint_report, "control_plane": check_control_plane_report}
+MORE_CHECKS = {"checkpoint": check_checkpoint_report, "control_plane": check_control_plane_report,
+               "recovery": check_recovery_report}  # fmt: skip
 
 
 def test_every_benchmark_is_listed() -> None:

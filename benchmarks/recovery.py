@@ -1,0 +1,264 @@
+"""A host's workers lost mid-run: the steps trained again and the seconds to train again, phalanx
+against torchrun with torch.distributed.checkpoint; and what keeping the last step costs.
+
+Setup: --hosts test-bed hosts (network namespaces on a bridge; root), each link shaped to --rate;
+one worker per host (gloo, CPU). The model (benchmarks/recovery_worker.py): an MLP whose
+parameters and Adam's two moments come to about --state-mb; a checkpoint every
+--checkpoint-every steps.
+
+Each trial draws a step K between the first checkpoint and the second (uniformly, seeded by
+--seed: on average half a checkpoint interval after the first) and runs both sides with
+--max-restarts 1, one after the other in an order that alternates:
+  phalanx   `phalanx run`, the loop on phalanx.Run (keep_last_step on, the default)
+  torchrun  `torchrun --rdzv-backend c10d`, the loop in plain DDP; dcp.save every
+            --checkpoint-every steps, and dcp.load of the newest at the start
+Once rank 0 (on the first host) has completed step K, every worker of the last host is
+SIGKILLed; its launcher lives and restarts the workers on every host, which train to step
+K + 5. From rank 0's timeline:
+  steps trained again  the newest step the first attempt completed (rank 0 may complete one
+                       after the kill: the killed rank had done its part of it), minus the
+                       step the restart resumed from (the first step it completed, minus one);
+                       0 where the restart resumed after it (the state was kept inside the
+                       run.step() of the next step, before rank 0 wrote that step down)
+  seconds to train     from the kill to the first step completed after it
+Steady state: --steady-steps steps without a fault, phalanx with keep_last_step on and off,
+--steady-runs runs each, interleaved; the median step time of each run (after its first 5
+steps), the ratio of the medians on/off.
+
+Targets (issue 35): phalanx trains at most 1 step again after any kill (the largest over the
+trials); keeping the last step costs at most 3% of the steady-state step time.
+
+Usage: sudo python benchmarks/recovery.py [--trials 10] [--hosts 3] [--rate 1gbit] [--state-mb 200]
+       [--checkpoint-every 100] [--smoke] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from targets import Target, write_report  # benchmarks/: a script's folder is on its path
+
+from phalanx.testbed import Shaping, test_bed
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "recovery_worker.py"
+FIRST_PORT = 29400
+#: Adam holds two moments per parameter: parameters and state are 3 float32 per parameter.
+BYTES_PER_PARAMETER = 12
+TARGET_STEPS_AGAIN, TARGET_STEADY_COST = 1, 1.03
+#: Steps of each steady run left out of its median (the first ones build DDP's buckets).
+WARM_STEPS = 5
+
+
+def width_for(state_mb: float) -> int:
+    """The MLP width whose parameters and Adam state come to about ``state_mb`` MB."""
+    parameters = state_mb * 1e6 / BYTES_PER_PARAMETER  # width**2 + (1024 + 10 + 2) * width
+    return max(8, int((-1036 + math.sqrt(1036**2 + 4 * parameters)) / 2))
+
+
+def launch_line(side: str, bed, host, args: argparse.Namespace, folder: Path, steps: int, restarts: int,
+                port: int) -> list[str]:  # fmt: skip
+    endpoint = f"{bed.hosts[0].address}:{port}"
+    nodes = str(len(bed.hosts))
+    worker = [str(WORKER), "--mode", side, "--width", str(args.width), "--steps", str(steps), "--checkpoint-every",
+              str(args.checkpoint_every), "--checkpoint-dir", str(folder / "ck"), "--timeline", str(folder / "timeline")]  # fmt: skip
+    if side == "torchrun":  # a test-bed host is not its own hostname: which one holds the store is said
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nodes, "--nproc-per-node", "1",
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", folder.name,
+                    "--rdzv-conf", f"is_host={int(host is bed.hosts[0])}", "--local-addr", host.address,
+                    "--max-restarts", str(restarts)]  # fmt: skip
+    else:
+        launcher = [sys.executable, "-m", "phalanx", "run", "--nnodes", nodes, "--rdzv-endpoint", endpoint,
+                    "--max-restarts", str(restarts), "--log-dir", str(folder / f"logs-{host.name}")]  # fmt: skip
+    return host.command(["env", f"GLOO_SOCKET_IFNAME={host.device}", *launcher, *worker])
+
+
+def timeline(folder: Path) -> list[tuple[int, int, float]]:
+    path = folder / "timeline"
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(int(row[0]), int(row[1]), float(row[2])) for row in rows if len(row) == 3]  # a last line half-written
+
+
+def run_job(
+    side: str, bed, args: argparse.Namespace, folder: Path, steps: int, kill_after: int | None, port: int
+) -> dict:
+    """One job on every host; with ``kill_after``, the last host's workers SIGKILLed after that
+    step. Each job has a port of its own: the previous job's may still be in TIME_WAIT."""
+    folder.mkdir(parents=True)
+    logs = [(folder / f"{host.name}.log").open("w") for host in bed.hosts]  # files: a worker left behind holds no pipe
+    processes = [subprocess.Popen(launch_line(side, bed, host, args, folder, steps, 1 if kill_after else 0, port),
+                                  cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                 for host, log in zip(bed.hosts, logs)]  # fmt: skip
+    killed_at, deadline = None, time.monotonic() + args.timeout
+    try:
+        while kill_after is not None and killed_at is None:
+            done = [row for row in timeline(folder) if row[0] == 0]
+            if done and done[-1][1] >= kill_after:
+                victims = [pid for pid in bed.processes(bed.hosts[-1].name) if _is_worker(pid)]
+                for pid in victims:
+                    os.kill(pid, signal.SIGKILL)
+                killed_at = time.time()
+                break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+                raise SystemExit(f"{side}: step {kill_after} never came:\n{_outputs(bed, folder)}")
+            time.sleep(0.01)
+        for process in processes:
+            process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{side}: did not end within {args.timeout} s:\n{_outputs(bed, folder)}") from None
+    finally:
+        for host in bed.hosts:  # every process on the hosts, whatever process group or session it made
+            for pid in bed.processes(host.name):
+                _kill(pid)
+        for log in logs:
+            log.close()
+    if any(p.returncode != 0 for p in processes):
+        raise SystemExit(f"{side} failed:\n{_outputs(bed, folder)}")
+    rows = timeline(folder)
+    if kill_after is not None and not any(attempt == 1 for attempt, _, _ in rows):
+        raise SystemExit(f"{side}: no step after the kill (did it land after the last step?):\n{_outputs(bed, folder)}")
+    result: dict = {"step_times_s": [b[2] - a[2] for a, b in zip(rows, rows[1:]) if a[0] == b[0]]}
+    if killed_at is not None:  # rank 0 may complete a step after the kill: the killed rank had done its part
+        last = max(step for attempt, step, _ in rows if attempt == 0)
+        first = next(row for row in rows if row[0] == 1)
+        # A state kept inside run.step() of the step after ``last`` is past the timeline: none again.
+        result.update(last_step_before=last, resumed_from=first[1] - 1, steps_again=max(0, last - (first[1] - 1)),
+                      seconds_to_train=first[2] - killed_at)  # fmt: skip
+    shutil.rmtree(folder / "ck", ignore_errors=True)
+    return result
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return WORKER.name in Path(f"/proc/{pid}/cmdline").read_text() and not _is_launcher(pid)
+    except OSError:
+        return False
+
+
+def _is_launcher(pid: int) -> bool:
+    line = Path(f"/proc/{pid}/cmdline").read_text()
+    return "torch.distributed.run" in line or "\0phalanx\0run\0" in line
+
+
+def _outputs(bed, folder: Path) -> str:
+    """The end of every host's launcher output."""
+    return "\n".join(f"== {host.name}\n{(folder / f'{host.name}.log').read_text(errors='replace')[-3000:]}"
+                     for host in bed.hosts)  # fmt: skip
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--rate", default="1gbit", help="each host's link, as tc writes it ('' for unshaped)")
+    parser.add_argument("--state-mb", type=float, default=200.0)
+    parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--steps-after-kill", type=int, default=5, help="steps the job trains past the kill's")
+    parser.add_argument("--steady-steps", type=int, default=60)
+    parser.add_argument("--steady-runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a job may take")
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one trial, seconds: proves it runs")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.smoke:
+        args.trials, args.hosts, args.rate, args.state_mb, args.steps_after_kill = 1, 2, "", 1.0, 300
+        args.checkpoint_every, args.steady_steps, args.steady_runs, args.timeout = 10, 12, 1, 120.0
+    if os.geteuid() != 0:
+        raise SystemExit("recovery.py builds test-bed hosts (network namespaces): run it as root")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # the bed comes down on a kill too
+    args.width = width_for(args.state_mb)
+    draw, ports = random.Random(args.seed), itertools.count(FIRST_PORT)
+    trials: list[dict] = []
+    steady: dict[str, list[float]] = {"phalanx": [], "phalanx-off": []}
+    with (
+        tempfile.TemporaryDirectory(prefix="phalanx-recovery-") as scratch,
+        test_bed(
+            f"r{os.getpid() % 100000}",
+            [f"h{n + 1}" for n in range(args.hosts)],
+            shaping=Shaping(rate=args.rate or None),
+        ) as bed,
+    ):
+        for trial in range(args.trials):
+            # The smoke's steps take milliseconds: its kill comes right after the first checkpoint,
+            # so that it lands well before the second (a kill during a save is another trial).
+            first = args.checkpoint_every + 1
+            kill_after = first if args.smoke else draw.randint(first, 2 * args.checkpoint_every - 1)
+            steps = kill_after + args.steps_after_kill  # the restart's first steps are all a trial needs
+            sides = ("phalanx", "torchrun") if trial % 2 == 0 else ("torchrun", "phalanx")
+            row: dict = {"kill_after_step": kill_after}
+            for side in sides:
+                try:
+                    row[side] = run_job(
+                        side, bed, args, Path(scratch) / f"t{trial}-{side}", steps, kill_after, next(ports)
+                    )
+                except SystemExit as failed:  # a restart that never trained again is a result too
+                    row[side] = {"failed": str(failed)[-3000:]}
+                    print(f"trial {trial + 1}/{args.trials} {side}: FAILED: {str(failed).splitlines()[0]}", flush=True)
+                    continue
+                print(f"trial {trial + 1}/{args.trials} {side}: the last step before the kill {row[side]['last_step_before']}, "
+                      f"resumed from {row[side]['resumed_from']}: {row[side]['steps_again']} step(s) again, "
+                      f"{row[side]['seconds_to_train']:.1f} s to train again", flush=True)  # fmt: skip
+                del row[side]["step_times_s"]
+            trials.append(row)
+        for run_index in range(args.steady_runs):
+            for side in ("phalanx", "phalanx-off") if run_index % 2 == 0 else ("phalanx-off", "phalanx"):
+                times = run_job(
+                    side, bed, args, Path(scratch) / f"s{run_index}-{side}", args.steady_steps, None, next(ports)
+                )
+                steady[side].append(statistics.median(times["step_times_s"][WARM_STEPS:]))
+                print(
+                    f"steady {run_index + 1}/{args.steady_runs} {side}: {steady[side][-1] * 1e3:.1f} ms/step",
+                    flush=True,
+                )
+    recovered = {side: [row[side] for row in trials if "failed" not in row[side]] for side in ("phalanx", "torchrun")}
+    again = {side: [trial["steps_again"] for trial in done] for side, done in recovered.items()}
+    cost = statistics.median(steady["phalanx"]) / statistics.median(steady["phalanx-off"])
+    results = {
+        "setup": {"hosts": args.hosts, "rate": args.rate or "unshaped", "state_mb": args.state_mb, "width": args.width,
+                  "checkpoint_every": args.checkpoint_every, "trials": args.trials},
+        "trials": trials,
+        "failed": {side: args.trials - len(done) for side, done in recovered.items()},
+        "steps_again": {f"{side}_{name}": figure(values) if values else None for side, values in again.items()
+                        for name, figure in (("median", statistics.median), ("max", max))},
+        "seconds_to_train": {side: statistics.median(trial["seconds_to_train"] for trial in done) if done else None
+                             for side, done in recovered.items()},
+        "steady_step_s": {side: statistics.median(times) for side, times in steady.items()},
+        "steady_cost": cost,
+    }  # fmt: skip
+    shown = ("failed", "steps_again", "seconds_to_train", "steady_step_s", "steady_cost")
+    print(json.dumps({key: results[key] for key in shown}, indent=1))
+    worst = max(again["phalanx"]) if again["phalanx"] and not results["failed"]["phalanx"] else None
+    targets = [
+        Target("steps trained again after a host's workers were killed, phalanx (largest of the trials)",
+               worst, TARGET_STEPS_AGAIN, at_least=False, unit="steps"),
+        Target("steady-state step time, keep_last_step on / off", cost, TARGET_STEADY_COST, at_least=False),
+    ]  # fmt: skip
+    if args.json:
+        write_report(args.json, results, targets, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()
