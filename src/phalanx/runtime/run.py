@@ -702,7 +702,8 @@ class Run:
             state["compression"] = compression_of(self._model).state_dict()
         if self._reporter is not None:
             state["reporter"] = self._reporter.known_state()
-        state["step_seed"] = self._keeper.seeding.state_dict() if self._keeper is not None else None
+        assert self._keeper is not None  # only a keeper asks for this state
+        state["step_seed"] = self._keeper.seeding.state_dict()
         if mark.buffers and mark.buffers_rank != 0:
             state["buffers_rank"] = mark.buffers_rank
         return state

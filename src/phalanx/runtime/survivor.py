@@ -10,10 +10,10 @@ Three things change during the failed step and are taken from a mark made as eac
 the data position (the failed step's batches were drawn), the model's buffers (a forward
 updates BatchNorm's statistics) and the random state, which is seeded from (seed, rank, step)
 after every step (:class:`StepSeeding`), so that a restart rebuilds it for the ranks that died
-as well. The buffers
-that count are rank 0's, which DDP broadcasts at the start of each forward: they are copied
-again there, so a survivor holds them even when rank 0 is the rank that died. An optimizer step
-after the mark means the state is no longer the mark's: then nothing is kept.
+as well. The buffers that count are rank 0's, which DDP broadcasts at the start of each forward:
+they are copied again there, so a survivor holds them once the next forward began; before it,
+its own (rank 0's update of the step died with rank 0). An optimizer step after the mark means
+the state is no longer the mark's: then nothing is kept.
 """
 
 from __future__ import annotations
