@@ -664,14 +664,19 @@ class Run:
             own["compression"] = compression_of(self._model).rank_state_dict()
         return own
 
-    def _state_to_save(self) -> dict[str, Any]:
+    def _tracked_state(self) -> dict[str, Any]:
+        """Every tracked object's state, the compression's and the per-step seeding's: no collective."""
         state = {name: target.state_dict() for name, target in self._tracked.items()}
         if self._model is not None:
             state["compression"] = compression_of(self._model).state_dict()
-        if self._reporter is not None:
-            state["reporter"] = self._reporter.checkpoint_state(self.global_step)  # settles: all shown up to here
         if self._keeper is not None:
             state["step_seed"] = self._keeper.seeding.state_dict()
+        return state
+
+    def _state_to_save(self) -> dict[str, Any]:
+        state = self._tracked_state()
+        if self._reporter is not None:
+            state["reporter"] = self._reporter.checkpoint_state(self.global_step)  # settles: all shown up to here
         return state
 
     def _start_keeping(self) -> StepKeeper | None:
@@ -692,18 +697,14 @@ class Run:
     def _state_of_step(self, mark: StepMark) -> dict[str, Any]:
         """What a checkpoint of the marked step would hold, built without a collective (for a
         survivor of a failure): the mark's data position and buffers, the logging as known."""
-        state = {name: target.state_dict() for name, target in self._tracked.items()}
+        state = self._tracked_state()
         if mark.data is not None:
             state["data"] = mark.data
         if "model" in state:
             state["model"] = {**state["model"], **{name: copy for name, copy in mark.buffers.items()
                                                     if name in state["model"]}}  # fmt: skip
-        if self._model is not None:
-            state["compression"] = compression_of(self._model).state_dict()
         if self._reporter is not None:
             state["reporter"] = self._reporter.known_state()
-        assert self._keeper is not None  # only a keeper asks for this state
-        state["step_seed"] = self._keeper.seeding.state_dict()
         if mark.buffers and mark.buffers_rank != 0:
             state["buffers_rank"] = mark.buffers_rank
         return state
