@@ -21,6 +21,8 @@ K + 5. From rank 0's timeline:
                        0 where the restart resumed after it (the state was kept inside the
                        run.step() of the next step, before rank 0 wrote that step down)
   seconds to train     from the kill to the first step completed after it
+A job whose launchers have not exited a minute after its last step is killed and counted as
+hung at its exit; what it trained counts all the same.
 Steady state: --steady-steps steps without a fault, phalanx with keep_last_step on and off,
 --steady-runs runs each, interleaved; the median step time of each run (after its first 5
 steps), the ratio of the medians on/off.
@@ -51,6 +53,7 @@ from pathlib import Path
 
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
+from phalanx.launch.node_setup import FRESH_STORE_VARIABLE
 from phalanx.testbed import Shaping, test_bed
 
 HERE = Path(__file__).resolve().parent
@@ -61,6 +64,9 @@ BYTES_PER_PARAMETER = 12
 TARGET_STEPS_AGAIN, TARGET_STEADY_COST = 1, 1.03
 #: Steps of each steady run left out of its median (the first ones build DDP's buckets).
 WARM_STEPS = 5
+#: Seconds a job may take to exit after its last step, before its processes are killed (and the
+#: job is recorded as hung at exit; what it trained is measured all the same).
+EXIT_GRACE_S = 60.0
 
 
 def width_for(state_mb: float) -> int:
@@ -75,7 +81,13 @@ def launch_line(side: str, bed, host, args: argparse.Namespace, folder: Path, st
     nodes = str(len(bed.hosts))
     worker = [str(WORKER), "--mode", side, "--width", str(args.width), "--steps", str(steps), "--checkpoint-every",
               str(args.checkpoint_every), "--checkpoint-dir", str(folder / "ck"), "--timeline", str(folder / "timeline")]  # fmt: skip
+    env = [f"GLOO_SOCKET_IFNAME={host.device}"]
     if side == "torchrun":  # a test-bed host is not its own hostname: which one holds the store is said
+        # torchrun's workers share the agent's store across restarts (torch >= 2.4): a restarted
+        # rank that reaches init_process_group before rank 0 reads rank 0's previous address and
+        # the restart fails (3 of 3 smoke runs here). torch's switch for a fresh store per attempt,
+        # which phalanx run sets too, makes the baseline the one that restarts.
+        env.append(f"{FRESH_STORE_VARIABLE}=1")
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", nodes, "--nproc-per-node", "1",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", folder.name,
                     "--rdzv-conf", f"is_host={int(host is bed.hosts[0])}", "--local-addr", host.address,
@@ -83,15 +95,18 @@ def launch_line(side: str, bed, host, args: argparse.Namespace, folder: Path, st
     else:
         launcher = [sys.executable, "-m", "phalanx", "run", "--nnodes", nodes, "--rdzv-endpoint", endpoint,
                     "--max-restarts", str(restarts), "--log-dir", str(folder / f"logs-{host.name}")]  # fmt: skip
-    return host.command(["env", f"GLOO_SOCKET_IFNAME={host.device}", *launcher, *worker])
+    return host.command(["env", *env, *launcher, *worker])
 
 
 def timeline(folder: Path) -> list[tuple[int, int, float]]:
+    """Rank 0's completed steps as (attempt, step, unix time); attempt 0 is the first process."""
     path = folder / "timeline"
     if not path.exists():
         return []
     rows = [line.split() for line in path.read_text().splitlines()]
-    return [(int(row[0]), int(row[1]), float(row[2])) for row in rows if len(row) == 3]  # a last line half-written
+    rows = [row for row in rows if len(row) == 3]  # a last line half-written
+    attempts = {pid: attempt for attempt, pid in enumerate(dict.fromkeys(row[0] for row in rows))}
+    return [(attempts[row[0]], int(row[1]), float(row[2])) for row in rows]
 
 
 def run_job(
@@ -104,7 +119,7 @@ def run_job(
     processes = [subprocess.Popen(launch_line(side, bed, host, args, folder, steps, 1 if kill_after else 0, port),
                                   cwd=folder, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                  for host, log in zip(bed.hosts, logs)]  # fmt: skip
-    killed_at, deadline = None, time.monotonic() + args.timeout
+    killed_at, deadline, hung_at_exit = None, time.monotonic() + args.timeout, False
     try:
         while kill_after is not None and killed_at is None:
             done = [row for row in timeline(folder) if row[0] == 0]
@@ -117,22 +132,29 @@ def run_job(
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
                 raise SystemExit(f"{side}: step {kill_after} never came:\n{_outputs(bed, folder)}")
             time.sleep(0.01)
-        for process in processes:
-            process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        raise SystemExit(f"{side}: did not end within {args.timeout} s:\n{_outputs(bed, folder)}") from None
+        trained_at = None  # the launchers' exit is not measured: a job that trained its last step and
+        while any(p.poll() is None for p in processes):  # hangs on its way out is a result, said
+            if trained_at is None and any(row[1] == steps for row in timeline(folder)):
+                trained_at = time.monotonic()
+            if trained_at is not None and time.monotonic() - trained_at > EXIT_GRACE_S:
+                hung_at_exit = True
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{side}: did not end within {args.timeout} s:\n{_outputs(bed, folder)}")
+            time.sleep(0.1)
     finally:
         for host in bed.hosts:  # every process on the hosts, whatever process group or session it made
             for pid in bed.processes(host.name):
                 _kill(pid)
         for log in logs:
             log.close()
-    if any(p.returncode != 0 for p in processes):
+    if not hung_at_exit and any(p.returncode != 0 for p in processes):
         raise SystemExit(f"{side} failed:\n{_outputs(bed, folder)}")
     rows = timeline(folder)
     if kill_after is not None and not any(attempt == 1 for attempt, _, _ in rows):
         raise SystemExit(f"{side}: no step after the kill (did it land after the last step?):\n{_outputs(bed, folder)}")
-    result: dict = {"step_times_s": [b[2] - a[2] for a, b in zip(rows, rows[1:]) if a[0] == b[0]]}
+    result: dict = {"step_times_s": [b[2] - a[2] for a, b in zip(rows, rows[1:]) if a[0] == b[0]],
+                    "hung_at_exit": hung_at_exit}  # fmt: skip
     if killed_at is not None:  # rank 0 may complete a step after the kill: the killed rank had done its part
         last = max(step for attempt, step, _ in rows if attempt == 0)
         first = next(row for row in rows if row[0] == 1)
@@ -220,7 +242,8 @@ def main() -> None:
                     continue
                 print(f"trial {trial + 1}/{args.trials} {side}: the last step before the kill {row[side]['last_step_before']}, "
                       f"resumed from {row[side]['resumed_from']}: {row[side]['steps_again']} step(s) again, "
-                      f"{row[side]['seconds_to_train']:.1f} s to train again", flush=True)  # fmt: skip
+                      f"{row[side]['seconds_to_train']:.1f} s to train again"
+                      f"{'; hung at its exit, killed' if row[side]['hung_at_exit'] else ''}", flush=True)  # fmt: skip
                 del row[side]["step_times_s"]
             trials.append(row)
         for run_index in range(args.steady_runs):
@@ -241,6 +264,7 @@ def main() -> None:
                   "checkpoint_every": args.checkpoint_every, "trials": args.trials},
         "trials": trials,
         "failed": {side: args.trials - len(done) for side, done in recovered.items()},
+        "hung_at_exit": {side: sum(trial["hung_at_exit"] for trial in done) for side, done in recovered.items()},
         "steps_again": {f"{side}_{name}": figure(values) if values else None for side, values in again.items()
                         for name, figure in (("median", statistics.median), ("max", max))},
         "seconds_to_train": {side: statistics.median(trial["seconds_to_train"] for trial in done) if done else None
@@ -248,7 +272,7 @@ def main() -> None:
         "steady_step_s": {side: statistics.median(times) for side, times in steady.items()},
         "steady_cost": cost,
     }  # fmt: skip
-    shown = ("failed", "steps_again", "seconds_to_train", "steady_step_s", "steady_cost")
+    shown = ("failed", "hung_at_exit", "steps_again", "seconds_to_train", "steady_step_s", "steady_cost")
     print(json.dumps({key: results[key] for key in shown}, indent=1))
     worst = max(again["phalanx"]) if again["phalanx"] and not results["failed"]["phalanx"] else None
     targets = [

@@ -9,8 +9,9 @@ torch.distributed.checkpoint, writing a timeline of its completed steps.
 
 The model: an MLP of width --width (inputs of 1024, 10 classes) with Adam. Each step trains one
 batch of --batch samples per rank, drawn from a generator seeded by (step, rank): the data
-position is the step, in every mode. Rank 0 appends "attempt step unix_time" to --timeline after
-every step it completes (attempt: TORCHELASTIC_RESTART_COUNT).
+position is the step, in every mode. Rank 0 appends "pid step unix_time" to --timeline after
+every step it completes: the process id tells the attempts apart (TORCHELASTIC_RESTART_COUNT does
+not: an agent that restarts its workers because another node's failed does not count it).
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ class Timeline:
 
     def __init__(self, path: Path, rank: int) -> None:
         self.handle = path.open("a") if rank == 0 else None
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.pid = os.getpid()
 
     def completed(self, step: int) -> None:
         if self.handle is not None:
-            self.handle.write(f"{self.attempt} {step} {time.time():.6f}\n")
+            self.handle.write(f"{self.pid} {step} {time.time():.6f}\n")
             self.handle.flush()
 
 

@@ -192,15 +192,19 @@ def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
     return {}, None
 
 
+#: torch's switch for a fresh worker store per restart (read by its c10d rendezvous handler).
+FRESH_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def _restart_env(spec: LaunchSpec) -> tuple[dict[str, str], str | None]:
     # With the store torchrun shares between agent and workers (its default since 2.4), a
     # restart finds the previous attempt's keys and gloo dials dead ports: the restarted
     # workers fail or hang in init_process_group. A fresh store per attempt, on the node that
     # holds rank 0, avoids it.
-    if spec.max_restarts == 0 or "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in os.environ:
+    if spec.max_restarts == 0 or FRESH_STORE_VARIABLE in os.environ:
         return {}, None
-    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, (
-        f"restarts   up to {spec.max_restarts}, each with a fresh worker store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)"
+    return {FRESH_STORE_VARIABLE: "1"}, (
+        f"restarts   up to {spec.max_restarts}, each with a fresh worker store ({FRESH_STORE_VARIABLE}=1)"
     )
 
 
