@@ -21,6 +21,8 @@ K + 5. From rank 0's timeline:
                        0 where the restart resumed after it (the state was kept inside the
                        run.step() of the next step, before rank 0 wrote that step down)
   seconds to train     from the kill to the first step completed after it
+  seconds to regain    from the kill to the first step completed past the newest step the first
+                       attempt completed: the progress is back (the steps again included)
 A job whose launchers have not exited a minute after its last step is killed and counted as
 hung at its exit; what it trained counts all the same.
 Steady state: --steady-steps steps without a fault, phalanx with keep_last_step on and off,
@@ -160,7 +162,9 @@ def run_job(
         first = next(row for row in rows if row[0] == 1)
         # A state kept inside run.step() of the step after ``last`` is past the timeline: none again.
         result.update(last_step_before=last, resumed_from=first[1] - 1, steps_again=max(0, last - (first[1] - 1)),
-                      seconds_to_train=first[2] - killed_at)  # fmt: skip
+                      seconds_to_train=first[2] - killed_at,
+                      seconds_to_regain=next((t for attempt, step, t in rows if attempt > 0 and step > last), math.nan)
+                      - killed_at)  # fmt: skip
     shutil.rmtree(folder / "ck", ignore_errors=True)
     return result
 
@@ -242,7 +246,8 @@ def main() -> None:
                     continue
                 print(f"trial {trial + 1}/{args.trials} {side}: the last step before the kill {row[side]['last_step_before']}, "
                       f"resumed from {row[side]['resumed_from']}: {row[side]['steps_again']} step(s) again, "
-                      f"{row[side]['seconds_to_train']:.1f} s to train again"
+                      f"{row[side]['seconds_to_train']:.1f} s to train again, {row[side]['seconds_to_regain']:.1f} s "
+                      "to pass the step reached before the kill"
                       f"{'; hung at its exit, killed' if row[side]['hung_at_exit'] else ''}", flush=True)  # fmt: skip
                 del row[side]["step_times_s"]
             trials.append(row)
@@ -269,10 +274,20 @@ def main() -> None:
                         for name, figure in (("median", statistics.median), ("max", max))},
         "seconds_to_train": {side: statistics.median(trial["seconds_to_train"] for trial in done) if done else None
                              for side, done in recovered.items()},
+        "seconds_to_regain": {side: statistics.median(trial["seconds_to_regain"] for trial in done) if done else None
+                             for side, done in recovered.items()},
         "steady_step_s": {side: statistics.median(times) for side, times in steady.items()},
         "steady_cost": cost,
     }  # fmt: skip
-    shown = ("failed", "hung_at_exit", "steps_again", "seconds_to_train", "steady_step_s", "steady_cost")
+    shown = (
+        "failed",
+        "hung_at_exit",
+        "steps_again",
+        "seconds_to_train",
+        "seconds_to_regain",
+        "steady_step_s",
+        "steady_cost",
+    )
     print(json.dumps({key: results[key] for key in shown}, indent=1))
     worst = max(again["phalanx"]) if again["phalanx"] and not results["failed"]["phalanx"] else None
     targets = [

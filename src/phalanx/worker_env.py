@@ -15,6 +15,11 @@ from dataclasses import dataclass
 #: ExitCode.STALLED: the watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the
 #: report by it (phalanx.launch.failure), to show it as the root cause.
 STALL_REPORT = "phalanx: stall:"
+#: How a rank's line about the state it kept after a failure begins (phalanx.runtime.survivor
+#: writes it; the launcher repeats it on the console for a rank the console does not show).
+KEEP_REPORT = "phalanx: last step:"
+#: The name of each rank's keep request (a FIFO in its log folder, see :attr:`WorkerEnv.keep_request`).
+KEEP_REQUEST_NAME = "keep-request"
 
 
 def job_name(rdzv_id: str, endpoint: str) -> str:
@@ -46,11 +51,15 @@ class WorkerEnv:
     #: How the worker's training stopped for a signal ("after step 320; checkpoint saved"): set by
     #: phalanx.Run as it stops, written into the rank's exit record, said by the launcher.
     stopped: str | None = None
+    #: A FIFO on which the launcher asks this rank to keep the state after its last step and end
+    #: (it lost another node, whose silence leaves this rank's collective waiting): set per rank
+    #: with ``attempt``; phalanx.Run listens on it.
+    keep_request: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
              "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB",
-             "stopped": "PHALANX_STOPPED"}  # fmt: skip
+             "stopped": "PHALANX_STOPPED", "keep_request": "PHALANX_KEEP_REQUEST"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid")
 
     def to_env(self) -> dict[str, str]:

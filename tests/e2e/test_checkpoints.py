@@ -30,6 +30,16 @@ def train(workdir: Path, name: str, *args: str, code: int = 0) -> dict:
     return json.loads((workdir / f"{name}.json").read_text()) if code == 0 else {"output": result.output}
 
 
+def train_dies(workdir: Path, name: str, *args: str, restarts: int = 0) -> tuple[str, dict]:
+    """tests/e2e/workers/dies_in_a_step.py on 2 processes, checkpointing in the folder ``name``:
+    its output, and rank 0's summary."""
+    done = run_command(phalanx_argv("run", "--nproc-per-node", "2", "--max-restarts", str(restarts), DIES_IN_A_STEP,
+                                    "--checkpoint-dir", name, "--out", f"{name}.json", *args),
+                       timeout=240, cwd=workdir)  # fmt: skip
+    assert done.returncode == 0, done.output
+    return done.output, json.loads((workdir / f"{name}.json").read_text())
+
+
 def test_node_local_folders_keep_a_whole_copy_each_and_rank_0_may_move(workdir):
     reference = train(workdir, "reference", "--checkpoint-dir", "shared")
     assert not reference["node_local"]  # one folder that both nodes see
@@ -95,23 +105,33 @@ def test_a_dead_ranks_random_state_is_rebuilt_and_rank_0s_buffers_said(workdir, 
     Killing rank 0: its buffers' update of step 23 went with it; the parameters are exact and the
     resume says whose buffers it took."""
 
-    def launch_dies(*args: str) -> list[str]:
-        return phalanx_argv("run", "--nproc-per-node", "2", *args[:2], DIES_IN_A_STEP, *args[2:])
-
-    done = run_command(launch_dies("--max-restarts", "0", "--checkpoint-dir", "reference", "--out", "reference.json"),
-                       timeout=240, cwd=workdir)  # fmt: skip
-    assert done.returncode == 0, done.output
-    killed_run = run_command(launch_dies("--max-restarts", "1", "--checkpoint-dir", "ck", "--out", "killed.json",
-                                         "--kill-step", "23", "--fail-rank", str(killed)), timeout=240, cwd=workdir)  # fmt: skip
-    assert killed_run.returncode == 0, killed_run.output
-    assert "resumed from step 23 (ck/last-step/step-000000023-" in killed_run.output, killed_run.output
-    reference, resumed = (json.loads((workdir / f"{name}.json").read_text()) for name in ("reference", "killed"))
+    _, reference = train_dies(workdir, "reference")
+    output, resumed = train_dies(workdir, "killed", "--kill-step", "23", "--fail-rank", str(killed), restarts=1)
+    assert "resumed from step 23 (killed/last-step/step-000000023-" in output, output
     assert resumed["parameters_only_sha256"] == reference["parameters_only_sha256"]
     said = "phalanx: the state after step 23 was kept by rank 1 before the next forward shared rank 0's buffers"
     if killed == 1:
-        assert resumed["params_sha256"] == reference["params_sha256"] and said not in killed_run.output
+        assert resumed["params_sha256"] == reference["params_sha256"] and said not in output
     else:
-        assert said in killed_run.output, killed_run.output
+        assert said in output, output
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_rank_killed_during_a_checkpoint_save_costs_no_step(workdir, killed):
+    """One rank SIGKILLs itself in the checkpoint save after step 20, as DCP starts writing, while
+    the other is inside the save's collectives: the save is not committed, the survivor keeps the
+    state after step 20 (with rank 0's buffers, which the save had broadcast), and the restart
+    resumes there and ends where an uninterrupted run does."""
+
+    _, reference = train_dies(workdir, "reference")
+    output, resumed = train_dies(workdir, "killed", "--fail-where", "save", "--fail-step", "20", "--fail-rank",
+                                 str(killed), restarts=1)  # fmt: skip
+    assert f"rank {killed} was killed by SIGKILL" in output, output
+    assert "resumed from step 20 (killed/last-step/step-000000020-" in output, output
+    assert resumed["params_sha256"] == reference["params_sha256"]
+    committed = sorted(path.name for path in (workdir / "killed").glob("step-*"))
+    assert "step-000000020" not in committed and "step-000000030" in committed, committed
+    assert not list((workdir / "killed").glob(".*")), "the staging folder of the killed save is still there"
 
 
 def test_a_sigkill_during_an_async_save_resumes_from_the_previous_checkpoint(workdir):

@@ -68,7 +68,7 @@ def start_both(bed, folder: Path, *launch: str) -> list[subprocess.Popen[str]]:
 
 def kept_step(output: str) -> int:
     """The step whose state a survivor said it kept."""
-    found = re.search(r"rank kept the state after step (\d+) in ", output)
+    found = re.search(r"rank (?:had )?kept the state after step (\d+) in ", output)
     assert found, output[-3000:]
     return int(found.group(1))
 
@@ -133,8 +133,8 @@ def test_a_host_killed_outright_is_named_and_a_relaunch_resumes_exactly(bed, ref
 
 def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, tmp_path):
     """h1 holds rank 0 and the rendezvous store: h2's launcher loses the store, but its worker
-    survives the peer long enough to keep the state, and the relaunch resumes there. (Rank 1
-    says so in its own log, not on the console, which shows rank 0.)"""
+    survives the peer long enough to keep the state, and the relaunch resumes there. h2's
+    console, which does not show rank 1's own words, repeats what it kept."""
     h1, h2 = bed.hosts
     processes = start_both(bed, tmp_path)
     wait_for_a_checkpoint(tmp_path, processes)
@@ -145,7 +145,8 @@ def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, t
     assert code != 0, output[-3000:]
     print(f"MEASURED: rank 0's host killed: the survivor ended {seconds:.1f} s later")
     (kept,) = (tmp_path / "ck" / "last-step").glob("step-*.pt")
-    said = f"rank kept the state after step {int(kept.name[5:14])} in "
+    said = f"phalanx: {h2.address}: rank 1: this rank kept the state after step {int(kept.name[5:14])} in "
+    assert said in output, output[-3000:]
     resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), said)
 
 
@@ -180,8 +181,12 @@ def test_a_host_cut_off_for_good_is_named_on_both_sides_and_a_relaunch_resumes_e
         -3000:
     ]
     print(f"MEASURED: host cut off for good: the survivor ended {seconds:.1f} s later")
+    # No socket closed: each side's rank waited in its collective until its launcher asked it to keep the state
+    assert "this rank was waiting for it); keeping the state after step " in survivor_out, survivor_out[-3000:]
+    assert re.search(rf"phalanx: {h2.address}: rank 1: (this|another) rank (had )?kept the state after step "
+                     rf"{kept_step(survivor_out)} in ", cut_off_out), cut_off_out[-3000:]  # fmt: skip
     bed.restore_link("h2")
-    relaunch_resumes_exactly(bed, tmp_path, reference)
+    resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), survivor_out)
 
 
 def test_a_host_cut_off_in_a_job_of_four_is_heard_of_by_every_node(tmp_path):

@@ -50,14 +50,16 @@ from phalanx.diagnostics.launch_settings import ResolvedSetting
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
 from phalanx.diagnostics.traps import Finding
+from phalanx.worker_env import WorkerEnv
 
 SCHEMA = 1
 
 #: Variables that differ between nodes (or ranks) of a healthy job, left out of the comparison:
 #: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's node label.
 PER_NODE_VARIABLES = (
-    "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PHALANX_NODE",
-    "PHALANX_NODE_ADDRESS", "PHALANX_LAUNCHER_PID", "PHALANX_GROUP_RECORD", "PHALANX_EARLY_SIGNAL", "PHALANX_JOB",
+    "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+    *(WorkerEnv.key_of(name) for name in ("node", "address", "launcher_pid", "group_record", "early_signal", "job",
+                                          "keep_request")),
     "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_TASK_PID", "SLURMD_NODENAME", "SLURM_GTIDS",
     "PET_NODE_RANK", "SKYPILOT_NODE_RANK", "JOB_COMPLETION_INDEX",
 )  # fmt: skip

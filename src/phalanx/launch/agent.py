@@ -30,6 +30,7 @@ from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
+from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, keep_report
 from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
@@ -42,7 +43,7 @@ from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
-from phalanx.worker_env import WorkerEnv
+from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv
 
 if TYPE_CHECKING:
     from phalanx.launch.logs import RankLogsSpecs
@@ -80,6 +81,8 @@ class NodeAgent:
         #: Why a node counts as lost, once the liveness watch said so.
         self.lost: str | None = None
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
+        #: The per-rank log layout of this node's workers (set as torchrun's agent starts).
+        self.logs: RankLogsSpecs | None = None
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -121,7 +124,7 @@ class NodeAgent:
             local_ranks_filter=config.logs_specs._local_ranks_filter,
             on_ranks_assigned=self._on_ranks_assigned,
         )
-        config.logs_specs = logs
+        config.logs_specs = self.logs = logs
 
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
             return failure.failures_from(failures, logs.stderr_of_rank, self.setup.node_label, self.setup.local_addr)
@@ -145,6 +148,7 @@ class NodeAgent:
                 say(f"phalanx: {self.setup.node_label}: its workers were stopped, since {self.lost}")
                 self._keep_store_for_the_verdict()
                 return ExitCode.FAILED
+            self._say_what_was_kept()
             if failure.is_preemption(found):
                 say(f"phalanx: {self.setup.node_label}: the workers stopped for preemption after saving a checkpoint; "
                     "run the same command again to continue")  # fmt: skip
@@ -158,6 +162,7 @@ class NodeAgent:
                 "look at the other nodes' consoles; raise --join-timeout if restarts are slow",
             ) from None
         except RendezvousError as error:  # closed, or its store gone with the node that hosted it
+            self._say_what_was_kept()
             say(
                 f"phalanx: {self.setup.node_label}: the job's rendezvous ended ({type(error).__name__}): another node "
                 "finished or failed first; look at the node that holds rank 0 for the root cause"
@@ -204,9 +209,11 @@ class NodeAgent:
         self.liveness.start()
 
     def _on_lost(self, why: str, store_lost: bool, heard: bool) -> None:
-        """From the liveness thread: says so, and kills this node's workers, whose collectives
-        wait for the lost node (they could not agree on a checkpoint with it either); torchrun's
-        agent then sees them fail, and the job exits with code 1, naming the lost node.
+        """From the liveness thread: says so, and stops this node's workers, whose collectives
+        wait for the lost node (they could not agree on a checkpoint with it either): first each
+        rank that listens keeps the state after its last step (at most KEEP_BOUND_S), then what is
+        left is killed. torchrun's agent then sees them fail, and the job exits with code 1,
+        naming the lost node.
 
         Where the lost node is the store's host, this process ends here as well: torchrun's agent
         would go on to close the rendezvous and phalanx to post the failures, on a store that no
@@ -214,18 +221,36 @@ class NodeAgent:
         self.lost = why
         say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
-            "node: a script that checkpoints resumes from its last checkpoint")  # fmt: skip
+            "node: a phalanx.Run script resumes after the last step its ranks kept, else from its last checkpoint")  # fmt: skip
         if not store_lost and not heard:  # for the other nodes: each stops its workers, and says the cause first
             self.crossnode.post_lost(why)
         workers = [
             p for p in psutil.Process().children(recursive=True) if _alive(p)
         ]  # not the zombies of a pod's PID 1
+        # First the ranks that listen keep the state after their last step, and end (keep_request.py).
+        requests = [folder / KEEP_REQUEST_NAME for folder in (self.logs.folder_of_rank.values() if self.logs else ())]
+        if workers and ask_to_keep(requests, f"{self.setup.node_label} lost another node: {why}"):
+            psutil.wait_procs([p for p in psutil.Process().children() if _alive(p)], timeout=KEEP_BOUND_S)
+        self._say_what_was_kept()  # asked, or failed on their own before (a peer's sockets closed)
         for process in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
+
+    def _say_what_was_kept(self) -> None:
+        """After this node's workers failed: what its ranks kept of the last step, for the ranks
+        whose own words the console does not show (one line: the rank that wrote the state, else
+        the first that said anything)."""
+        if self.logs is None:
+            return
+        reports = {rank: keep_report(log) for rank, log in sorted(self.logs.stderr_of_rank.items())
+                   if rank not in self.logs.shown_ranks}  # fmt: skip
+        said = {rank: report for rank, report in reports.items() if report is not None}
+        if said:
+            rank = next((r for r, report in said.items() if report.startswith("this rank kept")), next(iter(said)))
+            say(f"phalanx: {self.setup.node_label}: rank {rank}: {said[rank]}")
 
     def _keep_store_for_the_verdict(self) -> None:
         """On the store's host, stopped for a lost node: the store goes down with this process, and

@@ -3,7 +3,8 @@
 torchrun's default layout names folders by *local* rank inside a random folder per node, so
 "rank 5's traceback" is hard to find. Here each attempt gets::
 
-    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json
+    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json,
+                                  keep-request (a FIFO, while phalanx.Run listens on it)
 
 and the console shows global rank 0 only, unless local ranks are named with
 ``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun
@@ -19,7 +20,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
 from phalanx.launch.group_record import GROUP_RECORD_NAME
-from phalanx.worker_env import WorkerEnv
+from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv
 
 RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
 
@@ -40,6 +41,8 @@ class RankLogsSpecs(LogsSpecs):
         self.stderr_of_rank: dict[int, Path] = {}
         #: global rank -> its log folder, for the latest attempt.
         self.folder_of_rank: dict[int, Path] = {}
+        #: The global ranks whose stderr the console shows, in the latest attempt.
+        self.shown_ranks: set[int] = set()
 
     @property
     def root_log_dir(self) -> str:
@@ -55,23 +58,26 @@ class RankLogsSpecs(LogsSpecs):
         attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         self.folder_of_rank = {int(env["RANK"]): attempt / f"rank{env['RANK']}" for env in envs.values()}
         for env in envs.values():  # the workers are started with these dicts
-            record = self.folder_of_rank[int(env["RANK"])] / GROUP_RECORD_NAME
-            env.update(WorkerEnv(attempt=attempt_number, group_record=str(record)).to_env())
+            folder = self.folder_of_rank[int(env["RANK"])]
+            env.update(WorkerEnv(attempt=attempt_number, group_record=str(folder / GROUP_RECORD_NAME),
+                                 keep_request=str(folder / KEEP_REQUEST_NAME)).to_env())  # fmt: skip
         if self.on_ranks_assigned is not None:
             self.on_ranks_assigned(envs)
         dest = LogsDest()
         if not envs:
             return dest
         redirects, tee = to_map(self._redirects, len(envs)), to_map(self._tee, len(envs))
-        self.stderr_of_rank = {}
+        self.stderr_of_rank, self.shown_ranks = {}, set()
         for local_rank, env in envs.items():
             rank = int(env["RANK"])
             folder = self.folder_of_rank[rank]
             folder.mkdir(parents=True, exist_ok=True)
-            for name in ("stdout.log", "stderr.log", "error.json", GROUP_RECORD_NAME):
+            for name in ("stdout.log", "stderr.log", "error.json", GROUP_RECORD_NAME, KEEP_REQUEST_NAME):
                 (folder / name).unlink(missing_ok=True)  # a restart must not show an old traceback
             to_file = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
             shown = tee[local_rank] if self._shows(rank, local_rank) else Std.NONE
+            if shown & Std.ERR:
+                self.shown_ranks.add(rank)
             for stream, name, files, tees in (
                 (Std.OUT, "stdout.log", dest.stdouts, dest.tee_stdouts),
                 (Std.ERR, "stderr.log", dest.stderrs, dest.tee_stderrs),

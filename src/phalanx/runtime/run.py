@@ -569,6 +569,8 @@ class Run:
             # next forward; saved now, a replicated buffer could come from any rank.
             for buffer in unwrap(self._model).buffers():
                 torch.distributed.broadcast(buffer, src=0)
+            if self._keeper is not None:  # a failure in this save keeps them, as the checkpoint would
+                self._keeper.took_rank_0s_buffers()
         self.checkpoints.save(self.global_step, self._state_to_save(), self._rank_state())
         self._saved_step = self.global_step
 
@@ -689,6 +691,7 @@ class Run:
         optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
         module = unwrap(self._model) if self._model is not None else None
         keeper.watch(module, self._model if self._model is not module else None, optimizers)
+        keeper.listen(WorkerEnv.from_env(os.environ).keep_request)
         assert self._loader is not None
         keeper.mark(self.global_step, self._loader.state_dict())
         seeding.after(self.global_step)

@@ -14,13 +14,23 @@ as well. The buffers that count are rank 0's, which DDP broadcasts at the start 
 they are copied again there, so a survivor holds them once the next forward began; before it,
 its own (rank 0's update of the step died with rank 0). An optimizer step after the mark means
 the state is no longer the mark's: then nothing is kept.
+
+A peer that goes silent (its machine down, its network cut) raises nothing: the survivors wait
+in their collective. Their launcher declares the node lost; before it stops its workers, it asks
+each to keep the state on a FIFO of the rank's own (``WorkerEnv.keep_request``), which a thread
+of the keeper listens on. The state is the same as above: the waiting collective changes
+nothing, and a lock orders the keep with the mark, the optimizer's step and the buffers' copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import os
 import secrets
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -29,9 +39,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.exit_codes import ExitCode
 from phalanx.runtime.checkpoint import CheckpointManager, folder
 from phalanx.runtime.checkpoint.rng import seed_step
 from phalanx.runtime.context import DistributedContext
+from phalanx.worker_env import KEEP_REPORT
 
 #: Gradient compressions that keep no state between steps: a survivor's copy holds all of theirs.
 STATELESS_COMPRESSIONS = ("none", "fp16", "bf16")
@@ -69,6 +81,11 @@ class StepKeeper:
         self._optimizer_moved = self._through_ddp = False
         self._hooks: list[Any] = []
         self._previous_hook: Callable[..., Any] | None = None
+        # Taken by the mark, the optimizer's step, the buffers' copy and the keep: a keep from the
+        # request thread sees a whole mark and parameters no optimizer is changing.
+        self._lock = threading.Lock()
+        self._failing = False  # the training thread is keeping the state itself (an exception)
+        self._request: str | None = None  # the FIFO listened on
 
     def watch(self, module: torch.nn.Module | None, wrapper: torch.nn.Module | None,
               optimizers: list[torch.optim.Optimizer]) -> None:  # fmt: skip
@@ -89,35 +106,66 @@ class StepKeeper:
 
     def mark(self, step: int, data: dict[str, Any] | None) -> None:
         """Step ``step`` is complete: its data position and buffers are what a failure keeps."""
-        self._copy_buffers()
-        self._mark = StepMark(step, data, self._buffers, self.context.rank)
-        self._optimizer_moved = self._through_ddp = False
+        with self._lock:
+            self._copy_buffers()
+            self._mark = StepMark(step, data, self._buffers, self.context.rank)
+            self._optimizer_moved = self._through_ddp = False
+
+    def listen(self, request: str | None) -> None:
+        """Keeps the state and ends this process when the launcher asks on ``request``.
+
+        Args:
+            request: the FIFO to make and listen on (``WorkerEnv.keep_request``); None: no
+                launcher asks (a plain torchrun), nothing is started.
+        """
+        if request is None:
+            return
+        try:
+            os.mkfifo(request)
+        except OSError as error:  # said: a node lost without a word would cost the steps since the checkpoint
+            print(f"phalanx: cannot listen for the launcher's keep request at {request} ({error.strerror}): a node "
+                  "that goes silent costs the steps since the last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+            return
+        self._request = request
+        threading.Thread(target=self._wait_for_request, args=(request,), name="phalanx-keep-request",
+                         daemon=True).start()  # fmt: skip
 
     def release(self) -> None:
         """Stops watching (the loop ended): a later exception keeps nothing."""
-        self._mark = None
+        with self._lock:
+            self._mark = None
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
         if sys.excepthook == self._on_uncaught and self._previous_hook is not None:
             sys.excepthook = self._previous_hook
+        request, self._request = self._request, None
+        if request is not None:
+            _wake(request)  # the thread reads nothing and ends
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(request)
 
     def keep_if_failing(self) -> None:
         """Keeps the state now when an exception is on its way out (``run.close()`` in a
         ``finally``, which would release the keeper before ``sys.excepthook`` runs)."""
         error = sys.exc_info()[1]
         if isinstance(error, Exception):
-            self._keep_and_say(error)
+            self._failing = True
+            self._keep_and_say(_described(error))
 
-    def keep(self, error: BaseException) -> str:
-        """Writes the state after the marked step; returns the line that says where it is."""
+    def keep(self, why: str) -> str:
+        """Writes the state after the marked step; returns the line that says where it is.
+
+        Args:
+            why: what ended the training (an exception, described; a request's words).
+        """
         mark = self._mark
         assert mark is not None
         if self._optimizer_moved:
             return (f"the training failed in step {mark.step + 1} after its optimizer step began, before run.step() "
-                    f"({_described(error)}): this rank's state is past step {mark.step}, so it keeps none; "
+                    f"({why}): this rank's state is past step {mark.step}, so it keeps none; "
                     f"{self._fallback(mark.step)}")  # fmt: skip
-        print(f"phalanx: the training failed after step {mark.step} ({_described(error)}); keeping the state after "
+        print(f"phalanx: the training failed after step {mark.step} ({why}); keeping the state after "
               f"step {mark.step} for a restart", file=sys.stderr, flush=True)  # fmt: skip
         try:
             preferred = bool(mark.buffers) and mark.buffers_rank == 0  # other copies' buffers differ
@@ -128,10 +176,28 @@ class StepKeeper:
         who = "this rank kept" if kept else "another rank had kept"
         return f"{who} the state after step {mark.step} in {path}: a restart resumes there"
 
-    def _keep_and_say(self, error: Exception) -> None:
-        if self._mark is not None:
-            print(f"phalanx: {self.keep(error)}", file=sys.stderr, flush=True)
+    def _keep_and_say(self, why: str) -> bool:
+        """Keeps the state once; whether this call did (not: kept already, or released)."""
+        with self._lock:
+            if self._mark is None:
+                return False
+            print(f"{KEEP_REPORT} {self.keep(why)}", file=sys.stderr, flush=True)
             self._mark = None  # once
+            return True
+
+    def _wait_for_request(self, request: str) -> None:
+        """The request thread: waits for the launcher's words, keeps the state, ends the process."""
+        try:
+            with open(request, "rb") as fifo:  # returns once a writer opened it
+                why = fifo.read().decode(errors="replace").strip()
+        except OSError:
+            return
+        if not why or self._request != request:  # released (it woke this thread)
+            return
+        if not self._keep_and_say(f"{why}; this rank was waiting for it") and self._failing:
+            return  # the training thread keeps it, and its error ends the process
+        sys.stderr.flush()
+        os._exit(ExitCode.FAILED)
 
     def _fallback(self, step: int) -> str:
         """Where a restart resumes without this rank's state after ``step``: another rank's, or
@@ -154,24 +220,32 @@ class StepKeeper:
                 copy.copy_(live)
 
     def _on_optimizer_step(self, *_: Any) -> None:
-        self._optimizer_moved = True
+        with self._lock:  # waits for a keep in progress: the parameters stay those it writes
+            self._optimizer_moved = True
 
     def _on_ddp_forward(self, *_: Any) -> None:
         self._through_ddp = True
+
+    def took_rank_0s_buffers(self) -> None:
+        """The module's buffers are rank 0's now (a checkpoint broadcast them): the mark takes them."""
+        with self._lock:
+            if self._mark is not None and self._mark.buffers_rank != 0:
+                self._copy_buffers()
+                self._mark.buffers_rank = 0
 
     def _on_forward(self, *_: Any) -> None:
         """A forward through DDP starts with rank 0's buffers (it broadcast them): the first after
         a mark copies them, and the mark's buffers are rank 0's from then on."""
         if self._through_ddp and self._mark is not None and self._mark.buffers_rank != 0:
-            self._copy_buffers()
-            self._mark.buffers_rank = 0
+            self.took_rank_0s_buffers()
         self._through_ddp = False
 
     def _on_uncaught(self, kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         """``sys.excepthook``: keeps the state, says so, then shows the error as before."""
         try:
             if isinstance(error, Exception):
-                self._keep_and_say(error)
+                self._failing = True
+                self._keep_and_say(_described(error))
         finally:
             (self._previous_hook or sys.__excepthook__)(kind, error, trace)
 
@@ -219,6 +293,16 @@ def agreed_start(context: DistributedContext, carried: dict[str, Any] | None) ->
     seed, launch, _ = agreed.tolist()
     per_rank = bool(carried["per_rank"]) if carried is not None else not bool(alike.item())
     return StepSeeding(int(seed), per_rank, context.rank), int(launch)
+
+
+def _wake(request: str) -> None:
+    """Opens the FIFO for writing and closes it: its reader reads nothing. A FIFO nobody reads
+    (ENXIO) or that is gone needs no waking."""
+    try:
+        os.close(os.open(request, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as error:
+        if error.errno not in (errno.ENXIO, errno.ENOENT):
+            raise
 
 
 def _described(error: BaseException) -> str:

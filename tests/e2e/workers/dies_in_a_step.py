@@ -3,6 +3,10 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 
 --fail-step N --fail-where backward: rank --fail-rank raises in the backward of step N + 1;
 --fail-where optimizer: it raises after the optimizer step of step N + 1, before run.step();
+--fail-where save: it SIGKILLs itself in the checkpoint save after step N (N a multiple of
+--every), as DCP starts writing its files: the other ranks are then inside the save's collectives;
+--fail-where wait: it prints "waiting in step N + 1" and then waits for ever in the backward of
+step N + 1, as a rank whose collective waits for a peer that went silent;
 --kill-step N: rank --fail-rank SIGKILLs itself right after step N.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
@@ -18,9 +22,11 @@ import hashlib
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint
 from torch.utils.data import TensorDataset
 
 import phalanx
@@ -31,7 +37,7 @@ parser.add_argument("--every", type=int, default=10)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--fail-rank", type=int, default=0)
 parser.add_argument("--fail-step", type=int, default=None)
-parser.add_argument("--fail-where", choices=["backward", "optimizer"], default="backward")
+parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "wait"], default="backward")
 parser.add_argument("--kill-step", type=int, default=None)
 parser.add_argument("--close-in-finally", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
@@ -46,6 +52,18 @@ optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 run.track(optimizer=optimizer)
 data = TensorDataset(torch.randn(240, 16, generator=torch.Generator().manual_seed(1)), torch.arange(240) % 4)
 loader = run.setup_dataloader(data, batch_size=8)
+
+
+if first_attempt and run.rank == args.fail_rank and args.fail_where == "save" and args.fail_step is not None:
+    # Fault injection (test only): the save after step N is this rank's (N / --every)-th.
+    saves, write_data = iter(range(1, 10**9)), torch.distributed.checkpoint.FileSystemWriter.write_data
+
+    def dies_in_the_save(writer, plan, planner):
+        if next(saves) == args.fail_step // args.every:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_data(writer, plan, planner)
+
+    torch.distributed.checkpoint.FileSystemWriter.write_data = dies_in_the_save
 
 
 class Injected(RuntimeError):
@@ -63,6 +81,9 @@ def train() -> None:
             loss = torch.nn.functional.cross_entropy(model(x + 0.1 * torch.randn_like(x)), y)
             if failing_now("backward"):
                 raise Injected(f"injected failure in the backward of step {run.global_step + 1}")
+            if failing_now("wait"):
+                print(f"waiting in step {run.global_step + 1}", flush=True)
+                threading.Event().wait()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
