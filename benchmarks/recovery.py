@@ -163,10 +163,19 @@ def run_job(
         # A state kept inside run.step() of the step after ``last`` is past the timeline: none again.
         result.update(last_step_before=last, resumed_from=first[1] - 1, steps_again=max(0, last - (first[1] - 1)),
                       seconds_to_train=first[2] - killed_at,
-                      seconds_to_regain=next((t for attempt, step, t in rows if attempt > 0 and step > last), math.nan)
-                      - killed_at)  # fmt: skip
+                      seconds_to_regain=next((t - killed_at for attempt, step, t in rows if attempt > 0 and step > last),
+                                             None))  # fmt: skip
     shutil.rmtree(folder / "ck", ignore_errors=True)
     return result
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _median_of(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return statistics.median(known) if known else None
 
 
 def _is_worker(pid: int) -> bool:
@@ -246,8 +255,8 @@ def main() -> None:
                     continue
                 print(f"trial {trial + 1}/{args.trials} {side}: the last step before the kill {row[side]['last_step_before']}, "
                       f"resumed from {row[side]['resumed_from']}: {row[side]['steps_again']} step(s) again, "
-                      f"{row[side]['seconds_to_train']:.1f} s to train again, {row[side]['seconds_to_regain']:.1f} s "
-                      "to pass the step reached before the kill"
+                      f"{row[side]['seconds_to_train']:.1f} s to train again, "
+                      f"{_seconds(row[side]['seconds_to_regain'])} to pass the step reached before the kill"
                       f"{'; hung at its exit, killed' if row[side]['hung_at_exit'] else ''}", flush=True)  # fmt: skip
                 del row[side]["step_times_s"]
             trials.append(row)
@@ -274,7 +283,7 @@ def main() -> None:
                         for name, figure in (("median", statistics.median), ("max", max))},
         "seconds_to_train": {side: statistics.median(trial["seconds_to_train"] for trial in done) if done else None
                              for side, done in recovered.items()},
-        "seconds_to_regain": {side: statistics.median(trial["seconds_to_regain"] for trial in done) if done else None
+        "seconds_to_regain": {side: _median_of([trial["seconds_to_regain"] for trial in done])
                              for side, done in recovered.items()},
         "steady_step_s": {side: statistics.median(times) for side, times in steady.items()},
         "steady_cost": cost,

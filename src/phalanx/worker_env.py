@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 #: How the stall watchdog's report begins, in the log of a worker that exits with
 #: ExitCode.STALLED: the watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the
 #: report by it (phalanx.launch.failure), to show it as the root cause.
 STALL_REPORT = "phalanx: stall:"
-#: How a rank's line about the state it kept after a failure begins (phalanx.runtime.survivor
-#: writes it; the launcher repeats it on the console for a rank the console does not show).
-KEEP_REPORT = "phalanx: last step:"
-#: The name of each rank's keep request (a FIFO in its log folder, see :attr:`WorkerEnv.keep_request`).
-KEEP_REQUEST_NAME = "keep-request"
+#: In each rank's log folder: its keep request (a FIFO it listens on, :attr:`WorkerEnv.keep_request`)
+#: and its keep report (the line that says what it kept after a failure, written once it did).
+KEEP_REQUEST_NAME, KEEP_REPORT_NAME = "keep-request", "keep-report"
+
+
+def keep_report_of(request: str | Path) -> Path:
+    """Where the rank that listens on ``request`` writes its keep report: beside it."""
+    return Path(request).with_name(KEEP_REPORT_NAME)
 
 
 def job_name(rdzv_id: str, endpoint: str) -> str:
@@ -51,9 +55,9 @@ class WorkerEnv:
     #: How the worker's training stopped for a signal ("after step 320; checkpoint saved"): set by
     #: phalanx.Run as it stops, written into the rank's exit record, said by the launcher.
     stopped: str | None = None
-    #: A FIFO on which the launcher asks this rank to keep the state after its last step and end
-    #: (it lost another node, whose silence leaves this rank's collective waiting): set per rank
-    #: with ``attempt``; phalanx.Run listens on it.
+    #: A FIFO on which the launcher asks this rank to keep the state after its last step (it lost
+    #: a node, whose silence leaves this rank's collective waiting): set per rank with
+    #: ``attempt``; phalanx.Run listens on it and writes its report beside it (:func:`keep_report_of`).
     keep_request: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",

@@ -181,12 +181,16 @@ def test_a_host_cut_off_for_good_is_named_on_both_sides_and_a_relaunch_resumes_e
         -3000:
     ]
     print(f"MEASURED: host cut off for good: the survivor ended {seconds:.1f} s later")
-    # No socket closed: each side's rank waited in its collective until its launcher asked it to keep the state
-    assert "this rank was waiting for it); keeping the state after step " in survivor_out, survivor_out[-3000:]
-    assert re.search(rf"phalanx: {h2.address}: rank 1: (this|another) rank (had )?kept the state after step "
-                     rf"{kept_step(survivor_out)} in ", cut_off_out), cut_off_out[-3000:]  # fmt: skip
+    # No socket closed: each side's rank waited in its collective until its launcher asked it to
+    # keep the state. The last all-reduce may have completed on one side only: one step apart at most.
+    assert "so its launcher stopped this rank); keeping the state after step " in survivor_out, survivor_out[-3000:]
+    said = re.search(rf"phalanx: {h2.address}: rank 1: .*kept the state after step (\d+) in ", cut_off_out)
+    assert said, cut_off_out[-3000:]
+    steps = sorted({kept_step(survivor_out), int(said.group(1))})
+    assert steps[-1] - steps[0] <= 1, steps
     bed.restore_link("h2")
-    resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), survivor_out)
+    resumed, output = relaunch_resumes_exactly(bed, tmp_path, reference)
+    assert resumed["resumed_from_step"] == steps[0], output[-3000:]
 
 
 def test_a_host_cut_off_in_a_job_of_four_is_heard_of_by_every_node(tmp_path):

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
-from phalanx.launch.keep_request import ask_to_keep, keep_report
+from phalanx.launch.keep_request import ask_to_keep, read_report, wait_for_reports
 from phalanx.runtime.checkpoint import CheckpointManager, last_step
 from phalanx.runtime.context import init
 from phalanx.worker_env import WorkerEnv
@@ -149,7 +153,7 @@ def test_a_script_that_fails_in_a_backward_resumes_after_the_last_step_exactly(t
     (kept,) = (tmp_path / "failed" / "ck" / "last-step").glob("step-000000015-*.pt")
     assert ("phalanx: the training failed after step 15 (Injected: injected failure in the backward of step 16); "
             "keeping the state after step 15 for a restart\n") in failed.stderr  # fmt: skip
-    said = f"phalanx: last step: this rank kept the state after step 15 in {kept}: a restart resumes there\n"
+    said = f"phalanx: this rank kept the state after step 15 in {kept}: a restart resumes there\n"
     assert said in failed.stderr
     assert failed.stderr.index(said) < failed.stderr.index("Traceback")  # then the error
     again, resumed = train(tmp_path / "failed")
@@ -163,7 +167,7 @@ def test_a_failure_after_the_optimizer_step_keeps_nothing_and_says_what_is_lost(
     failed, _ = train(tmp_path / "failed", "--fail-step", "15", "--fail-where", "optimizer")
     assert failed.returncode == 1
     assert (
-        "phalanx: last step: the training failed in step 16 after its optimizer step began, before run.step() (Injected: "
+        "phalanx: the training failed in step 16 after its optimizer step began, before run.step() (Injected: "
         "injected failure after the optimizer step of step 16): this rank's state is past step 15, so it keeps "
         "none; unless another rank kept it, a restart resumes from the checkpoint of step 10 and trains steps "
         "11-15 again"
@@ -177,9 +181,9 @@ def test_a_run_closed_in_a_finally_still_keeps_the_state(tmp_path):
     """The finally's run.close() runs before sys.excepthook: the close keeps the state itself."""
     _, whole = train(tmp_path / "whole")
     failed, _ = train(tmp_path / "failed", "--fail-step", "15", "--close-in-finally")
-    assert (
-        failed.returncode == 1 and "phalanx: last step: this rank kept the state after step 15 in " in failed.stderr
-    ), failed.stderr
+    assert failed.returncode == 1 and "phalanx: this rank kept the state after step 15 in " in failed.stderr, (
+        failed.stderr
+    )
     assert failed.stderr.count("keeping the state after step 15") == 1  # once, not again from the hook
     again, resumed = train(tmp_path / "failed", "--close-in-finally")
     assert resumed["resumed_from_step"] == 15 and resumed["params_sha256"] == whole["params_sha256"], again.stderr
@@ -188,39 +192,52 @@ def test_a_run_closed_in_a_finally_still_keeps_the_state(tmp_path):
 def test_a_rank_waiting_for_a_silent_peer_keeps_the_state_when_its_launcher_asks(tmp_path):
     """The rank waits for ever in step 16 (as in a collective whose peer went silent: nothing
     raises); the launcher's words on its keep request make it keep the state after step 15 and
-    end, and a restart resumes there exactly."""
+    write its report, and it runs on until the launcher stops it. A restart resumes exactly."""
     _, whole = train(tmp_path / "whole")
-    request = tmp_path / "keep-request"
-    out = tmp_path / "summary.json"
-    waiting = subprocess.Popen([sys.executable, str(WORKER), "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(out),
-                                "--fail-step", "15", "--fail-where", "wait"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, **WorkerEnv(keep_request=str(request)).to_env()})  # fmt: skip
+    request, stderr = tmp_path / "keep-request", tmp_path / "stderr.log"
+    command = [sys.executable, str(WORKER), "--checkpoint-dir", str(tmp_path / "ck"), "--out", str(tmp_path / "out.json"),
+               "--fail-step", "15", "--fail-where", "wait"]  # fmt: skip
+    with stderr.open("w") as errors:
+        waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                   env={**os.environ, **WorkerEnv(keep_request=str(request)).to_env()})  # fmt: skip
     try:
-        assert waiting.stdout.readline() == "waiting in step 16\n"
-        assert ask_to_keep([tmp_path / "nobody-listens", request], "node1 lost another node: a test") == 1
-        stderr = waiting.communicate(timeout=60)[1]
+        ready, _, _ = select.select([waiting.stdout], [], [], 120)
+        assert ready and waiting.stdout.readline() == "waiting in step 16\n", stderr.read_text()
+        assert stat.S_ISFIFO(request.stat().st_mode)
+        why = "node1: node 10.0.0.2 sent no sign of life for 35 s, so its launcher stopped this rank"
+        assert ask_to_keep([tmp_path / "nobody-listens", request], why) == [request]
+        wait_for_reports([request], [psutil.Process(waiting.pid)], timeout=60)
+        assert waiting.poll() is None, "the rank ended before its launcher stopped it"
     finally:
         waiting.kill()
-    assert waiting.returncode == 1, stderr
+        waiting.wait()
     (kept,) = (tmp_path / "ck" / "last-step").glob("step-000000015-*.pt")
-    assert ("phalanx: the training failed after step 15 (node1 lost another node: a test; this rank was waiting for "
-            "it); keeping the state after step 15 for a restart\n") in stderr  # fmt: skip
-    (tmp_path / "stderr.log").write_text(stderr)  # as the launcher reads it from the rank's log
-    assert (
-        keep_report(tmp_path / "stderr.log")
-        == f"this rank kept the state after step 15 in {kept}: a restart resumes there"
+    assert read_report(request) == f"this rank kept the state after step 15 in {kept}: a restart resumes there"
+    assert f"phalanx: the training failed after step 15 ({why}); keeping the state after step 15 for a restart\n" in (
+        stderr.read_text()
     )
     again, resumed = train(tmp_path)
     assert resumed["resumed_from_step"] == 15 and resumed["params_sha256"] == whole["params_sha256"], again.stderr
 
 
-def test_a_keep_request_nobody_listens_on_any_more_is_gone(tmp_path):
-    """A run that ended released its request: the FIFO is gone, and asking finds no one (without blocking)."""
+def test_a_keep_request_nobody_listens_on_is_passed_over(tmp_path):
+    """A run that ended released its request (the FIFO is gone); one whose reader is gone, or
+    missing, is passed over without blocking."""
     request = tmp_path / "keep-request"
     done = subprocess.run([sys.executable, str(WORKER), "--checkpoint-dir", str(tmp_path / "ck"), "--out",
                            str(tmp_path / "summary.json"), "--epochs", "1"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **WorkerEnv(keep_request=str(request)).to_env()})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert not request.exists()
+    assert not request.exists() and read_report(request) is None
     os.mkfifo(request)  # one whose reader is gone (a rank killed)
-    assert ask_to_keep([request], "words") == 0
+    assert ask_to_keep([request, tmp_path / "missing"], "words") == []
+
+
+def test_waiting_for_reports_leaves_the_exit_status_to_torchs_agent(tmp_path):
+    """The launcher's wait ends when its workers ended, without reaping them: torch's agent then
+    reads each one's exit status (a reaped child would read as 0, a failure as a success)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time, os; time.sleep(0.3); os._exit(1)"])
+    started = time.monotonic()
+    wait_for_reports([tmp_path / "keep-request"], [psutil.Process(child.pid)], timeout=30)
+    assert time.monotonic() - started < 10
+    assert child.wait(timeout=10) == 1

@@ -30,7 +30,7 @@ from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
-from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, keep_report
+from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
 from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
@@ -211,9 +211,9 @@ class NodeAgent:
     def _on_lost(self, why: str, store_lost: bool, heard: bool) -> None:
         """From the liveness thread: says so, and stops this node's workers, whose collectives
         wait for the lost node (they could not agree on a checkpoint with it either): first each
-        rank that listens keeps the state after its last step (at most KEEP_BOUND_S), then what is
-        left is killed. torchrun's agent then sees them fail, and the job exits with code 1,
-        naming the lost node.
+        rank that listens keeps the state after its last step (:mod:`.keep_request`), then they are
+        killed. torchrun's agent then sees them fail, and the job exits with code 1, naming the
+        lost node.
 
         Where the lost node is the store's host, this process ends here as well: torchrun's agent
         would go on to close the rendezvous and phalanx to post the failures, on a store that no
@@ -227,38 +227,47 @@ class NodeAgent:
         workers = [
             p for p in psutil.Process().children(recursive=True) if _alive(p)
         ]  # not the zombies of a pod's PID 1
-        # First the ranks that listen keep the state after their last step, and end (keep_request.py).
-        requests = [folder / KEEP_REQUEST_NAME for folder in (self.logs.folder_of_rank.values() if self.logs else ())]
-        if workers and ask_to_keep(requests, f"{self.setup.node_label} lost another node: {why}"):
-            psutil.wait_procs([p for p in psutil.Process().children() if _alive(p)], timeout=KEEP_BOUND_S)
+        asked = ask_to_keep(self._keep_requests(), f"{self.setup.node_label}: {why}, so its launcher stopped this rank")
+        if workers and asked:
+            say(f"phalanx: {self.setup.node_label}: {len(asked)} rank(s) keep the state after their last step first "
+                f"(at most {KEEP_BOUND_S:g} s)")  # fmt: skip
+            wait_for_reports(asked, workers)
         self._say_what_was_kept()  # asked, or failed on their own before (a peer's sockets closed)
         for process in workers:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+        for request in self._keep_requests():  # a killed rank leaves its FIFO
+            with contextlib.suppress(OSError):
+                request.unlink()
         if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
 
+    def _keep_requests(self) -> list[Path]:
+        """Each of this node's ranks' keep request, in the latest attempt."""
+        return [folder / KEEP_REQUEST_NAME for folder in (self.logs.folder_of_rank.values() if self.logs else ())]
+
     def _say_what_was_kept(self) -> None:
-        """After this node's workers failed: what its ranks kept of the last step, for the ranks
-        whose own words the console does not show (one line: the rank that wrote the state, else
-        the first that said anything)."""
+        """After this node's workers failed: what its ranks kept of the last step, unless the
+        console showed it (one line: the rank that wrote the state, else the first that said)."""
         if self.logs is None:
             return
-        reports = {rank: keep_report(log) for rank, log in sorted(self.logs.stderr_of_rank.items())
-                   if rank not in self.logs.shown_ranks}  # fmt: skip
+        reports = {
+            rank: read_report(folder / KEEP_REQUEST_NAME) for rank, folder in sorted(self.logs.folder_of_rank.items())
+        }
         said = {rank: report for rank, report in reports.items() if report is not None}
-        if said:
+        if said and not self.logs.shown_ranks & said.keys():
             rank = next((r for r, report in said.items() if report.startswith("this rank kept")), next(iter(said)))
             say(f"phalanx: {self.setup.node_label}: rank {rank}: {said[rank]}")
 
     def _keep_store_for_the_verdict(self) -> None:
         """On the store's host, stopped for a lost node: the store goes down with this process, and
         a node that does not watch the lost one hears the verdict on its next beat. So it stays
-        up until every other node posted how it ended, at most two beats (the lost one never will)."""
+        up until every other node posted how it ended, at most two beats after their ranks kept
+        the state (the lost one never will)."""
         if not self.setup.is_host or self.store is None:
             return
-        deadline = time.monotonic() + 2 * BEAT_S
+        deadline = time.monotonic() + 2 * BEAT_S + KEEP_BOUND_S
         while time.monotonic() < deadline:
             try:
                 if len(self.crossnode.ended_nodes(self.store) - {self.setup.node_label}) >= self.nodes_in_job - 2:

@@ -2,38 +2,43 @@
 
 A node that goes silent (its machine down, its network cut) raises nothing on the others: their
 workers wait in a collective until its timeout. The liveness watch (:mod:`.liveness`) declares
-the node lost and the launcher stops its own workers; first it writes why on each rank's keep
-request, a FIFO the rank listens on (``phalanx.runtime.survivor``), and gives the ranks that
-listen up to :data:`KEEP_BOUND_S` to keep the state after their last step and end.
+the node lost and the launcher stops its own workers. First it writes why on each rank's keep
+request, a FIFO the rank listens on (``phalanx.runtime.survivor``), and waits until every rank
+it asked has written its keep report, at most :data:`KEEP_BOUND_S`: the ranks keep running
+meanwhile, so that torch's agent sees no failure and stops none of them in the middle of a write.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from phalanx.worker_env import KEEP_REPORT
+import psutil
 
-#: At most this long, the ranks that were asked get to keep their state and end before they are killed.
+from phalanx.worker_env import keep_report_of
+
+#: At most this long, the ranks that were asked get to keep their state before they are stopped.
 KEEP_BOUND_S = 60.0
+_POLL_S = 0.1
 
 
-def ask_to_keep(requests: Iterable[Path], why: str) -> int:
-    """Writes ``why`` on every keep request a rank listens on; returns how many were asked.
+def ask_to_keep(requests: Iterable[Path], why: str) -> list[Path]:
+    """Writes ``why`` on every keep request a rank listens on; returns those written.
 
     A FIFO nobody reads (a script without phalanx.Run, a rank that ended) cannot be opened for
     writing without blocking, so it is passed over (ENXIO), as is one that is not there.
     """
-    asked = 0
+    asked = []
     for request in requests:
         try:
             fd = os.open(request, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             continue
         try:
-            os.write(fd, why.encode())
-            asked += 1
+            os.write(fd, why.encode()[:4096])  # one write of at most PIPE_BUF: read whole
+            asked.append(request)
         except OSError:
             pass
         finally:
@@ -41,12 +46,27 @@ def ask_to_keep(requests: Iterable[Path], why: str) -> int:
     return asked
 
 
-def keep_report(stderr_log: Path) -> str | None:
-    """The last line a rank wrote about the state it kept (:data:`KEEP_REPORT`), without the
-    prefix; None where it wrote none."""
+def wait_for_reports(asked: list[Path], workers: list[psutil.Process], timeout: float = KEEP_BOUND_S) -> None:
+    """Waits until every rank asked has written its keep report, or no worker is left, or
+    ``timeout`` seconds passed. A worker that ended is not reaped here: torch's agent must still
+    read its exit status."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(keep_report_of(request).exists() for request in asked) or not any(map(_running, workers)):
+            return
+        time.sleep(_POLL_S)
+
+
+def read_report(request: Path) -> str | None:
+    """The keep report of the rank whose request is ``request``; None where it wrote none."""
     try:
-        text = stderr_log.read_text(errors="replace")
+        return keep_report_of(request).read_text(errors="replace").strip() or None
     except OSError:
         return None
-    lines = [line for line in text.splitlines() if line.startswith(KEEP_REPORT)]
-    return lines[-1][len(KEEP_REPORT) :].strip() if lines else None
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -390,6 +390,8 @@ class Run:
                 "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
             )
             self.print(f"resumed from step {self.resumed_from} ({self._resumed_path}){done}")
+        if self._keeper is not None:  # an earlier run.epochs() left by a break
+            self._keeper.release()
         self._keeper = self._start_keeping()
         self._real_seen, self._started = self._loader.real_delivered, time.perf_counter()
         while not self._finished:
@@ -691,9 +693,9 @@ class Run:
         optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
         module = unwrap(self._model) if self._model is not None else None
         keeper.watch(module, self._model if self._model is not module else None, optimizers)
-        keeper.listen(WorkerEnv.from_env(os.environ).keep_request)
         assert self._loader is not None
         keeper.mark(self.global_step, self._loader.state_dict())
+        keeper.listen(WorkerEnv.from_env(os.environ).keep_request)  # with a mark to keep
         seeding.after(self.global_step)
         return keeper
 

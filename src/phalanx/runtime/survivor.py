@@ -20,12 +20,14 @@ in their collective. Their launcher declares the node lost; before it stops its 
 each to keep the state on a FIFO of the rank's own (``WorkerEnv.keep_request``), which a thread
 of the keeper listens on. The state is the same as above: the waiting collective changes
 nothing, and a lock orders the keep with the mark, the optimizer's step and the buffers' copy.
+Whatever keeps the state writes one line about it beside the FIFO (``keep_report_of``): the
+launcher reads it to know the rank is done, and says it where the console does not show the rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import errno
 import hashlib
 import os
 import secrets
@@ -39,11 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from phalanx.exit_codes import ExitCode
 from phalanx.runtime.checkpoint import CheckpointManager, folder
 from phalanx.runtime.checkpoint.rng import seed_step
 from phalanx.runtime.context import DistributedContext
-from phalanx.worker_env import KEEP_REPORT
+from phalanx.worker_env import keep_report_of
 
 #: Gradient compressions that keep no state between steps: a survivor's copy holds all of theirs.
 STATELESS_COMPRESSIONS = ("none", "fp16", "bf16")
@@ -84,8 +85,9 @@ class StepKeeper:
         # Taken by the mark, the optimizer's step, the buffers' copy and the keep: a keep from the
         # request thread sees a whole mark and parameters no optimizer is changing.
         self._lock = threading.Lock()
-        self._failing = False  # the training thread is keeping the state itself (an exception)
-        self._request: str | None = None  # the FIFO listened on
+        self._request: str | None = None  # the FIFO listened on, and its descriptor (-1: closed)
+        self._request_fd = -1
+        self._fd_lock = threading.Lock()  # a descriptor closed by the thread is never written to
 
     def watch(self, module: torch.nn.Module | None, wrapper: torch.nn.Module | None,
               optimizers: list[torch.optim.Optimizer]) -> None:  # fmt: skip
@@ -112,7 +114,7 @@ class StepKeeper:
             self._optimizer_moved = self._through_ddp = False
 
     def listen(self, request: str | None) -> None:
-        """Keeps the state and ends this process when the launcher asks on ``request``.
+        """Keeps the state when the launcher asks on ``request``; the launcher stops the process.
 
         Args:
             request: the FIFO to make and listen on (``WorkerEnv.keep_request``); None: no
@@ -121,14 +123,19 @@ class StepKeeper:
         if request is None:
             return
         try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(request)  # an earlier keeper's, in this process or a killed one
             os.mkfifo(request)
+            # Opened for reading and writing: it has a reader from now on (the launcher's
+            # non-blocking open finds one), and a writer, so that a read waits for words.
+            fd = os.open(request, os.O_RDWR)
         except OSError as error:  # said: a node lost without a word would cost the steps since the checkpoint
             print(f"phalanx: cannot listen for the launcher's keep request at {request} ({error.strerror}): a node "
                   "that goes silent costs the steps since the last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
             return
-        self._request = request
-        threading.Thread(target=self._wait_for_request, args=(request,), name="phalanx-keep-request",
-                         daemon=True).start()  # fmt: skip
+        self._request, self._request_fd = request, fd
+        atexit.register(self._remove_request)  # the process ends with an error: no FIFO left in the log folder
+        threading.Thread(target=self._wait_for_request, args=(fd,), name="phalanx-keep-request", daemon=True).start()
 
     def release(self) -> None:
         """Stops watching (the loop ended): a later exception keeps nothing."""
@@ -139,18 +146,18 @@ class StepKeeper:
         self._hooks = []
         if sys.excepthook == self._on_uncaught and self._previous_hook is not None:
             sys.excepthook = self._previous_hook
-        request, self._request = self._request, None
-        if request is not None:
-            _wake(request)  # the thread reads nothing and ends
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(request)
+        if self._request is not None:
+            with self._fd_lock, contextlib.suppress(OSError):
+                if self._request_fd >= 0:
+                    os.write(self._request_fd, b"\n")  # no words: the thread ends (and closes it)
+            self._remove_request()
+            atexit.unregister(self._remove_request)
 
     def keep_if_failing(self) -> None:
         """Keeps the state now when an exception is on its way out (``run.close()`` in a
         ``finally``, which would release the keeper before ``sys.excepthook`` runs)."""
         error = sys.exc_info()[1]
         if isinstance(error, Exception):
-            self._failing = True
             self._keep_and_say(_described(error))
 
     def keep(self, why: str) -> str:
@@ -177,27 +184,46 @@ class StepKeeper:
         return f"{who} the state after step {mark.step} in {path}: a restart resumes there"
 
     def _keep_and_say(self, why: str) -> bool:
-        """Keeps the state once; whether this call did (not: kept already, or released)."""
+        """Keeps the state once, says so, and writes the report; whether this call did (not:
+        kept already, or released)."""
         with self._lock:
             if self._mark is None:
                 return False
-            print(f"{KEEP_REPORT} {self.keep(why)}", file=sys.stderr, flush=True)
-            self._mark = None  # once
+            step = self._mark.step
+            try:
+                line = self.keep(why)
+            except Exception as error:  # a folder that cannot be read: said all the same
+                line = f"the state after step {step} could not be kept ({_described(error)})"
+            finally:
+                self._mark = None  # once
+            print(f"phalanx: {line}", file=sys.stderr, flush=True)
+            if self._request is not None:  # for the launcher: this rank is done, and what it kept
+                report = keep_report_of(self._request)
+                with contextlib.suppress(OSError):
+                    report.with_suffix(".tmp").write_text(line + "\n")
+                    report.with_suffix(".tmp").replace(report)
             return True
 
-    def _wait_for_request(self, request: str) -> None:
-        """The request thread: waits for the launcher's words, keeps the state, ends the process."""
+    def _wait_for_request(self, fd: int) -> None:
+        """The request thread: waits for the launcher's words and keeps the state. The process
+        is then left to the launcher, which stops its ranks once each has reported."""
         try:
-            with open(request, "rb") as fifo:  # returns once a writer opened it
-                why = fifo.read().decode(errors="replace").strip()
+            why = os.read(fd, 4096).decode(errors="replace").strip()  # one write, under PIPE_BUF: whole
         except OSError:
             return
-        if not why or self._request != request:  # released (it woke this thread)
-            return
-        if not self._keep_and_say(f"{why}; this rank was waiting for it") and self._failing:
-            return  # the training thread keeps it, and its error ends the process
-        sys.stderr.flush()
-        os._exit(ExitCode.FAILED)
+        finally:
+            with self._fd_lock:
+                self._request_fd = -1
+                os.close(fd)
+        if why:  # (none: released)
+            self._keep_and_say(why)
+            sys.stdout.flush()
+
+    def _remove_request(self) -> None:
+        request, self._request = self._request, None
+        if request is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(request)
 
     def _fallback(self, step: int) -> str:
         """Where a restart resumes without this rank's state after ``step``: another rank's, or
@@ -244,7 +270,6 @@ class StepKeeper:
         """``sys.excepthook``: keeps the state, says so, then shows the error as before."""
         try:
             if isinstance(error, Exception):
-                self._failing = True
                 self._keep_and_say(_described(error))
         finally:
             (self._previous_hook or sys.__excepthook__)(kind, error, trace)
@@ -293,16 +318,6 @@ def agreed_start(context: DistributedContext, carried: dict[str, Any] | None) ->
     seed, launch, _ = agreed.tolist()
     per_rank = bool(carried["per_rank"]) if carried is not None else not bool(alike.item())
     return StepSeeding(int(seed), per_rank, context.rank), int(launch)
-
-
-def _wake(request: str) -> None:
-    """Opens the FIFO for writing and closes it: its reader reads nothing. A FIFO nobody reads
-    (ENXIO) or that is gone needs no waking."""
-    try:
-        os.close(os.open(request, os.O_WRONLY | os.O_NONBLOCK))
-    except OSError as error:
-        if error.errno not in (errno.ENXIO, errno.ENOENT):
-            raise
 
 
 def _described(error: BaseException) -> str:
