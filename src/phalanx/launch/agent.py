@@ -229,7 +229,8 @@ class NodeAgent:
         ]  # not the zombies of a pod's PID 1
         asked = ask_to_keep(self._keep_requests(), f"{self.setup.node_label}: {why}, so its launcher stopped this rank")
         if workers and asked:
-            say(f"phalanx: {self.setup.node_label}: {len(asked)} rank(s) keep the state after their last step first "
+            ranks, their = (f"{len(asked)} ranks", "their") if len(asked) > 1 else ("its rank", "its")
+            say(f"phalanx: {self.setup.node_label}: waiting for {ranks} to keep the state after {their} last step "
                 f"(at most {KEEP_BOUND_S:g} s)")  # fmt: skip
             wait_for_reports(asked, workers)
         self._say_what_was_kept()  # asked, or failed on their own before (a peer's sockets closed)
