@@ -216,6 +216,9 @@ class StepKeeper:
                 self._request_fd = -1
                 os.close(fd)
         if why:  # (none: released)
+            if self.context.device.type == "cuda":  # a thread starts on GPU 0: the copies to host come from this rank's
+                with contextlib.suppress(RuntimeError):
+                    torch.cuda.set_device(self.context.device)
             self._keep_and_say(why)
             sys.stdout.flush()
 
