@@ -63,11 +63,13 @@ def check_control_plane_report(written: dict, _stdout: str) -> None:
 
 def check_recovery_report(written: dict, _stdout: str) -> None:
     """The smoke trial's kill: phalanx resumed after the step the survivor kept; torchrun, with a
-    fresh worker store per restart, at its checkpoint."""
+    fresh worker store per restart, at a checkpoint (the first, unless a loaded machine let the
+    kill land after the second)."""
     (trial,) = written["results"]["trials"]
     every = written["results"]["setup"]["checkpoint_every"]
     assert trial["phalanx"]["steps_again"] <= 1, trial
-    assert trial["torchrun"].get("resumed_from") == every, trial
+    resumed = trial["torchrun"].get("resumed_from")
+    assert resumed is not None and resumed >= every and resumed % every == 0, trial
 
 
 #: What a benchmark's smoke report must show beyond the targets every one has.
