@@ -223,7 +223,8 @@ def main() -> None:
         args.checkpoint_every, args.steady_steps, args.steady_runs, args.timeout = 10, 12, 1, 120.0
     if os.geteuid() != 0:
         raise SystemExit("recovery.py builds test-bed hosts (network namespaces): run it as root")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # the bed comes down on a kill too
+    # The bed comes down on a kill too: as on Ctrl-C (a SystemExit would count as one job's failure).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     args.width = width_for(args.state_mb)
     draw, ports = random.Random(args.seed), itertools.count(FIRST_PORT)
     trials: list[dict] = []
