@@ -4,7 +4,8 @@ torchrun's default layout names folders by *local* rank inside a random folder p
 "rank 5's traceback" is hard to find. Here each attempt gets::
 
     <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json,
-                                  keep-request (a FIFO, while phalanx.Run listens on it)
+                                  keep-request (a FIFO, while phalanx.Run listens on it),
+                                  keep-report (what the rank kept after a failure)
 
 and the console shows global rank 0 only, unless local ranks are named with
 ``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun
@@ -20,7 +21,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
 from phalanx.launch.group_record import GROUP_RECORD_NAME
-from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv
+from phalanx.worker_env import KEEP_REPORT_NAME, KEEP_REQUEST_NAME, WorkerEnv
 
 RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
 
@@ -72,7 +73,14 @@ class RankLogsSpecs(LogsSpecs):
             rank = int(env["RANK"])
             folder = self.folder_of_rank[rank]
             folder.mkdir(parents=True, exist_ok=True)
-            for name in ("stdout.log", "stderr.log", "error.json", GROUP_RECORD_NAME, KEEP_REQUEST_NAME):
+            for name in (
+                "stdout.log",
+                "stderr.log",
+                "error.json",
+                GROUP_RECORD_NAME,
+                KEEP_REQUEST_NAME,
+                KEEP_REPORT_NAME,
+            ):
                 (folder / name).unlink(missing_ok=True)  # a restart must not show an old traceback
             to_file = redirects[local_rank] | tee[local_rank]  # a tee'd stream is tailed from its file
             shown = tee[local_rank] if self._shows(rank, local_rank) else Std.NONE
