@@ -138,6 +138,28 @@ def test_the_command_each_host_runs(script):
             ) in line  # fmt: skip
 
 
+@pytest.mark.parametrize("forwarded", [True, False], ids=["default env", "--no-default-env"])
+def test_the_hosts_settings_come_from_the_variables_they_get(script, forwarded):
+    """The job is planned from the variables every host gets: with --no-default-env, this
+    shell's PHALANX_<FLAG> and PET_<FLAG> change nothing, and --env's do."""
+    from phalanx.cli.main import build_parser
+    from phalanx.jobs.ssh.job import job_from_args
+
+    environ = {"PHALANX_NPROC_PER_NODE": "3", "PET_RDZV_ID": "shell", "PHALANX_MAX_RESTARTS": "2"}
+    argv = ["launch", "--hosts", "gpu1,gpu2", "--env", "PHALANX_RDZV_ENDPOINT=h1:29555"]
+    args = build_parser().parse_args([*argv, *([] if forwarded else ["--no-default-env"]), "train.py"])
+    job = job_from_args(args, environ=environ)
+    assert job.port == 29555
+    assert (job.nproc, job.rdzv_id == "shell") == (("3", True) if forwarded else ("1", False))
+    assert ("PHALANX_MAX_RESTARTS" in job.environment) is forwarded
+
+
+@pytest.mark.parametrize("extra", [["--env", "PET_NNODES=2"], ["--no-default-env", "--env", "PET_NNODES=2"]])
+def test_torchruns_markers_given_to_every_host_are_refused(capsys, script, extra):
+    err = refusal(capsys, "--hosts", "gpu1,gpu2", *extra, "train.py")
+    assert "PET_NNODES=2 given to every host" in err, err
+
+
 # -- the guard on each host ---------------------------------------------------------------------
 def guard(*command: str, grace: float = 2, silence: float = 30) -> subprocess.Popen[str]:
     argv = [

@@ -15,8 +15,8 @@ the first host holds open meanwhile). One table shows the answers; if any host f
 starts (exit 2) and each failing host gets a HINT.
 
 Then every host runs `phalanx run` in this same folder with the same Python (--remote-python to
-name another), the variables NCCL_*, GLOO_*, PYTHON*, PHALANX_* and PET_* of this shell (--env
-for more), and the launch options given here. Each host's output comes back prefixed with its name.
+name another), the variables of this shell that --no-default-env lists (--env for more), and the
+launch options given here. Each host's output comes back prefixed with its name.
 Ctrl-C stops the job on every host (a second Ctrl-C kills it at once), as do SIGTERM and any
 host's failure: the others get --grace seconds to end on their own, then SIGTERM, then SIGKILL,
 and nothing is left running on any host; a lost ssh connection ends that host's processes too.
@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.cli import command_parser
+from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.jobs.ssh.job import FORWARDED
 from phalanx.settings import arguments
 from phalanx.settings.options import add_launch_options, add_script_arguments
@@ -55,6 +56,7 @@ def add_parser(commands: Any) -> None:
         __doc__,
         usage="phalanx launch (--hosts H1,H2[:SLOTS] | --hostfile FILE) [options] SCRIPT [ARGS...]",
     )
+    markers = TorchrunVariables.markers
     group = parser.add_argument_group("hosts and ssh")
     group.add_argument("--hosts", metavar="H1,H2[:SLOTS]", help="the hosts, as ssh names them; the first hosts the "
                        "rendezvous; :SLOTS its processes")  # fmt: skip
@@ -70,7 +72,8 @@ def add_parser(commands: Any) -> None:
     group.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                        help="one more variable for every host (repeatable)")  # fmt: skip
     group.add_argument("--no-default-env", action="store_true",
-                       help=f"do not pass on {', '.join(FORWARDED)}")  # fmt: skip
+                       help=f"do not pass on this shell's {', '.join(FORWARDED)}; torchrun's {', '.join(markers)} "
+                       "describe the job, and are refused rather than passed on")  # fmt: skip
     group.add_argument("--preflight-timeout", type=arguments.seconds("--preflight-timeout", example=30), default=30.0, metavar="SECONDS",
                        help="the bound for the preflight of all hosts together (default 30)")  # fmt: skip
     group.add_argument("--grace", type=arguments.seconds("--grace", example=30), default=30.0, metavar="SECONDS",

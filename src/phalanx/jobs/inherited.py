@@ -8,15 +8,16 @@ from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.errors import SettingsRefused
 
 
-def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str) -> None:
+def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str, where: str = "set in this shell") -> None:
     """Refuses torchrun's PET_ variables that describe a job (PET_NNODES, PET_NODE_RANK, ...) where
     every node inherits them: there, beside the scheduler's own (or the flags each host gets),
     they describe the job twice, the same on every node, and phalanx run refuses to start.
 
     Args:
-        environ: this shell's variables.
+        environ: the variables every node inherits.
         inherit: how the nodes inherit them, as a clause ("the batch job's nodes inherit this
             shell's variables").
+        where: where the variables were set, as the refusal says it.
 
     Raises:
         SettingsRefused: one is set.
@@ -24,7 +25,7 @@ def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str) -> None:
     inherited = [name for name in TorchrunVariables.markers if name in environ]
     if inherited:
         raise SettingsRefused(
-            f"{', '.join(f'{name}={environ[name]}' for name in inherited)} set in this shell",
+            f"{', '.join(f'{name}={environ[name]}' for name in inherited)} {where}",
             f"{inherit}, and torchrun's PET_ variables describe the job to each node: the same on every node, "
             "beside what phalanx gives each one, they would make phalanx run refuse to start.",
             f"unset {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",

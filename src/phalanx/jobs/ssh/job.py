@@ -74,9 +74,10 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         raise SettingsRefused(
             "no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]"
         )
-    if not args.no_default_env:
-        refuse_torchrun_markers(environ, "phalanx launch passes this shell's PET_ variables to every host")
-    settings, config_path, _ = given_settings(args, environ)
+    # The hosts resolve PHALANX_<FLAG> and PET_<FLAG> from what they get; so is the plan here.
+    environment = _environment(environ, args.env, default=not args.no_default_env)
+    refuse_torchrun_markers(environment, "phalanx launch passes these variables to every host", "given to every host")
+    settings, config_path, _ = given_settings(args, environ, variables=environment)
     refuse_settings(settings, _NOT_FOR_HOSTS, "phalanx launch", "phalanx launch runs one node on each host it is given")
     if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:
         raise SettingsRefused(
@@ -107,7 +108,7 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         cwd=_working_folder(environ),
         run_args=tuple(run_args),
         files=files,
-        environment=_environment(environ, args.env, default=not args.no_default_env),
+        environment=environment,
         grace_s=args.grace,
         dry_run=bool(settings["dry_run"].value) if "dry_run" in settings else False,
     )
