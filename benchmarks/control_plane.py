@@ -46,10 +46,11 @@ from targets import Target, write_report  # benchmarks/: a script's folder is on
 
 from phalanx.launch import lobby
 from phalanx.launch.crossnode import CrossNode
-from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
+from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, Meeting, store_client
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import RankTableBoard
+from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 #: What the start may add to torch's rendezvous, in seconds, and the beats' share of the store.
@@ -80,7 +81,7 @@ class Counted:
 def setup_of(index: int, nodes: int, port: int) -> NodeSetup:
     return NodeSetup(
         script="train.py", script_args=(), is_module=False, nnodes_min=nodes, nnodes_max=nodes,
-        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="scale", max_restarts=0, join_timeout=900.0, last_call=1.0,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="scale", max_restarts=0, join_timeout=900.0, last_call=1.0, heartbeat_timeout=30.0,
         nproc_per_node=8, backend="nccl", is_host=False, local_addr="127.0.0.1", interface="lo",
         node_label=f"node{index}", run_dir="unused", all_ranks=False,
     )  # fmt: skip
@@ -291,6 +292,14 @@ def main() -> None:
         metavar="SECONDS",
         help="give up on torch's rendezvous of N nodes after this long (default 600)",
     )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="phalanx run's --heartbeat-timeout, which sets how often nodes beat "
+        f"(default {DEFAULT_HEARTBEAT_TIMEOUT_S:g})",
+    )
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "control_plane.json")
     parser.add_argument("--torch-rendezvous", type=int, help=argparse.SUPPRESS)  # the child's measurement
     args = parser.parse_args()
@@ -303,9 +312,9 @@ def main() -> None:
         parser.error(f"--nodes {max(sizes)} needs more open files than this machine allows (ulimit -Hn)")
 
     capacity = store_capacity()
-    per_beat = beat_ops()
+    per_beat, beat_s = beat_ops(), beat_of(args.heartbeat_timeout)
     print(f"store capacity here: {capacity:.0f} operations/s (4 clients, adds); a beat: {per_beat:.1f} operations "
-          f"every {BEAT_S:g} s per node")  # fmt: skip
+          f"every {beat_s:g} s per node (--heartbeat-timeout {args.heartbeat_timeout:g})")  # fmt: skip
     rows = []
     header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'table s':>8} {'end s':>7} {'added s':>8} " \
              f"{'ops lobby':>9} {'ops table':>9} {'ops end':>8} {'beat load':>9}"  # fmt: skip
@@ -313,7 +322,7 @@ def main() -> None:
     for nodes in sizes:
         torch_s = torch_rendezvous_s(nodes, args.torch_limit)
         ours = phalanx_phases(nodes)
-        load = nodes * per_beat / BEAT_S / capacity
+        load = nodes * per_beat / beat_s / capacity
         row = {"nodes": nodes, "torch_rendezvous_s": torch_s, **ours, "added_s": ours["lobby_s"] + ours["table_s"],
                "beat_load": load}  # fmt: skip
         rows.append(row)
@@ -328,7 +337,9 @@ def main() -> None:
         Target(f"the beats' share of the store ({largest['nodes']} nodes)", 100 * largest["beat_load"],
                100 * LOAD_LIMIT, at_least=False, unit="%"),
     ]  # fmt: skip
-    write_report(args.json, {"capacity_ops_s": capacity, "beat_ops": per_beat, "rows": rows}, targets,
+    results = {"capacity_ops_s": capacity, "beat_ops": per_beat, "heartbeat_timeout_s": args.heartbeat_timeout,
+               "rows": rows}  # fmt: skip
+    write_report(args.json, results, targets,
                  smoke=args.smoke)  # fmt: skip
     print(f"report: {args.json}")
 

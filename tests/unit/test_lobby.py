@@ -73,6 +73,19 @@ def test_every_node_stops_on_a_difference():
         assert "nproc-per-node" in result.why and "127.0.0.101 (node0)" in result.why and "127.0.0.102" in result.why
 
 
+def test_nodes_with_different_heartbeat_timeouts_are_refused():
+    """A node beating every 5 s (--heartbeat-timeout 30) would be lost at once to a watcher that
+    allows 3 s: the bound is compared like the node count."""
+    from phalanx.launch.fingerprint import node_fingerprint
+
+    port = free_port()
+    setups = [node(0, port), node(1, port, heartbeat_timeout=3.0)]
+    results = join_all([Lobby(setup, node_fingerprint(setup)) for setup in setups])
+    for result in results:
+        assert isinstance(result, NodesDisagree), result
+        assert "heartbeat-timeout" in result.why and "30" in result.why and "3" in result.why, result.why
+
+
 def test_the_first_node_to_give_up_takes_the_others_with_it():
     """A job of 3 whose third node never comes: the node whose join timeout passes first decides
     that the job cannot form, and the other node that joined gives up with it, naming it."""

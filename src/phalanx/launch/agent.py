@@ -31,7 +31,7 @@ from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
-from phalanx.launch.liveness import BEAT_S, WATCHED, Liveness
+from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import RankTableBoard, format_rank_table, node_row
@@ -204,6 +204,7 @@ class NodeAgent:
         self.liveness = Liveness(
             endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.watched,
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
+            beat_s=beat_of(self.setup.heartbeat_timeout), lost_after_s=self.setup.heartbeat_timeout,
             store_host=str(endpoint),
         )  # fmt: skip
         self.liveness.start()
@@ -268,7 +269,7 @@ class NodeAgent:
         the state (the lost one never will)."""
         if not self.setup.is_host or self.store is None:
             return
-        deadline = time.monotonic() + 2 * BEAT_S + KEEP_BOUND_S
+        deadline = time.monotonic() + 2 * beat_of(self.setup.heartbeat_timeout) + KEEP_BOUND_S
         while time.monotonic() < deadline:
             try:
                 if len(self.crossnode.ended_nodes(self.store) - {self.setup.node_label}) >= self.nodes_in_job - 2:

@@ -4,10 +4,12 @@ beats of the next :data:`WATCHED` nodes in the ring of the job's nodes.
 A node whose processes were killed ends its sockets, and its peers' collectives fail at once;
 a node whose machine died or whose link was cut ends nothing: its peers' collectives wait for
 it until the stall watchdog's bound (300 s by default). So every agent adds one to its counter
-on the store every :data:`BEAT_S` seconds, and declares lost a node whose counter has not moved
-for :data:`LOST_AFTER_S` (by this node's own clock: no two clocks are compared), unless that
-node said it ended (its workers finished, or it posted its failures). An agent that cannot
-reach the store for as long declares the store's host lost.
+on the store every sixth of ``--heartbeat-timeout`` (:func:`beat_of`), and declares lost a node
+whose counter has not moved for the timeout (by this node's own clock: no two clocks are
+compared), unless that node said it ended (its workers finished, or it posted its failures).
+An agent that cannot reach the store for as long declares the store's host lost. A node is
+named at most about three beats after the timeout: the beat that shows the silence, the
+round that confirms it, and the judge's own period.
 
 Each node watches a fixed number of peers, so its store operations per beat do not grow with
 the job (every node watching every other would be N² operations on the one store every beat).
@@ -29,13 +31,21 @@ from typing import Any
 
 from phalanx.launch.lobby import store_client
 from phalanx.launch.restarts import raise_if_signal
+from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 
-BEAT_S = 5.0
-#: Six missed beats: far above a busy machine's scheduling delay, well inside a 90 s bound.
-LOST_AFTER_S = 30.0
+#: Beats per timeout: six missed beats, far above a busy machine's scheduling delay.
+BEATS_PER_TIMEOUT = 6
+#: The shortest wait for one store operation: a beat of a tight timeout is a sixth of a second,
+#: and a reconnection after each slow answer would cost more than it saves.
+MIN_STORE_TIMEOUT_S = 1.0
 #: The nodes each node watches, the next ones in the ring: two, so that a node is still watched
 #: when the node before it is lost with it.
 WATCHED = 2
+
+
+def beat_of(timeout_s: float) -> float:
+    """Seconds between a node's beats for a heartbeat timeout of ``timeout_s``."""
+    return timeout_s / BEATS_PER_TIMEOUT
 
 
 class Liveness:
@@ -56,7 +66,8 @@ class Liveness:
         self, host: str, port: int, prefix: str, me: str, watched: Sequence[str], *,
         ended: Callable[[Any], set[str]], on_lost: Callable[[str, bool, bool], None],
         verdicts: Callable[[Any], list[str]] = lambda _store: [],
-        beat_s: float = BEAT_S, lost_after_s: float = LOST_AFTER_S, store_host: str = "",
+        beat_s: float = beat_of(DEFAULT_HEARTBEAT_TIMEOUT_S), lost_after_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
+        store_host: str = "",
         connect: Callable[[str, int, float], Any] = store_client,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
@@ -64,6 +75,7 @@ class Liveness:
         self.connect = connect
         self.ended, self.on_lost, self.verdicts = ended, on_lost, verdicts
         self.beat_s, self.lost_after_s = beat_s, lost_after_s
+        self.store_timeout_s = max(beat_s, MIN_STORE_TIMEOUT_S)
         self.store_host = store_host or host
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -81,7 +93,7 @@ class Liveness:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stops both threads and waits for them: at most a store call's timeout (``beat_s``).
+        """Stops both threads and waits for them: at most a store call's timeout.
 
         A thread still inside a store call when the interpreter exits is ended by it in C++ code,
         which aborts the process ("terminate called without an active exception", seen with
@@ -89,7 +101,7 @@ class Liveness:
         self._stop.set()
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join(timeout=self.beat_s + 1.0)
+                thread.join(timeout=self.store_timeout_s + 1.0)
 
     def _key(self, node: str) -> str:
         return f"{self.prefix}alive/{node}"
@@ -99,7 +111,7 @@ class Liveness:
         while not self._stop.is_set():
             try:
                 if store is None:  # connected (again) here: a reset link broke the last connection
-                    store = self.connect(self.host, self.port, self.beat_s)
+                    store = self.connect(self.host, self.port, self.store_timeout_s)
                 store.add(self._key(self.me), 1)
                 counts = {node: store.add(self._key(node), 0) for node in self.others}
                 ended = self.ended(store) if self._a_watched_node_is_quiet() else None

@@ -374,7 +374,7 @@ class Lobby:
 def mismatch_table(fingerprints: list[dict[str, str]], mismatch: list[str]) -> str:
     headers = ["setting", *(f"{fp['address']} ({fp['label']})" for fp in fingerprints)]
     rows = [[key, *(_short(fp.get(key, "(not set)")) for fp in fingerprints)] for key in mismatch]
-    return format_table(headers, rows).lstrip()
+    return format_table(headers, rows, indent="")
 
 
 def _short(value: str) -> str:

@@ -53,6 +53,8 @@ class NodeSetup:
     join_timeout: float
     #: Elastic jobs: a round's wait for more nodes once the minimum joined.
     last_call: float
+    #: Seconds without a sign of life after which a node counts as lost (:mod:`.liveness`).
+    heartbeat_timeout: float
     # -- this node
     #: Worker processes on this node.
     nproc_per_node: int
@@ -364,6 +366,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "max_restarts": spec.max_restarts,
         "join_timeout": spec.join_timeout,
         "last_call": spec.last_call,
+        "heartbeat_timeout": spec.heartbeat_timeout,
         "extra_fingerprint": dict(spec.extra_fingerprint),
         "independent_ranks": spec.independent_ranks,
     }

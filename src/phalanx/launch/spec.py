@@ -17,7 +17,7 @@ from phalanx.clusters.environment import Placement
 from phalanx.errors import SettingsRefused
 from phalanx.settings.entrypoint import Entrypoint
 from phalanx.settings.options import blaming
-from phalanx.settings.values import Endpoint, NodeRange
+from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S, Endpoint, NodeRange
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
@@ -55,6 +55,7 @@ class LaunchSpec:
     interface: str | None = None
     join_timeout: float = 300.0
     last_call: float = 30.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT_S
     simulate_nodes: int = 0
     standalone: bool = False
     all_ranks: bool = False

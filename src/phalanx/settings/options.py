@@ -153,6 +153,15 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         kind="seconds",
     ),
     Option(
+        "heartbeat-timeout",
+        values.parse_heartbeat_timeout,
+        "seconds a node may go without a sign of life (its machine down, its network cut) before the other nodes "
+        "count it lost and stop their workers; each node beats every sixth of it (default "
+        f"{values.DEFAULT_HEARTBEAT_TIMEOUT_S:g}, the same on every node)",
+        "SECONDS",
+        kind="seconds",
+    ),
+    Option(
         "simulate-nodes",
         values.parse_simulated_nodes,
         "run K node agents on this host: rehearse a multi-node launch on one machine",

@@ -102,6 +102,23 @@ def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
     return seconds
 
 
+#: --heartbeat-timeout's default: a link cut for a few seconds is ridden out.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+#: The shortest --heartbeat-timeout: beats a sixth of a second apart, a few store round trips each.
+MIN_HEARTBEAT_TIMEOUT_S = 1.0
+
+
+def parse_heartbeat_timeout(value: object) -> float:
+    seconds = parse_seconds(value, name="--heartbeat-timeout", example=30)
+    if seconds < MIN_HEARTBEAT_TIMEOUT_S:
+        raise InvalidValue(
+            f"--heartbeat-timeout {seconds:g}: below {MIN_HEARTBEAT_TIMEOUT_S:g} s, a busy machine's scheduling delay "
+            "or one slow answer of the store would count as a lost node",
+            "for example --heartbeat-timeout 5",
+        )
+    return seconds
+
+
 def parse_simulated_nodes(value: object) -> int:
     """--simulate-nodes K: 1 to MAX_SIMULATED_NODES node agents on this host."""
     count = parse_int(value, minimum=1, name="--simulate-nodes")
