@@ -5,7 +5,7 @@ TCPStore (as the store's host serves them), and each runs phalanx's code itself,
 
   lobby   phalanx.launch.lobby.Lobby.join: a place, the fingerprint compared with the first
           node's, one wait for the word that the nodes met, the two nodes to watch
-  table   phalanx.launch.rank_table.RankTableBoard: every node posts its row, one gathers them
+  table   phalanx.launch.crossnode.NodeBoard: every node posts its row of the rank table, one gathers them
   end     phalanx.launch.crossnode.CrossNode.workers_finished: every node says that its workers
           finished and waits until all did (torch's exit barrier then passes at once)
   beat    phalanx.launch.liveness.Liveness: the operations of one beat, counted over a few beats
@@ -45,11 +45,10 @@ from typing import Any
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
 from phalanx.launch import lobby
-from phalanx.launch.crossnode import CrossNode
+from phalanx.launch.crossnode import CrossNode, NodeBoard
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, Meeting, store_client
 from phalanx.launch.node_setup import NodeSetup
-from phalanx.launch.rank_table import RankTableBoard
 from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,8 +138,8 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
         client.phase = "table"
 
     def table(index: int) -> None:
-        board = RankTableBoard(clients[index], "phalanx/scale/round/0/")
-        board.post({"node": index, "label": f"node{index}", "ranks": list(range(8 * index, 8 * index + 8))})
+        board = NodeBoard(clients[index], "phalanx/scale/round/0/", "rank_table")
+        board.post(index, {"node": index, "label": f"node{index}", "ranks": list(range(8 * index, 8 * index + 8))})
         if index == order[0]:  # the node of rank 0 prints the table
             assert board.gather(nodes) is not None
 

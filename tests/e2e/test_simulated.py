@@ -258,6 +258,43 @@ def test_tutorial_example_under_phalanx(phalanx, workdir, recorder):
     counted = recorder == "default" and gloo_flight_recorder_on()
     assert all((uncounted.format(rank) in result.stderr) != counted for rank in (0, 1)), result.stderr
     assert "PROBLEM" not in result.stderr
+    check_the_start_is_broken_down(result.stderr, workdir, nodes=2)
+
+
+def check_the_start_is_broken_down(stderr: str, workdir: Path, nodes: int) -> None:
+    """One line names the slowest node (where there are several) and its phases, which add up to
+    its total; the run's start.json has every node's phases, in order."""
+    from phalanx.launch.start_report import PHASES, START_RECORD_NAME
+
+    said = re.findall(r"phalanx: start: (\d+\.\d) s to the first step(?: \(slowest node: (node\d)\))?: (.*)", stderr)
+    assert len(said) == 1, stderr
+    total, slowest, phases = said[0]
+    assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")] == list(PHASES), phases
+    assert bool(slowest) == (nodes > 1), said
+    (record,) = workdir.glob(f"phalanx-logs/*/{START_RECORD_NAME}")
+    written = json.loads(record.read_text())["nodes"]
+    assert [node["label"] for node in written] == [f"node{index}" for index in range(nodes)], written
+    assert all(list(node["phases"]) == list(PHASES) and min(node["phases"].values()) >= 0 for node in written)
+    worst = max(written, key=lambda node: sum(node["phases"].values()))
+    assert abs(sum(worst["phases"].values()) - float(total)) < 0.06 and worst["label"] == (slowest or "node0"), written
+
+
+def test_a_single_node_start_is_broken_down(phalanx, workdir):
+    script = workdir / "one_step.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "weight = torch.nn.Parameter(torch.ones(4))\n"
+        "optimizer = torch.optim.SGD([weight], lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    weight.sum().backward()\n"
+        "    dist.all_reduce(weight.grad)\n"
+        "    optimizer.step()\n"
+        "dist.destroy_process_group()\n"
+    )
+    result = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 0, result.output
+    check_the_start_is_broken_down(result.stderr, workdir, nodes=1)
 
 
 @contextlib.contextmanager
@@ -328,12 +365,16 @@ def test_ranks_that_each_trained_alone_are_named_and_the_job_fails(phalanx, work
     """A script that never forms the job's process group (as Accelerate on CPUs without
     ACCELERATE_USE_CPU=1) used to end with exit 0: every rank trained alone."""
     script = workdir / "alone.py"
-    script.write_text("import torch\nprint('trained alone', torch.ones(1).item())\n")
+    script.write_text(
+        "import torch\nweight = torch.nn.Parameter(torch.ones(1))\noptimizer = torch.optim.SGD([weight], lr=0.1)\n"
+        "weight.sum().backward()\noptimizer.step()\nprint('trained alone', weight.item())\n"
+    )
     result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(script))
     assert result.returncode == 5, result.output
     assert "phalanx: PROBLEM: node0: ranks 0-1 of the job's 4 never communicated with the others" in result.stderr
     assert "phalanx: PROBLEM: node1: ranks 2-3 of the job's 4 never communicated" in result.stderr
     assert "HINT: call torch.distributed.init_process_group()" in result.stderr
+    assert "phalanx: start:" not in result.stderr  # no process group: no start to break down
 
 
 @pytest.mark.parametrize(

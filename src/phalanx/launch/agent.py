@@ -26,7 +26,7 @@ from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode
 from phalanx.launch import failure
-from phalanx.launch.crossnode import CrossNode
+from phalanx.launch.crossnode import GATHER_TIMEOUT_S, CrossNode, NodeBoard
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
@@ -34,11 +34,12 @@ from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, 
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
-from phalanx.launch.rank_table import RankTableBoard, format_rank_table, node_row
+from phalanx.launch.rank_table import format_rank_table, node_row
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
+from phalanx.launch.start_report import StartReporter
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
@@ -65,7 +66,7 @@ class NodeAgent:
         #: a single node, or before the lobby).
         self.store: Any = None
         #: The rank table of the current rendezvous round, on the store.
-        self.board: RankTableBoard | None = None
+        self.board: NodeBoard | None = None
         #: Keys of the whole job on the store: the lobby's, the liveness watch's (alive, ended, lost).
         self.prefix = f"phalanx/{setup.rdzv_id}/"
         #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
@@ -83,6 +84,10 @@ class NodeAgent:
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
         #: The per-rank log layout of this node's workers (set as torchrun's agent starts).
         self.logs: RankLogsSpecs | None = None
+        #: When the start's phases began (Unix times: ``launched``, ``agent``, ``met``, ``started``).
+        self.start_times: dict[str, float] = {}
+        #: Reports where the first start's seconds went, once its workers stepped (:mod:`.start_report`).
+        self.start_reporter: StartReporter | None = None
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -90,6 +95,11 @@ class NodeAgent:
             return self._run()
 
     def _run(self) -> int:
+        import torch.distributed  # noqa: F401  (the store and the agent need it: its import is the launcher's start)
+
+        me = psutil.Process()
+        launcher = (me.parent() or me) if self.setup.is_simulated else me  # a simulated node's is its parent
+        self.start_times = {"launched": launcher.create_time(), "agent": time.time()}
         try:
             if self.setup.nnodes_max > 1:
                 lobby = Lobby(self.setup, node_fingerprint(self.setup))
@@ -103,6 +113,7 @@ class NodeAgent:
                 self._alone_store = host_store(self.setup, endpoint)  # kept for torchrun, not read here
                 port = self._alone_store.port
                 self.setup = dataclasses.replace(self.setup, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
+            self.start_times["met"] = time.time()
             return self._launch()
         except PhalanxError as error:
             say(error.render())
@@ -172,6 +183,8 @@ class NodeAgent:
             say(f"phalanx: {self.setup.node_label} stopped by {error.sigval.name}; {self._what_the_workers_did(logs)}")
             return 128 + int(error.sigval)
         finally:
+            if self.start_reporter is not None:
+                self.start_reporter.stop()
             if self.liveness is not None:  # however this node ends, its silence from now on is no loss
                 self.crossnode.post_ended()
                 self.liveness.stop()
@@ -191,7 +204,7 @@ class NodeAgent:
             return
         name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.setup.node_label}-{self.rounds}")
         self.crossnode.enter_round(name)
-        self.board = RankTableBoard(self.store, self.crossnode.round_prefix)
+        self.board = NodeBoard(self.store, self.crossnode.round_prefix, "rank_table")
 
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
@@ -346,15 +359,32 @@ class NodeAgent:
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
+        if self.start_reporter is None and self.setup.command_name == "phalanx run":
+            self._report_the_start(row)
         if self.board is not None:
-            self.board.post(row)
+            self.board.post(row["node"], row)
         if 0 not in row["ranks"]:
             return
         rows = [row] if self.board is None else self.board.gather(row["nodes"])
         if rows is None:
-            say("phalanx: rank table: not every node posted its ranks within 30 s; continuing without the table")
+            say(f"phalanx: rank table: not every node posted its ranks within {GATHER_TIMEOUT_S:g} s; continuing "
+                "without the table")  # fmt: skip
             return
         say(format_rank_table(rows))
+
+    def _report_the_start(self, row: dict[str, Any]) -> None:
+        """From the first start of the workers on: once they stepped, where the start's seconds
+        went (:mod:`.start_report`), said by the node that holds rank 0."""
+        assert self.logs is not None
+        board = None if self.store is None else NodeBoard(self.store, self.crossnode.round_prefix, "start")
+        self.start_reporter = StartReporter(
+            {**self.start_times, "started": time.time()}, self.setup.node_label,
+            [self.logs.folder_of_rank[rank] for rank in row["ranks"]],
+            post=None if board is None else lambda phases: board.post(row["node"], phases),
+            gather=None if board is None or 0 not in row["ranks"] else lambda: board.gather(row["nodes"], timeout=0),
+            report=say, run_dir=Path(self.setup.run_dir),
+        )  # fmt: skip
+        self.start_reporter.start()
 
     def _report_failures(self, found: list[failure.RankFailure]) -> int:
         """Names the root cause; the exit code that goes with it."""
@@ -380,7 +410,7 @@ class NodeAgent:
         if self.store is None or self.board is None:
             return []
         try:
-            nodes = self.board.labels(self.nodes_in_job)
+            nodes = [row["label"] for row in self.board.posted(self.nodes_in_job)]
             ended = self.crossnode.ended_nodes(self.store)
         except Exception as error:
             raise_if_signal(error)

@@ -13,7 +13,8 @@ SCRIPT ARGS``, in a process that also:
   (``WorkerEnv.early_signal``), where PreemptionGuard finds it, and said at exit when no guard
   ever took it;
 - records whether it joined the job's process group (:mod:`.group_record`), so that the launcher
-  can say when every rank trained alone;
+  can say when every rank trained alone, and when its first optimizer step ended
+  (:mod:`.start_report`), so that it can say where the start's seconds went;
 - writes the exception that ended the script to the worker's error file, as torch's ``@record``
   does, where the launcher reads it;
 - tears down a process group the script left for interpreter shutdown, after the pause that lets
@@ -34,6 +35,7 @@ from types import TracebackType
 from phalanx.launch.group_guard import guard_the_group
 from phalanx.launch.group_record import GroupWatch
 from phalanx.launch.signals import die_with_parent
+from phalanx.launch.start_report import START_RECORD_NAME, FirstStepWatch
 from phalanx.worker_env import WorkerEnv
 
 
@@ -90,6 +92,7 @@ def run(argv: list[str]) -> int | str | None:
         watch = GroupWatch(Path(worker.group_record), int(os.environ.get("WORLD_SIZE", "1")))
         watch.install()
         atexit.register(watch.write)
+        FirstStepWatch(Path(worker.group_record).parent / START_RECORD_NAME, watch).install()
     try:
         if is_module:
             sys.argv = [target, *args]  # runpy puts the module's path in argv[0], as python -m does

@@ -24,6 +24,8 @@ from phalanx.console import say
 from phalanx.launch import failure
 from phalanx.launch.restarts import raise_if_signal
 
+#: How long the node that holds rank 0 waits for every node's row of the rank table.
+GATHER_TIMEOUT_S = 30.0
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
 FAILURE_GATHER_S = 3.0
 #: How long a node whose workers failed looks for another node's word that the job ends instead
@@ -208,3 +210,42 @@ class CrossNode:
         except Exception as error:
             raise_if_signal(error)
             return []
+
+
+class NodeBoard:
+    """One value per node of a rendezvous round, posted on the store under the round's prefix
+    (a node that joined later counts its attempts from 0: the round names the board on every
+    node alike), and gathered by one node: the rank table's rows, the start's phases.
+
+    Args:
+        store: the rendezvous store.
+        prefix: the round's prefix (:attr:`CrossNode.round_prefix`).
+        topic: what the values are, a key's last part but one (``rank_table``).
+    """
+
+    def __init__(self, store: Any, prefix: str, topic: str) -> None:
+        self.store, self.prefix, self.topic = store, prefix, topic
+
+    def _key(self, node: int) -> str:
+        return f"{self.prefix}{self.topic}/{node}"
+
+    def post(self, node: int, value: dict[str, Any]) -> None:
+        self.store.set(self._key(node), json.dumps(value))
+
+    def gather(
+        self, nodes: int, timeout: float = GATHER_TIMEOUT_S, poll_s: float = 0.02
+    ) -> list[dict[str, Any]] | None:
+        """Every node's value, in node order, once all ``nodes`` posted; None after ``timeout``.
+        One store operation a poll, however many nodes."""
+        keys = [self._key(node) for node in range(nodes)]
+        deadline = time.monotonic() + timeout
+        while not self.store.check(keys):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(poll_s)
+        return [json.loads(value) for value in self.store.multi_get(keys)]
+
+    def posted(self, nodes: int) -> list[dict[str, Any]]:
+        """The values of the nodes (of ``nodes``) that posted theirs."""
+        keys = [key for key in (self._key(node) for node in range(nodes)) if self.store.check([key])]
+        return [json.loads(value) for value in self.store.multi_get(keys)] if keys else []

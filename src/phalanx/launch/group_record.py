@@ -10,25 +10,24 @@ ran alone.
 
 torch has no hook on process-group creation, so :class:`GroupWatch` wraps
 ``torch.distributed.init_process_group`` as soon as ``torch.distributed.distributed_c10d`` is
-imported (an import hook: importing torch earlier would change the script's behaviour, such as
-``OMP_NUM_THREADS`` set before its own ``import torch``). The wrapper passes every argument
+imported (:mod:`.import_hook`). The wrapper passes every argument
 through and only looks at the result. Checked against every release CI tests (phalanx.torch_compat),
 whose ``torch.distributed`` and ``torch.distributed.device_mesh`` take the function from that module.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from phalanx.launch.import_hook import when_imported
 from phalanx.worker_env import WorkerEnv
 
 #: The record's file name, in each rank's log folder.
@@ -81,20 +80,22 @@ class GroupWatch:
         self.world_size = world_size
         self.joined_world = 0
         self.backends: set[str] = set()  # of the groups formed: which flight recorder counts their collectives
+        #: When the first init_process_group was called, and when it returned (Unix time).
+        self.began: float | None = None
+        self.formed: float | None = None
 
     def install(self) -> None:
         """Wraps init_process_group now if torch.distributed is imported, else as soon as it is."""
-        module = sys.modules.get(_C10D)
-        if module is not None:
-            self._wrap(module)
-        else:
-            sys.meta_path.insert(0, _AfterImport(_C10D, self._wrap))
+        when_imported(_C10D, self._wrap)
 
     def _wrap(self, c10d: ModuleType) -> None:
         original = c10d.init_process_group
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            began = time.time()
             result = original(*args, **kwargs)
+            if self.formed is None:
+                self.began, self.formed = began, time.time()
             self._joined(c10d)
             return result
 
@@ -146,32 +147,6 @@ class GroupWatch:
             return total
         trusted = not any("nccl" in backend or "undefined" in backend for backend in self.backends)
         return 0 if trusted and counts[0] is not None else None
-
-
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``then(module)`` right after the module ``name`` executes, before anyone else gets it."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.then = then
-        self.loader: Any = None
-
-    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        self.loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec: Any) -> ModuleType | None:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
 
 
 def solo_ranks(records: dict[int, GroupRecord | None]) -> list[int]:

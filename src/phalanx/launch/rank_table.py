@@ -7,14 +7,10 @@ its row on the store, and the node that holds rank 0 prints the whole table.
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from phalanx.console import format_table, ranges
 from phalanx.worker_env import WorkerEnv
-
-GATHER_TIMEOUT_S = 30.0
 
 
 def node_row(envs: dict[int, dict[str, str]], address: str, label: str) -> dict[str, Any]:
@@ -43,33 +39,3 @@ def format_rank_table(rows: list[dict[str, Any]]) -> str:
         [[row["node"], row["label"], row["address"], ranges(row["ranks"]), ranges(row["local_ranks"])] for row in rows],
     )
     return f"{head}\n{table}"
-
-
-class RankTableBoard:
-    """Rows of the rank table posted on the rendezvous store, one per node, under a rendezvous
-    round's prefix (a node that joined later counts its attempts from 0: the round names the
-    table on every node alike)."""
-
-    def __init__(self, store: Any, prefix: str) -> None:
-        self.store = store
-        self.prefix = prefix
-
-    def _key(self, node: int) -> str:
-        return f"{self.prefix}rank_table/{node}"
-
-    def post(self, row: dict[str, Any]) -> None:
-        self.store.set(self._key(row["node"]), json.dumps(row))
-
-    def gather(self, nodes: int, timeout: float = GATHER_TIMEOUT_S) -> list[dict[str, Any]] | None:
-        keys = [self._key(node) for node in range(nodes)]
-        deadline = time.monotonic() + timeout
-        while not self.store.check(keys):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.02)
-        return [json.loads(value) for value in self.store.multi_get(keys)]
-
-    def labels(self, nodes: int) -> list[str]:
-        """The labels of the nodes (of ``nodes``) that posted their row: the nodes of the round."""
-        keys = [key for key in (self._key(node) for node in range(nodes)) if self.store.check([key])]
-        return [json.loads(value)["label"] for value in self.store.multi_get(keys)] if keys else []
