@@ -100,7 +100,7 @@ def prepared(tmp_path, monkeypatch) -> tuple[str, Path]:
 #: Job's shape is the manifest's.
 REFUSED = {
     ("PET_<FLAG>", "slurm"): "PET_NNODES=2 set in this shell",
-    ("PET_<FLAG>", "launch"): "PET_NNODES=2 given to every host",
+    ("PET_<FLAG>", "launch"): "PET_NNODES=2 set in this shell",
     ("PET_<FLAG>", "k8s"): "--env PET_NNODES",
 }
 

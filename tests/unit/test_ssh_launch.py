@@ -155,9 +155,14 @@ def test_the_hosts_settings_come_from_the_variables_they_get(script, forwarded):
 
 
 @pytest.mark.parametrize("extra", [["--env", "PET_NNODES=2"], ["--no-default-env", "--env", "PET_NNODES=2"]])
-def test_torchruns_markers_given_to_every_host_are_refused(capsys, script, extra):
+def test_torchruns_markers_given_by_env_are_refused(capsys, script, extra):
     err = refusal(capsys, "--hosts", "gpu1,gpu2", *extra, "train.py")
-    assert "PET_NNODES=2 given to every host" in err, err
+    assert "PET_NNODES=2 given by --env" in err and "HINT: leave out --env PET_NNODES;" in err, err
+
+
+def test_the_config_file_is_not_a_variable_for_the_hosts(capsys, script):
+    err = refusal(capsys, "--hosts", "gpu1,gpu2", "--env", "PHALANX_CONFIG=launch.toml", "train.py")
+    assert "--env PHALANX_CONFIG=launch.toml: the config file is read here" in err and "--config FILE" in err, err
 
 
 # -- the guard on each host ---------------------------------------------------------------------

@@ -53,42 +53,70 @@ def test_a_rank_that_formed_no_group_gives_no_breakdown():
     assert node_phases(TIMES, []) is None
 
 
-def test_the_line_names_the_slowest_node():
-    fast = {"label": "node0", "phases": dict.fromkeys(PHASES, 1.0)}
-    slow = {"label": "node1", "phases": {**dict.fromkeys(PHASES, 1.0), "workers' start": 4.25}}
-    line = start_line([fast, slow])
-    assert line.startswith("phalanx: start: 9.2 s to the first step (slowest node: node1): launcher 1.0 s, "), line
-    assert "workers' start 4.2 s" in line or "workers' start 4.3 s" in line, line
-    assert "slowest" not in start_line([fast])
+def test_the_line_gives_the_longest_start_and_names_the_node_waited_for():
+    """node0 started first and waited for node1 in the lobby: its start took longest; node1 is the
+    one the nodes waited for (it waited least)."""
+    first = {"label": "node0", "phases": {**dict.fromkeys(PHASES, 1.0), "lobby": 4.25}}
+    last = {"label": "node1", "phases": {**dict.fromkeys(PHASES, 1.0), "lobby": 0.1}}
+    line = start_line([first, last])
+    assert line.startswith("phalanx: start: 9.2 s to the first step on node0 (the nodes waited for node1): "
+                           "launcher 1.0 s, lobby 4.2 s, "), line  # fmt: skip
+    assert start_line([first]).startswith("phalanx: start: 9.2 s to the first step: launcher 1.0 s, ")
 
 
-def test_the_node_that_holds_rank_0_waits_for_every_node_and_says_it_once(tmp_path):
-    """Posts go to a board (a dict here; the store in a job); the line comes once both nodes posted."""
-    board: dict[int, dict] = {}
-    said: list[str] = []
+def reporters(tmp_path, said: list[str], board: dict[int, dict]) -> tuple[list[StartReporter], list]:
+    """Two nodes' reporters of one rank each; posts go to ``board`` (the store in a job)."""
     folders = []
     for node in range(2):
-        folder = tmp_path / f"rank{node}"
-        folder.mkdir()
-        folders.append(folder)
-    reporters = [
+        folders.append(tmp_path / f"rank{node}")
+        folders[-1].mkdir()
+    made = [
         StartReporter(TIMES, f"node{node}", [folders[node]], post=lambda value, node=node: board.__setitem__(node, value),
                       gather=(lambda: [board[0], board[1]] if len(board) == 2 else None) if node == 0 else None,
                       report=said.append, run_dir=tmp_path)
         for node in range(2)
     ]  # fmt: skip
-    for reporter in reporters:
+    return made, folders
+
+
+RECORD = {"group_began": 104.0, "group_formed": 105.0, "first_step": 106.0}
+
+
+def test_the_node_that_holds_rank_0_waits_for_every_node_and_says_it_once(tmp_path):
+    board: dict[int, dict] = {}
+    said: list[str] = []
+    made, folders = reporters(tmp_path, said, board)
+    for reporter in made:
         reporter.start()
-    record = {"group_began": 104.0, "group_formed": 105.0, "first_step": 106.0}
-    (folders[0] / START_RECORD_NAME).write_text(json.dumps(record))
+    (folders[0] / START_RECORD_NAME).write_text(json.dumps(RECORD))
     time.sleep(0.6)
     assert said == [] and list(board) == [0]  # node1's rank has not stepped yet
-    (folders[1] / START_RECORD_NAME).write_text(json.dumps({**record, "first_step": 108.0}))
-    deadline = time.monotonic() + 10
-    while not said and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(said) == 1 and "(slowest node: node1)" in said[0], said
-    assert [node["label"] for node in json.loads((tmp_path / START_RECORD_NAME).read_text())["nodes"]] == ["node0",
-                                                                                                          "node1"]  # fmt: skip
-    for reporter in reporters:
-        reporter.stop()
+    (folders[1] / START_RECORD_NAME).write_text(json.dumps({**RECORD, "first_step": 108.0}))
+    made[1].finish(timeout=0.0)  # node1's workers finished: it posted before it said so
+    made[0].finish(timeout=10.0)
+    assert len(said) == 1 and "first step on node1" in said[0], said
+    written = json.loads((tmp_path / START_RECORD_NAME).read_text())["nodes"]
+    assert [node["label"] for node in written] == ["node0", "node1"], written
+
+
+def test_a_node_without_records_ends_the_wait_at_once_and_nothing_is_said(tmp_path):
+    """A script that never stepped an optimizer: each node posts that it has no phases as its
+    workers finish, and the gathering node stops looking without a line, not after a bound."""
+    board: dict[int, dict] = {}
+    said: list[str] = []
+    made, folders = reporters(tmp_path, said, board)
+    (folders[0] / START_RECORD_NAME).write_text(json.dumps(RECORD))
+    made[1].finish(timeout=0.0)
+    started = time.monotonic()
+    made[0].finish(timeout=30.0)
+    assert time.monotonic() - started < 5 and said == [] and board[1]["phases"] is None, board
+    assert not (tmp_path / START_RECORD_NAME).exists()
+
+
+def test_a_record_older_than_the_start_is_not_this_starts(tmp_path):
+    said: list[str] = []
+    (tmp_path / START_RECORD_NAME).write_text(json.dumps({**RECORD, "first_step": TIMES["started"] - 60}))
+    reporter = StartReporter(TIMES, "node0", [tmp_path], post=None, gather=None, report=said.append,
+                             run_dir=tmp_path / "run")  # fmt: skip
+    reporter.finish(timeout=0.0)
+    assert said == []

@@ -8,7 +8,9 @@ from phalanx.clusters.torchrun_variables import TorchrunVariables
 from phalanx.errors import SettingsRefused
 
 
-def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str, where: str = "set in this shell") -> None:
+def refuse_torchrun_markers(
+    environ: Mapping[str, str], inherit: str, where: str = "set in this shell", drop: str = "unset"
+) -> None:
     """Refuses torchrun's PET_ variables that describe a job (PET_NNODES, PET_NODE_RANK, ...) where
     every node inherits them: there, beside the scheduler's own (or the flags each host gets),
     they describe the job twice, the same on every node, and phalanx run refuses to start.
@@ -18,6 +20,7 @@ def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str, where: str
         inherit: how the nodes inherit them, as a clause ("the batch job's nodes inherit this
             shell's variables").
         where: where the variables were set, as the refusal says it.
+        drop: how to drop them, as the HINT says it (``unset``, ``leave out --env``).
 
     Raises:
         SettingsRefused: one is set.
@@ -28,5 +31,5 @@ def refuse_torchrun_markers(environ: Mapping[str, str], inherit: str, where: str
             f"{', '.join(f'{name}={environ[name]}' for name in inherited)} {where}",
             f"{inherit}, and torchrun's PET_ variables describe the job to each node: the same on every node, "
             "beside what phalanx gives each one, they would make phalanx run refuse to start.",
-            f"unset {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",
+            f"{drop} {' '.join(inherited)}; give the settings as flags or PHALANX_<FLAG> variables",
         )

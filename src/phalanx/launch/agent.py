@@ -39,7 +39,7 @@ from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
-from phalanx.launch.start_report import StartReporter
+from phalanx.launch.start_report import START_FINISH_S, StartReporter, process_started_at
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
@@ -97,9 +97,8 @@ class NodeAgent:
     def _run(self) -> int:
         import torch.distributed  # noqa: F401  (the store and the agent need it: its import is the launcher's start)
 
-        me = psutil.Process()
-        launcher = (me.parent() or me) if self.setup.is_simulated else me  # a simulated node's is its parent
-        self.start_times = {"launched": launcher.create_time(), "agent": time.time()}
+        launcher = os.getppid() if self.setup.is_simulated else os.getpid()  # a simulated node's is its parent
+        self.start_times = {"launched": process_started_at(launcher), "agent": time.time()}
         try:
             if self.setup.nnodes_max > 1:
                 lobby = Lobby(self.setup, node_fingerprint(self.setup))
@@ -141,6 +140,8 @@ class NodeAgent:
             return failure.failures_from(failures, logs.stderr_of_rank, self.setup.node_label, self.setup.local_addr)
 
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
+            if self.start_reporter is not None:  # posted before the others hear that this node finished
+                self.start_reporter.finish(timeout=0.0)
             return self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.setup.is_host)
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
@@ -152,6 +153,8 @@ class NodeAgent:
                 second_signal_kills(lambda sig: self._say_stopping(sig, wait_s)),
             ):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
+            if self.start_reporter is not None:  # every node posted its phases before it finished
+                self.start_reporter.finish(timeout=START_FINISH_S)
         except ChildFailedError as error:
             found = found_in(error.failures)
             self.crossnode.post_failures(found)
@@ -357,10 +360,17 @@ class NodeAgent:
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
+        """Called by torch's agent right before it starts the workers (from their logs' layout)."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
+        self._show_the_rank_table(row)
         if self.start_reporter is None and self.setup.command_name == "phalanx run":
-            self._report_the_start(row)
+            try:
+                self._report_the_start(row)
+            except Exception as error:  # a report, never a reason for torch's agent to fail
+                raise_if_signal(error)
+
+    def _show_the_rank_table(self, row: dict[str, Any]) -> None:
         if self.board is not None:
             self.board.post(row["node"], row)
         if 0 not in row["ranks"]:

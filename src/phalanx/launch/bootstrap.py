@@ -89,10 +89,11 @@ def run(argv: list[str]) -> int | str | None:
     atexit.register(_tear_down_group)
     atexit.register(_say_if_the_early_signal_was_never_taken)
     if worker.group_record:
-        watch = GroupWatch(Path(worker.group_record), int(os.environ.get("WORLD_SIZE", "1")))
+        record = Path(worker.group_record).absolute()  # before the script changes its working folder
+        watch = GroupWatch(record, int(os.environ.get("WORLD_SIZE", "1")))
         watch.install()
         atexit.register(watch.write)
-        FirstStepWatch(Path(worker.group_record).parent / START_RECORD_NAME, watch).install()
+        FirstStepWatch(record.parent / START_RECORD_NAME, watch).install()
     try:
         if is_module:
             sys.argv = [target, *args]  # runpy puts the module's path in argv[0], as python -m does

@@ -5,8 +5,8 @@ Keys of the whole job, under ``phalanx/<rdzv id>/``: ``ended`` (the nodes whose 
 whose silence is no loss), ``lost`` (the liveness watch's verdicts) and the lobby's. Keys of one
 rendezvous round, under ``.../round/<name>/`` (:mod:`.rounds` names it alike on every node of the
 round): ``failures`` (each node's failure report, one JSON line), ``finished`` (the nodes whose
-workers finished), ``ends`` (a node's word that the job ends rather than restarts) and the rank
-table. What a node said in an earlier round holds for that round only.
+workers finished), ``ends`` (a node's word that the job ends rather than restarts), the rank
+table (``rank_table/<node>``) and the start's phases (``start/<node>``). What a node said in an earlier round holds for that round only.
 
 Every post is best effort, and every read too where it says so: the store goes down with the
 node that hosts it, and what is left to say then is said on the console.

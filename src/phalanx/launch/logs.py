@@ -21,6 +21,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std, to_map
 
 from phalanx.launch.group_record import GROUP_RECORD_NAME
+from phalanx.launch.start_report import START_RECORD_NAME
 from phalanx.worker_env import KEEP_REPORT_NAME, KEEP_REQUEST_NAME, WorkerEnv
 
 RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
@@ -78,6 +79,7 @@ class RankLogsSpecs(LogsSpecs):
                 "stderr.log",
                 "error.json",
                 GROUP_RECORD_NAME,
+                START_RECORD_NAME,
                 KEEP_REQUEST_NAME,
                 KEEP_REPORT_NAME,
             ):

@@ -17,7 +17,9 @@ restart's own lines tell.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -40,13 +42,17 @@ PHASES = (
 )
 #: How often a node looks for its ranks' records, and the node that holds rank 0 for the nodes'.
 POLL_S = 0.25
+#: After a job's workers finished: how long the node that holds rank 0 looks for the nodes'
+#: phases, which each posted before it said it finished.
+START_FINISH_S = 3.0
 
 
 class FirstStepWatch:
     """In a worker: writes its start record at the end of its first ``optimizer.step()``.
 
     Args:
-        path: the record's path, in the rank's log folder.
+        path: the record's path, in the rank's log folder (absolute: the script may change
+            the working folder).
         group: the worker's :class:`~phalanx.launch.group_record.GroupWatch` (its ``began`` and
             ``formed`` times).
     """
@@ -67,10 +73,21 @@ class FirstStepWatch:
         self._handle.remove()
         self._handle = None
         record = {"group_began": self.group.began, "group_formed": self.group.formed, "first_step": time.time()}
-        try:
-            self.path.write_text(json.dumps(record))
+        written = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        try:  # whole or not at all: the launcher reads it while the worker trains on
+            written.write_text(json.dumps(record))
+            os.replace(written, self.path)
         except OSError:
             pass  # the log folder is gone: the start goes unreported
+
+
+def process_started_at(pid: int) -> float:
+    """When process ``pid`` started (Unix time), to the kernel's clock tick: psutil's
+    ``create_time`` counts from the boot time in whole seconds, up to a second early."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    ticks_since_boot = int(fields[19])  # the 22nd field of stat(5), the first two cut off above
+    since_boot = ticks_since_boot / os.sysconf("SC_CLK_TCK")
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def node_phases(times: dict[str, float], records: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -88,25 +105,32 @@ def node_phases(times: dict[str, float], records: list[dict[str, Any]]) -> dict[
         max(record["group_formed"] for record in records),
         max(record["first_step"] for record in records),
     ]
-    return {phase: max(0.0, end - begin) for phase, begin, end in zip(PHASES, points, points[1:])}
+    return {phase: end - begin for phase, begin, end in zip(PHASES, points, points[1:])}
 
 
 def start_line(nodes: list[dict[str, Any]]) -> str:
-    """The one line of a start: the slowest node's total and phases.
+    """The one line of a start: the phases of the node whose start took longest, which saw the
+    whole start of the job (it waited for the others), and the node the others waited for: the
+    one that waited least in the lobby and for the process group.
 
     Args:
         nodes: each node's ``{"label", "phases"}``.
     """
-    slowest = max(nodes, key=lambda node: sum(node["phases"].values()))
-    phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in slowest["phases"].items())
-    where = f" (slowest node: {slowest['label']})" if len(nodes) > 1 else ""
-    return f"phalanx: start: {sum(slowest['phases'].values()):.1f} s to the first step{where}: {phases}"
+    longest = max(nodes, key=lambda node: sum(node["phases"].values()))
+    phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in longest["phases"].items())
+    total = f"{sum(longest['phases'].values()):.1f} s to the first step"
+    if len(nodes) == 1:
+        return f"phalanx: start: {total}: {phases}"
+    last = min(nodes, key=lambda node: node["phases"]["lobby"] + node["phases"]["process group"])
+    waited = ", which the other nodes waited for" if last is longest else f" (the nodes waited for {last['label']})"
+    return f"phalanx: start: {total} on {longest['label']}{waited}: {phases}"
 
 
 class StartReporter:
-    """In a node agent: waits, in a thread, for its ranks' start records; posts the node's phases
-    (``post``), and where ``gather`` is given (the node that holds rank 0), gathers every node's,
-    prints the line and writes the run's record.
+    """In a node agent: looks, from a thread, for its ranks' start records; posts the node's
+    phases (``post``) once they are in, and where ``gather`` is given (the node that holds rank
+    0), gathers every node's, says the line and writes the run's record. :meth:`finish` makes
+    the last looks before the agent ends (a short job ends soon after its first step).
 
     Args:
         times: the agent's ``launched``, ``agent`` and ``met`` times, and ``started`` (its
@@ -127,6 +151,9 @@ class StartReporter:
     ) -> None:  # fmt: skip
         self.times, self.label, self.folders = times, label, folders
         self.post, self.gather, self.report, self.run_dir = post, gather, report, run_dir
+        self._mine: dict[str, Any] | None = None
+        self._done = False
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-start", daemon=True)
 
@@ -134,30 +161,67 @@ class StartReporter:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops the thread and waits for it: at most one look (a store call)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10.0)
+
+    def finish(self, timeout: float) -> None:
+        """After this node's workers finished: stops the thread, then looks again until done or
+        ``timeout`` seconds passed. A record missing now never comes: the node posts that it
+        has none (its ranks never stepped an optimizer), and no line is said."""
+        self.stop()
+        deadline = time.monotonic() + timeout
+        while not self._look(final=True) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
 
     def _run(self) -> None:
-        paths = [folder / START_RECORD_NAME for folder in self.folders]
-        while not all(path.exists() for path in paths):
-            if self._stop.wait(POLL_S):
-                return
-        try:
-            phases = node_phases(self.times, [json.loads(path.read_text()) for path in paths])
-        except (OSError, ValueError, KeyError, TypeError):
-            return
-        if phases is None:
-            return
-        mine = {"label": self.label, "phases": phases}
-        try:
+        while not self._look(final=False) and not self._stop.wait(POLL_S):
+            pass
+
+    def _look(self, final: bool) -> bool:
+        """One look: posts this node's phases once its ranks' records are in (``final``: or
+        that it has none); says the line once every node posted, on the gathering node. True
+        when nothing is left to do."""
+        with self._lock:
+            if not self._done:
+                try:
+                    self._done = self._next(final)
+                except Exception:  # the store went down with its node: the start goes unreported
+                    self._done = True
+            return self._done
+
+    def _next(self, final: bool) -> bool:
+        if self._mine is None:
+            records = self._records()
+            if records is None and not final:
+                return False
+            self._mine = {"label": self.label, "phases": node_phases(self.times, records) if records else None}
             if self.post is not None:
-                self.post(mine)
-            nodes = [mine] if self.post is None else None
-            while nodes is None and self.gather is not None:
-                nodes = self.gather()
-                if nodes is None and self._stop.wait(POLL_S):
-                    return
-        except Exception:  # the store went down with its node: the start goes unreported
-            return
-        if nodes and not self._stop.is_set():
+                self.post(self._mine)
+        if self.post is None:
+            nodes: list[dict[str, Any]] | None = [self._mine]
+        elif self.gather is None:
+            return True
+        else:
+            nodes = self.gather()
+            if nodes is None:
+                return False
+        if all(node["phases"] is not None for node in nodes):  # else a node's ranks formed no group
             self.report(start_line(nodes))
-            (self.run_dir / START_RECORD_NAME).write_text(json.dumps({"nodes": nodes}, indent=1) + "\n")
+            with contextlib.suppress(OSError):
+                (self.run_dir / START_RECORD_NAME).write_text(json.dumps({"nodes": nodes}, indent=1) + "\n")
+        return True
+
+    def _records(self) -> list[dict[str, Any]] | None:
+        """Every rank's record of this start, or None while one is missing."""
+        records = []
+        for folder in self.folders:
+            try:
+                record = json.loads((folder / START_RECORD_NAME).read_text())
+            except (OSError, ValueError):
+                return None
+            if not isinstance(record, dict) or not record.get("first_step", 0) >= self.times["started"]:
+                return None  # not this start's
+            records.append(record)
+        return records

@@ -155,9 +155,10 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
     Option(
         "heartbeat-timeout",
         values.parse_heartbeat_timeout,
-        "seconds a node may go without a sign of life (its machine down, its network cut) before the other nodes "
-        "count it lost and stop their workers; each node beats every sixth of it (default "
-        f"{values.DEFAULT_HEARTBEAT_TIMEOUT_S:g}, the same on every node)",
+        "in a job of a fixed node count: seconds a node may go without a sign of life (its machine down, its "
+        "network cut) before the other nodes count it lost and stop their workers; each node beats every sixth of "
+        f"it (default {values.DEFAULT_HEARTBEAT_TIMEOUT_S:g}, the same on every node; an elastic job's lost node is "
+        "left to torch's rendezvous)",
         "SECONDS",
         kind="seconds",
     ),

@@ -106,6 +106,8 @@ def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 #: The shortest --heartbeat-timeout: beats a sixth of a second apart, a few store round trips each.
 MIN_HEARTBEAT_TIMEOUT_S = 1.0
+#: The longest: a day (a thread cannot wait longer than threading.TIMEOUT_MAX).
+MAX_HEARTBEAT_TIMEOUT_S = 86400.0
 
 
 def parse_heartbeat_timeout(value: object) -> float:
@@ -115,6 +117,11 @@ def parse_heartbeat_timeout(value: object) -> float:
             f"--heartbeat-timeout {seconds:g}: below {MIN_HEARTBEAT_TIMEOUT_S:g} s, a busy machine's scheduling delay "
             "or one slow answer of the store would count as a lost node",
             "for example --heartbeat-timeout 5",
+        )
+    if seconds > MAX_HEARTBEAT_TIMEOUT_S:
+        raise InvalidValue(
+            f"--heartbeat-timeout {seconds:g}: at most {MAX_HEARTBEAT_TIMEOUT_S:g} s (a day)",
+            "the stall watchdog ends a job whose collectives wait that long anyway; for example --heartbeat-timeout 60",
         )
     return seconds
 

@@ -76,7 +76,12 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         )
     # The hosts resolve PHALANX_<FLAG> and PET_<FLAG> from what they get; so is the plan here.
     environment = _environment(environ, args.env, default=not args.no_default_env)
-    refuse_torchrun_markers(environment, "phalanx launch passes these variables to every host", "given to every host")
+    given = {item.partition("=")[0] for item in args.env}
+    refuse_torchrun_markers({name: value for name, value in environment.items() if name not in given},
+                            "phalanx launch passes this shell's PET_ variables to every host")  # fmt: skip
+    refuse_torchrun_markers({name: value for name, value in environment.items() if name in given},
+                            "phalanx launch passes --env's variables to every host", "given by --env",
+                            drop="leave out --env")  # fmt: skip
     settings, config_path, _ = given_settings(args, environ, variables=environment)
     refuse_settings(settings, _NOT_FOR_HOSTS, "phalanx launch", "phalanx launch runs one node on each host it is given")
     if "nnodes" in settings and (settings["nnodes"].value.min, settings["nnodes"].value.max) != (len(hosts),) * 2:
@@ -185,6 +190,10 @@ def _environment(environ: Mapping[str, str], names: list[str], default: bool) ->
             raise SettingsRefused(
                 f"--env {item}: {name!r} is not a variable name", hint="--env NAME or --env NAME=VALUE"
             )
+        if name == CONFIG_VARIABLE:
+            raise SettingsRefused(f"--env {item}: the config file is read here, and passed on to every host",
+                                  f"{CONFIG_VARIABLE} names a file on this machine, which launch checks before it "
+                                  "starts anything.", "give it as --config FILE")  # fmt: skip
         if equals:
             chosen[name] = value
         elif name in environ:
