@@ -12,7 +12,8 @@ Scenarios:
           be given by hand
 
 phalanx's own breakdown of each start (the line `phalanx: start: ...`, from the run's
-start.json: the slowest node's phases) is reported too, as medians per phase.
+start.json: the phases of the node whose start took longest) is reported too, as medians per
+phase.
 
 Target: each ratio at most 1.05, for single and nodes2 (4 and 8 agents on 2 cores measure the
 cores more than the launcher: their rows are reported, not judged).
@@ -93,10 +94,13 @@ def timed_run(argvs: list[list[str]]) -> tuple[float, float]:
     return wall, first_step
 
 
-def start_phases(logs: Path) -> dict[str, float]:
-    """The slowest node's phases of the one run logged under ``logs`` (its start.json)."""
-    (record,) = logs.glob("*/start.json")
-    nodes = json.loads(record.read_text())["nodes"]
+def start_phases(logs: Path) -> dict[str, float] | None:
+    """The phases of the node whose start took longest, in the one run logged under ``logs``
+    (its start.json); None where the run wrote none."""
+    records = list(logs.glob("*/start.json"))
+    if len(records) != 1:
+        return None
+    nodes = json.loads(records[0].read_text())["nodes"]
     return max(nodes, key=lambda node: sum(node["phases"].values()))["phases"]
 
 
@@ -114,10 +118,13 @@ def measure(scenario: str, repeats: int, example: list[str]) -> dict[str, object
                 wall, first = timed_run(commands(scenario, launcher, str(logs), example))
                 samples[launcher]["wall"].append(wall)
                 samples[launcher]["first_step"].append(first)
-                if launcher == "phalanx":
-                    phases.append(start_phases(logs))
+                found = start_phases(logs) if launcher == "phalanx" else None
+                if found is not None:
+                    phases.append(found)
     medians = {name: {k: statistics.median(v) for k, v in s.items()} for name, s in samples.items()}
     ratios = {k: medians["phalanx"][k] / medians["torchrun"][k] for k in ("wall", "first_step")}
+    if not phases:
+        raise SystemExit(f"{scenario}: no phalanx run wrote its start's phases (start.json)")
     breakdown = {phase: statistics.median(run[phase] for run in phases) for phase in phases[0]}
     return {"scenario": scenario, "repeats": repeats, "samples": samples, "median_s": medians, "ratio": ratios,
             "start_phases_s": breakdown, "start_phases_runs": phases}  # fmt: skip
@@ -145,7 +152,7 @@ def main() -> None:
             )
     print(f"medians of {repeats} interleaved runs each; target: ratio <= {TARGET} ({', '.join(JUDGED)})")
     phases = list(results[0]["start_phases_s"])
-    print(f"\nphalanx's start, the slowest node's phases (medians, s)\n{'scenario':<9} "
+    print(f"\nphalanx's start, the phases of the node whose start took longest (medians, s)\n{'scenario':<9} "
           + " ".join(f"{phase:>14}" for phase in phases) + f" {'total':>7}")  # fmt: skip
     for result in results:
         breakdown = result["start_phases_s"]

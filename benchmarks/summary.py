@@ -40,6 +40,8 @@ class Benchmark:
     needs_root: bool = False  # it builds network namespaces (phalanx.testbed)
     needs: tuple[str, ...] = ()  # Python packages beyond phalanx's own
     minutes: int = 5  # about how long its full run takes on a 2-core machine
+    #: Its smoke run keeps every core busy: it runs in the second stage, where no test runs beside it.
+    loads_every_core: bool = False
 
     @property
     def script(self) -> Path:
@@ -67,6 +69,7 @@ BENCHMARKS = (
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=15),
     Benchmark("control_plane", minutes=20),
     Benchmark("recovery", needs_root=True, minutes=60),
+    Benchmark("detection", needs_root=True, minutes=35, loads_every_core=True),
 )
 
 

@@ -20,8 +20,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import summary
 
 #: Scripts that other benchmarks run or import, and this runner itself.
-HELPERS = {"auto_compression_worker", "fabric_script", "plain_collective_loop", "recovery_worker", "turns", "targets",
-           "summary"}  # fmt: skip
+HELPERS = {"auto_compression_worker", "detection_worker", "fabric_script", "plain_collective_loop", "recovery_worker",
+           "turns", "targets", "summary"}  # fmt: skip
 #: A smoke run takes seconds to a minute here; the bound leaves room for a loaded machine.
 SMOKE_TIMEOUT_S = 300
 CHECKPOINT_METHODS = ("phalanx", "phalanx-async", "rank0-old", "torch-save", "dcp")
@@ -72,9 +72,38 @@ def check_recovery_report(written: dict, _stdout: str) -> None:
     assert resumed is not None and resumed >= every and resumed % every == 0, trial
 
 
+def check_launch_overhead_report(written: dict, _stdout: str) -> None:
+    """Both judged scenarios ran, each with phalanx's breakdown of its start into every phase."""
+    from phalanx.launch.start_report import PHASES
+
+    results = written["results"]
+    assert [result["scenario"] for result in results] == ["single", "nodes2"], results
+    for result in results:
+        assert list(result["start_phases_s"]) == list(PHASES), result
+        assert all(finite(seconds) for seconds in result["start_phases_s"].values()), result
+
+
+def check_detection_report(written: dict, _stdout: str) -> None:
+    """The smoke trial: the cut host was named by a survivor's line that says so (not before the
+    cut: a watcher dates a silence from its last read that saw a beat, up to a beat before it);
+    the saturated seconds passed without a false alarm."""
+    (trial,) = written["results"]["trials"]
+    assert trial["saturated"]["false_alarm"] is None and trial["saturated"]["steps_reported"] > 0, trial
+    assert trial["named_s"] > 0 and "sent no sign of life" in trial["line"], trial
+
+
 #: What a benchmark's smoke report must show beyond the targets every one has.
 MORE_CHECKS = {"checkpoint": check_checkpoint_report, "control_plane": check_control_plane_report,
-               "recovery": check_recovery_report}  # fmt: skip
+               "recovery": check_recovery_report, "detection": check_detection_report,
+               "launch_overhead": check_launch_overhead_report}  # fmt: skip
+
+
+def marks_of(benchmark: summary.Benchmark) -> list[pytest.MarkDecorator]:
+    """netns where it builds a test bed; cluster (the second stage) where it loads every core."""
+    return [
+        *([pytest.mark.netns] if benchmark.needs_root else []),
+        *([pytest.mark.cluster] if benchmark.loads_every_core else []),
+    ]
 
 
 def test_every_benchmark_is_listed() -> None:
@@ -84,7 +113,7 @@ def test_every_benchmark_is_listed() -> None:
 
 @pytest.mark.parametrize(
     "benchmark",
-    [pytest.param(b, id=b.name, marks=[pytest.mark.netns] if b.needs_root else []) for b in summary.BENCHMARKS],
+    [pytest.param(b, id=b.name, marks=marks_of(b)) for b in summary.BENCHMARKS],
 )
 def test_smoke_run_writes_every_target(benchmark: summary.Benchmark, workdir: Path) -> None:
     if benchmark.missing() is not None:
