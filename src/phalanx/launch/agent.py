@@ -142,7 +142,10 @@ class NodeAgent:
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
             if self.start_reporter is not None:  # posted before the others hear that this node finished
                 self.start_reporter.finish(timeout=0.0)
-            return self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.setup.is_host)
+            everyone = self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.setup.is_host)
+            if everyone and self.start_reporter is not None:  # every node posted; the store's host waits in
+                self.start_reporter.finish(timeout=START_FINISH_S)  # torch's exit barrier, so its store is up
+            return everyone
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
         self._watch_the_other_nodes()
@@ -153,8 +156,6 @@ class NodeAgent:
                 second_signal_kills(lambda sig: self._say_stopping(sig, wait_s)),
             ):
                 elastic_launch(config, entrypoint)(*entrypoint_args)
-            if self.start_reporter is not None:  # every node posted its phases before it finished
-                self.start_reporter.finish(timeout=START_FINISH_S)
         except ChildFailedError as error:
             found = found_in(error.failures)
             self.crossnode.post_failures(found)
@@ -364,7 +365,8 @@ class NodeAgent:
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
         self._show_the_rank_table(row)
-        if self.start_reporter is None and self.setup.command_name == "phalanx run":
+        fixed = self.setup.nnodes_min == self.setup.nnodes_max  # an elastic job's rounds change who gathers
+        if self.start_reporter is None and fixed and self.setup.command_name == "phalanx run":
             try:
                 self._report_the_start(row)
             except Exception as error:  # a report, never a reason for torch's agent to fail

@@ -1,5 +1,5 @@
 """Where the seconds of a start went: from `phalanx run` to the first optimizer step, in phases,
-with the slowest node named.
+with the node the others waited for named.
 
 Each worker notes, at its first ``optimizer.step()``, when it called ``init_process_group``,
 when that returned (:class:`~phalanx.launch.group_record.GroupWatch` times it) and when the
@@ -11,8 +11,12 @@ node that holds rank 0 prints one line for the job and writes every node's phase
 ``start.json`` in the run's log folder. Each node's phases are differences of its own clock's
 times: no two machines' clocks are compared.
 
-The first start only: a restart's phases are those of the failure and the restart, which the
-restart's own lines tell.
+The first start of a job of a fixed node count only: a restart's phases are those of the
+failure and the restart, which the restart's own lines tell, and an elastic job's rounds change
+which node holds rank 0. Each node posts its phases as its workers finish at the latest, before
+it tells the others so; the node that holds rank 0 gathers them once every node finished, while
+the store's host still waits in torch's exit barrier: a job that ends right after its first
+step gets its line too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from phalanx.launch.import_hook import when_imported
+from phalanx.launch.restarts import raise_if_signal
 
 #: The record's file name, in each rank's log folder and in the run's.
 START_RECORD_NAME = "start.json"
@@ -45,6 +50,8 @@ POLL_S = 0.25
 #: After a job's workers finished: how long the node that holds rank 0 looks for the nodes'
 #: phases, which each posted before it said it finished.
 START_FINISH_S = 3.0
+#: How long stopping waits for the thread's look in progress, and a finish for the lock.
+STOP_WAIT_S = 2.0
 
 
 class FirstStepWatch:
@@ -83,9 +90,15 @@ class FirstStepWatch:
 
 def process_started_at(pid: int) -> float:
     """When process ``pid`` started (Unix time), to the kernel's clock tick: psutil's
-    ``create_time`` counts from the boot time in whole seconds, up to a second early."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    ticks_since_boot = int(fields[19])  # the 22nd field of stat(5), the first two cut off above
+    ``create_time`` counts from the boot time in whole seconds, up to a second early (it is
+    the answer where /proc cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        ticks_since_boot = int(fields[19])  # the 22nd field of stat(5), the first two cut off above
+    except (OSError, ValueError, IndexError):
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
     since_boot = ticks_since_boot / os.sysconf("SC_CLK_TCK")
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
@@ -161,10 +174,11 @@ class StartReporter:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the thread and waits for it: at most one look (a store call)."""
+        """Stops the thread: it ends after its current look, whose store call is waited for at
+        most :data:`STOP_WAIT_S` here (a store that went away holds it longer)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10.0)
+            self._thread.join(timeout=STOP_WAIT_S)
 
     def finish(self, timeout: float) -> None:
         """After this node's workers finished: stops the thread, then looks again until done or
@@ -172,24 +186,32 @@ class StartReporter:
         has none (its ranks never stepped an optimizer), and no line is said."""
         self.stop()
         deadline = time.monotonic() + timeout
-        while not self._look(final=True) and time.monotonic() < deadline:
+        while self._lock.acquire(timeout=max(0.0, deadline - time.monotonic()) + STOP_WAIT_S):
+            try:
+                if self._look(final=True) or time.monotonic() >= deadline:
+                    return
+            finally:
+                self._lock.release()
             time.sleep(POLL_S)
 
     def _run(self) -> None:
-        while not self._look(final=False) and not self._stop.wait(POLL_S):
-            pass
+        while not self._stop.is_set():
+            with self._lock:
+                if self._look(final=False):
+                    return
+            self._stop.wait(POLL_S)
 
     def _look(self, final: bool) -> bool:
-        """One look: posts this node's phases once its ranks' records are in (``final``: or
-        that it has none); says the line once every node posted, on the gathering node. True
-        when nothing is left to do."""
-        with self._lock:
-            if not self._done:
-                try:
-                    self._done = self._next(final)
-                except Exception:  # the store went down with its node: the start goes unreported
-                    self._done = True
-            return self._done
+        """One look, under the lock: posts this node's phases once its ranks' records are in
+        (``final``: or that it has none); says the line once every node posted, on the
+        gathering node. True when nothing is left to do."""
+        if not self._done:
+            try:
+                self._done = self._next(final)
+            except Exception as error:  # the store went down with its node: the start goes unreported
+                raise_if_signal(error)
+                self._done = True
+        return self._done
 
     def _next(self, final: bool) -> bool:
         if self._mine is None:
