@@ -121,7 +121,7 @@ def parse_heartbeat_timeout(value: object) -> float:
     if seconds > MAX_HEARTBEAT_TIMEOUT_S:
         raise InvalidValue(
             f"--heartbeat-timeout {seconds:g}: at most {MAX_HEARTBEAT_TIMEOUT_S:g} s (a day)",
-            "the stall watchdog ends a job whose collectives wait that long anyway; for example --heartbeat-timeout 60",
+            "a day rides out any pause worth waiting for; for example --heartbeat-timeout 60",
         )
     return seconds
 
