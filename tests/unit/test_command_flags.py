@@ -31,7 +31,7 @@ from phalanx.testbed import beds, tear_down
 #: command reaches its check; the command lines below make sure that it does.
 BAD: dict[str, tuple[str, ...]] = {
     "count": ("-1", "1.5", "nan", "inf", "x", "3 times", ""),
-    "seconds": ("-1", "0", "nan", "inf", "x", "10 s", ""),
+    "seconds": ("-1", "0", "nan", "inf", "1e11", "x", "10 s", ""),
     "size": ("x", "-1", "1.5Q", ""),
     "rate": ("x", "-1", ""),
     "time": ("x", "-1", "nan", ""),

@@ -27,6 +27,23 @@ def test_nccl_without_a_gpu_is_refused_before_any_group(monkeypatch):
     assert "HINT: start at most as many processes per node as it has GPUs" in str(refused.value)
 
 
+@pytest.mark.parametrize(("timeout", "says"), [
+    (0, "timeout=0\n  the process group's timeout must be a positive number of seconds"),
+    (float("nan"), "timeout=nan\n  the process group's timeout must be a positive number of seconds"),
+    (float("inf"), "timeout=inf\n  the process group's timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
+    (1e11, "timeout=100000000000.0\n  the process group's timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
+])  # fmt: skip
+def test_a_group_timeout_that_bounds_nothing_is_refused_before_any_group(monkeypatch, timeout, says):
+    """timedelta(seconds=inf) would raise OverflowError inside init_process_group, and 1e11 s would
+    outlast every thread wait: both are refused as settings, with a hint."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SettingsRefused) as refused:
+        phalanx.init(backend="gloo", timeout=timeout)
+    assert refused.value.exit_code == 2 and says in str(refused.value), str(refused.value)
+    assert "HINT: give the seconds the group may take to form, for example 300 (the default)" in str(refused.value)
+    assert not torch.distributed.is_initialized()
+
+
 @pytest.mark.slow
 def test_the_group_is_destroyed_without_aborting_after_compression_hooks(tmp_path):
     # A race that some runs lose: without the pause in destroy_process_group, 7 of 120 such

@@ -30,7 +30,7 @@ BAD: dict[str, tuple[str, ...]] = {
     "folder": ("FILE", "/proc/phalanx-logs"),
     "choice": ("mpi", "NCCL2", ""),
     "interface": ("nope0", "a b", ""),
-    "seconds": ("-1", "0", "nan", "inf", "-inf", "x", "10 s", ""),
+    "seconds": ("-1", "0", "nan", "inf", "-inf", "1e11", "x", "10 s", ""),
     "switch": ("maybe", "2"),  # an empty variable is off, as unset
 }
 #: Values that are bad on this machine (a file here, this host's interfaces), and the commands

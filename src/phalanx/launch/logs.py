@@ -5,7 +5,8 @@ torchrun's default layout names folders by *local* rank inside a random folder p
 
     <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json,
                                   keep-request (a FIFO, while phalanx.Run listens on it),
-                                  keep-report (what the rank kept after a failure)
+                                  keep-report (what the rank kept after a failure),
+                                  start.json (when its first optimizer step ended)
 
 and the console shows global rank 0 only, unless local ranks are named with
 ``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun

@@ -25,6 +25,7 @@ from phalanx.runtime.watchdog import (
     stall_timeout_from_env,
     watchdog_unavailable,
 )
+from phalanx.settings.values import seconds_problem
 from phalanx.worker_env import WorkerEnv
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
@@ -184,8 +185,8 @@ def init(
         :meth:`~phalanx.DistributedContext.close`, or at interpreter exit.
 
     Raises:
-        SettingsRefused: nccl for a process without a GPU, or a stall timeout that is not a
-            positive number of seconds.
+        SettingsRefused: nccl for a process without a GPU, or a timeout or stall timeout that
+            is not a positive number of seconds of at most a week.
 
     Example::
 
@@ -194,6 +195,10 @@ def init(
         ...
         context.close()
     """
+    problem = seconds_problem(float(timeout))
+    if problem:
+        raise SettingsRefused(f"timeout={timeout!r}", f"the process group's timeout {problem}",
+                              f"give the seconds the group may take to form, for example {DEFAULT_INIT_TIMEOUT_S:g} (the default)")  # fmt: skip
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
     if torch.cuda.is_available() and env.local_rank < torch.cuda.device_count():

@@ -26,6 +26,7 @@ from typing import Any
 
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.settings.values import seconds_problem
 from phalanx.worker_env import STALL_REPORT, WorkerEnv
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
@@ -232,8 +233,9 @@ def stall_timeout_from_env(value: float | None) -> float:
             raise SettingsRefused(setting, "it is not a number of seconds", hint) from None
     else:
         setting = f"stall_timeout={value!r}"
-    if not value > 0:  # NaN too
-        raise SettingsRefused(setting, "a stall timeout must be a positive number of seconds", hint)
+    problem = seconds_problem(float(value))
+    if problem:
+        raise SettingsRefused(setting, f"a stall timeout {problem}", hint)
     return float(value)
 
 

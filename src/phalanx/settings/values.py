@@ -91,14 +91,30 @@ def parse_int(value: object, *, minimum: int, name: str) -> int:
     return number
 
 
+#: The longest wait a seconds setting may give: a week. A longer one bounds nothing, and past
+#: threading.TIMEOUT_MAX a thread's wait fails instead of waiting.
+MAX_SECONDS = 7 * 86400.0
+
+
+def seconds_problem(seconds: float) -> str | None:
+    """Why ``seconds`` cannot bound a wait (not positive, NaN, infinite, over :data:`MAX_SECONDS`),
+    or None."""
+    if not seconds > 0:
+        return "must be a positive number of seconds"
+    if seconds > MAX_SECONDS:
+        return f"must be at most {MAX_SECONDS:g} s (a week: a longer wait bounds nothing)"
+    return None
+
+
 def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
     text = _as_text(value)
     try:
         seconds = float(text)
     except ValueError:
         raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} {example}") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise InvalidValue(f"{name} must be a positive number of seconds, not {text}", f"for example {name} {example}")
+    problem = seconds_problem(seconds)
+    if problem:
+        raise InvalidValue(f"{name} {problem}, not {text}", f"for example {name} {example}")
     return seconds
 
 
@@ -106,7 +122,7 @@ def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
 #: The shortest --heartbeat-timeout: beats a sixth of a second apart, a few store round trips each.
 MIN_HEARTBEAT_TIMEOUT_S = 1.0
-#: The longest: a day (a thread cannot wait longer than threading.TIMEOUT_MAX).
+#: The longest: a day rides out any pause worth waiting for.
 MAX_HEARTBEAT_TIMEOUT_S = 86400.0
 
 
