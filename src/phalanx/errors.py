@@ -43,6 +43,13 @@ class NodesDisagree(PhalanxError):
     exit_code = ExitCode.REFUSED
 
 
+class PeersUnreachable(PhalanxError):
+    """The nodes met, but peers cannot connect to a node on the address its workers would use, or
+    a node stopped answering before the workers started (exit code 2)."""
+
+    exit_code = ExitCode.REFUSED
+
+
 class JoinTimeout(PhalanxError):
     """The other nodes did not join in time (exit code 3)."""
 

@@ -85,6 +85,46 @@ def test_up_exec_cut_restore_down(bed_name):
     assert down.returncode == 0 and not leftovers(bed_name)
 
 
+def test_a_data_network_is_cut_and_restored_on_its_own_and_between_two_hosts_only(bed_name):
+    up = run_testbed("up", "--hosts", "3", "--name", bed_name, "--data-network", "--names-on", "data")
+    assert up.returncode == 0, up.stderr
+    header, *rows = [line.split() for line in up.stdout.splitlines()[1:]]
+    assert header == ["host", "address", "namespace", "link", "data", "address", "data", "link", "processes"]
+    main = {row[0]: row[1] for row in rows}
+    data = {row[0]: row[4] for row in rows}
+    assert len(set(main.values()) | set(data.values())) == 6 and all(row[5] == "unshaped" for row in rows), rows
+    resolved = run_testbed("exec", "h1", "--name", bed_name, "--", "getent", "hosts", "h2")
+    assert resolved.returncode == 0 and data["h2"] in resolved.stdout, resolved  # --names-on data
+    assert connects(bed_name, "h1", data["h3"]) and connects(bed_name, "h1", main["h3"])
+
+    assert run_testbed("cut", "h3", "--network", "data", "--name", bed_name).returncode == 0
+    assert not connects(bed_name, "h1", data["h3"]) and connects(bed_name, "h1", main["h3"])
+    assert run_testbed("restore", "h3", "--network", "data", "--name", bed_name).returncode == 0
+    assert connects(bed_name, "h1", data["h3"])
+
+    cut = run_testbed("cut", "h1", "--to", "h2", "--network", "data", "--name", bed_name)
+    assert cut.returncode == 0 and "h1 and h2 are cut from each other on the data network" in cut.stderr, cut
+    assert not connects(bed_name, "h1", data["h2"]) and not connects(bed_name, "h2", data["h1"])
+    assert connects(bed_name, "h1", main["h2"]) and connects(bed_name, "h1", data["h3"])  # the rest intact
+    status = run_testbed("status", "--name", bed_name).stdout
+    assert "unshaped, cut from h2" in status and "unshaped, cut from h1" in status, status
+    assert run_testbed("restore", "h2", "--to", "h1", "--network", "data", "--name", bed_name).returncode == 0
+    assert connects(bed_name, "h1", data["h2"]) and "cut from" not in run_testbed("status", "--name", bed_name).stdout
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["cut", "h1", "--to", "h1"], "a cut between h1 and itself"),
+    (["cut", "h1", "--to", "h9"], "has no host 'h9'"),
+    (["cut", "h1", "--network", "data"], "host h1 has no data network"),
+    (["shape", "--network", "data", "--rate", "1gbit"], "host h1 has no data network"),
+])  # fmt: skip
+def test_a_cut_the_bed_cannot_make_is_refused_with_a_hint(bed_name, argv, says):
+    assert run_testbed("up", "--hosts", "2", "--name", bed_name).returncode == 0
+    refused = run_testbed(*argv, "--name", bed_name)
+    assert refused.returncode == 2 and says in refused.stderr and "HINT: " in refused.stderr, refused.stderr
+    assert "cut" not in run_testbed("status", "--name", bed_name).stdout.split("\n", 1)[1]
+
+
 def qdiscs(bed_name: str, host: str) -> str:
     return run_testbed("exec", host, "--name", bed_name, "--", "tc", "qdisc", "show", "dev", "eth0").stdout
 

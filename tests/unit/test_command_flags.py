@@ -76,6 +76,12 @@ FREE_TEXT = {
     "bench ddp --compression": "names from a list, checked by test_bench_settings.py",
     "bench ddp --plot": "an output file",
     "plan --model": "MODULE:FACTORY, imported",
+    "testbed up --names-on": "a choice of the bed's networks, which argparse lists when refusing",
+    "testbed shape --network": "a choice of the bed's networks, which argparse lists when refusing",
+    "testbed cut --network": "a choice of the bed's networks, which argparse lists when refusing",
+    "testbed restore --network": "a choice of the bed's networks, which argparse lists when refusing",
+    "testbed cut --to": "a host of the bed, refused by TestBed.host (test_testbed.py)",
+    "testbed restore --to": "a host of the bed, refused by TestBed.host (test_testbed.py)",
     "plan --from-doctor": "a doctor report, checked by test_cost_model.py",
 }
 #: What each command needs besides the flag under test, so that the flag's check is reached and

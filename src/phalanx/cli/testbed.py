@@ -14,6 +14,11 @@ addresses, while the machine's hostname resolves to 127.0.0.1 and the host's own
 delay and loss with netem, where the kernel has it) and cut (packets vanish, as with a pulled
 cable, until `restore`). This machine reaches every host through the bridge (10.<subnet>.0.254).
 
+With --data-network each host also has an eth1 on a second network, "data" (the next free
+10.x.0.0/24), as hosts with a management and a fast network have: --network data shapes, cuts and
+restores that network's links alone, --names-on data makes the hosts' names resolve to it, and
+`cut H1 --to H2` drops the packets between two hosts only (iptables), the rest of the bed intact.
+
 Everything a bed makes carries its name (--name, default phx): `down` removes it all, also a bed
 whose `up` was interrupted, and kills what still runs in its hosts. Needs root.
 
@@ -29,7 +34,7 @@ from typing import Any
 
 from phalanx.cli import command_parser
 from phalanx.settings import arguments
-from phalanx.testbed.bed import DEFAULT_NAME, check_name, check_shaping
+from phalanx.testbed.bed import DEFAULT_NAME, NETWORKS, check_name, check_shaping
 
 
 def add_parser(commands: Any) -> None:
@@ -62,11 +67,18 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="use 10.N.0.0/24 (default: the first free of 10.200-249)",
     )
+    up.add_argument("--data-network", action="store_true", help="give every host a second network, data (eth1)")
+    up.add_argument(
+        "--names-on", choices=NETWORKS, default="main", help="the network the hosts' names resolve to (default main)"
+    )
     shape = verb("shape", "shape the links of some hosts (all without HOST)")
     shape.add_argument("host", nargs="*", metavar="HOST")
     _shaping_options(shape)
+    _network_option(shape)
     cut = verb("cut", "cut a host's link: its packets vanish until restore (or --for seconds)")
     cut.add_argument("host", metavar="HOST")
+    _network_option(cut)
+    cut.add_argument("--to", metavar="HOST", help="cut the link between HOST and this host only (iptables)")
     cut.add_argument(
         "--for",
         dest="seconds",
@@ -76,12 +88,18 @@ def add_parser(commands: Any) -> None:
     )
     restore = verb("restore", "restore a host's cut link")
     restore.add_argument("host", metavar="HOST")
+    _network_option(restore)
+    restore.add_argument("--to", metavar="HOST", help="restore what `cut HOST --to HOST` cut")
     run_in = verb("exec", "run a command in a host (its network, its /etc/hosts); HOST all: in every host at once")
     run_in.add_argument("host", metavar="HOST")
     run_in.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     verb("status", "the bed's hosts, addresses, links and processes")
     verb("down", "remove the bed: kill its processes, delete its namespaces and links")
     parser.set_defaults(handler=run)
+
+
+def _network_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--network", choices=NETWORKS, default="main", help="the network (default main)")
 
 
 def _shaping_options(parser: argparse.ArgumentParser) -> None:

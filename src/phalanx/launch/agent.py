@@ -35,6 +35,7 @@ from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
+from phalanx.launch.reachability import Reachability
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
@@ -106,6 +107,9 @@ class NodeAgent:
                 meeting = lobby.join(watch=WATCHED if fixed else 0)
                 self.nodes_in_job, self.watched = meeting.count, meeting.watched
                 self.store = lobby.store
+                if fixed:
+                    Reachability(self.store, self.prefix, meeting.index, meeting.count, self.setup.node_label,
+                                 self.setup.interface, self.setup.local_addr, self.setup.is_host).check()  # fmt: skip
                 self.crossnode = CrossNode(self.store, self.prefix, self.setup.node_label)
             elif self.setup.store_address:  # one node: its store on that address alone, torchrun's shares it
                 endpoint = parse_endpoint(self.setup.rdzv_endpoint, port_zero=True)  # 0: the system picks one

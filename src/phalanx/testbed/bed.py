@@ -7,6 +7,11 @@ hostname resolves to 127.0.0.1 and the host's own name to 127.0.1.1: the /etc/ho
 real clusters. Links can be shaped (rate with ``tbf``, delay and loss with ``netem`` where the
 kernel has it) and cut (the bridge's port goes down: packets vanish, as with a pulled cable).
 
+A bed can give its hosts a second network, ``data``: an ``eth1`` on a bridge of its own
+(10.<data subnet>.0.<k>), as hosts with a management and a fast network have. Each network's
+links are shaped and cut on their own, the hosts' names can resolve to either network, and the
+data network can be cut between two hosts only (their packets to each other dropped).
+
 Everything a bed creates carries its name: namespaces ``tb-<bed>-<host>``, links ``tb<bed>-...``,
 ``/etc/netns/tb-<bed>-<host>/`` and ``/run/phalanx-testbed/<bed>.json`` (written first), so that
 :func:`tear_down` removes a bed whose creator was interrupted, and nothing that is not a bed's.
@@ -23,7 +28,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,6 +42,8 @@ BRIDGE_HOST = 254
 MAX_NAME = 8
 #: The bed every verb means without --name.
 DEFAULT_NAME = "phx"
+#: A bed's networks: ``main`` (every bed's, eth0) and ``data`` (eth1, when the bed has it).
+NETWORKS = ("main", "data")
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _HOST = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
@@ -92,6 +99,20 @@ class Host:
     port: str  # the bridge's side of the host's link
     #: The host's network interface, inside it.
     device: str = "eth0"
+    #: The host's address on the data network, and the data bridge's side of its link (or None).
+    data_address: str | None = None
+    data_port: str | None = None
+
+    def link(self, network: str) -> tuple[str, str, str]:
+        """``network``'s interface inside the host, the bridge's side of its link, and its address."""
+        if network == "main":
+            return self.device, self.port, self.address
+        if self.data_port is None or self.data_address is None:
+            raise SettingsRefused(
+                f"host {self.name} has no data network", "its bed was built without one.",
+                "build the bed with a second network: phalanx testbed up --hosts K --data-network",
+            )  # fmt: skip
+        return "eth1", self.data_port, self.data_address
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` as a command that runs inside this host: its network, its /etc/hosts and
@@ -114,8 +135,13 @@ class TestBed:
     name: str
     subnet: int
     hosts: list[Host]
+    #: Keyed by :func:`link_key`: ``h2`` for the main network, ``h2/data`` for the data network.
     shaping: dict[str, Shaping] = field(default_factory=dict)
     cut: list[str] = field(default_factory=list)
+    #: The data network's subnet (10.<data_subnet>.0.0/24), or None when the bed has none.
+    data_subnet: int | None = None
+    #: Pairs of hosts whose packets to each other on a network are dropped (``["h1", "h2", "data"]``).
+    pair_cuts: list[list[str]] = field(default_factory=list)
 
     __test__ = False  # not a pytest test class, despite the name
 
@@ -127,6 +153,10 @@ class TestBed:
     def bridge_address(self) -> str:
         return f"10.{self.subnet}.0.{BRIDGE_HOST}"
 
+    @property
+    def data_bridge(self) -> str:
+        return f"{link_prefix(self.name)}bd"
+
     def host(self, name: str) -> Host:
         for host in self.hosts:
             if host.name == name:
@@ -137,39 +167,74 @@ class TestBed:
         )
 
     # -- shaping and cuts ------------------------------------------------------------------
-    def shape(self, shaping: Shaping, hosts: Sequence[str] | None = None) -> None:
-        """Shapes the links of ``hosts`` (every host by default), both directions."""
+    def shape(self, shaping: Shaping, hosts: Sequence[str] | None = None, network: str = "main") -> None:
+        """Shapes the links of ``hosts`` (every host by default) on ``network``, both directions."""
         for name in hosts or [host.name for host in self.hosts]:
-            host = self.host(name)
+            host, key = self.host(name), link_key(name, network)
             try:
-                _apply_shaping(host, shaping)
+                _apply_shaping(host, shaping, network)
             except SettingsRefused:  # the link keeps the shaping it had, as the bed's state says
-                _apply_shaping(host, self.shaping.get(name, Shaping()))
+                _apply_shaping(host, self.shaping.get(key, Shaping()), network)
                 raise
-            self.shaping[name] = shaping
+            self.shaping[key] = shaping
         self.save()
 
-    def cut_link(self, name: str) -> None:
-        """Cuts a host off: its bridge port goes down, and packets to and from it vanish."""
-        host = self.host(name)
-        _ip("link", "set", host.port, "down")
-        if name not in self.cut:
-            self.cut.append(name)
+    def cut_link(self, name: str, network: str = "main") -> None:
+        """Cuts a host off ``network``: its bridge port goes down, and packets to and from it vanish."""
+        _ip("link", "set", self.host(name).link(network)[1], "down")
+        if link_key(name, network) not in self.cut:
+            self.cut.append(link_key(name, network))
         self.save()
 
-    def restore_link(self, name: str) -> None:
+    def restore_link(self, name: str, network: str = "main") -> None:
         """Reconnects a host that :meth:`cut_link` cut off."""
-        host = self.host(name)
-        _ip("link", "set", host.port, "up")
-        if name in self.cut:
-            self.cut.remove(name)
+        _ip("link", "set", self.host(name).link(network)[1], "up")
+        if link_key(name, network) in self.cut:
+            self.cut.remove(link_key(name, network))
         self.save()
+
+    def cut_between(self, first: str, second: str, network: str = "main") -> None:
+        """Drops the packets between two hosts only on ``network`` (iptables in each host): each
+        still reaches every other host, and the two reach each other on the bed's other network."""
+        cut = self._between(first, second, network)
+        self._drop_between(cut, "-A")
+        if cut not in self.pair_cuts:
+            self.pair_cuts.append(cut)
+        self.save()
+
+    def restore_between(self, first: str, second: str, network: str = "main") -> None:
+        """Lets through again what :meth:`cut_between` dropped."""
+        cut = self._between(first, second, network)
+        if cut in self.pair_cuts:
+            self._drop_between(cut, "-D")
+            self.pair_cuts.remove(cut)
+        self.save()
+
+    def _between(self, first: str, second: str, network: str) -> list[str]:
+        link_key(first, network)  # refuses a network that is not a bed's
+        if first == second:
+            raise SettingsRefused(f"a cut between {first} and itself", hint="name two different hosts")
+        for name in (first, second):
+            self.host(name).link(network)  # refuses a host, or a network the bed lacks
+        if shutil.which("iptables") is None:
+            raise SettingsRefused(
+                "a cut between two hosts needs iptables, which this machine lacks", "",
+                "apt-get install iptables (make cluster-deps installs it)",
+            )  # fmt: skip
+        return [*sorted([first, second]), network]
+
+    def _drop_between(self, cut: list[str], action: str) -> None:
+        hosts = [self.host(name) for name in cut[:2]]
+        addresses = [host.link(cut[2])[2] for host in hosts]
+        for host, other in zip(hosts, reversed(addresses)):
+            _run(["ip", "netns", "exec", host.namespace, "iptables", action, "OUTPUT", "-d", other, "-j", "DROP"])
 
     # -- state -----------------------------------------------------------------------------
     def save(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         data = {"name": self.name, "subnet": self.subnet, "hosts": [asdict(h) for h in self.hosts],
-                "shaping": {k: asdict(v) for k, v in self.shaping.items()}, "cut": self.cut}  # fmt: skip
+                "shaping": {k: asdict(v) for k, v in self.shaping.items()}, "cut": self.cut,
+                "data_subnet": self.data_subnet, "pair_cuts": self.pair_cuts}  # fmt: skip
         temporary = state_file(self.name).with_suffix(".tmp")
         temporary.write_text(json.dumps(data, indent=1))
         temporary.replace(state_file(self.name))
@@ -188,6 +253,8 @@ class TestBed:
             hosts=[Host(**h) for h in data["hosts"]],
             shaping={k: Shaping(**v) for k, v in data["shaping"].items()},
             cut=list(data["cut"]),
+            data_subnet=data["data_subnet"],
+            pair_cuts=[list(cut) for cut in data["pair_cuts"]],
         )
 
     def processes(self, name: str) -> list[int]:
@@ -203,13 +270,22 @@ def state_file(name: str) -> Path:
     return STATE_DIR / f"{name}.json"
 
 
+def link_key(host: str, network: str) -> str:
+    """How the bed's state names a host's link on ``network``: ``h2``, or ``h2/data``."""
+    if network not in NETWORKS:
+        raise SettingsRefused(f"no network {network!r} in a test bed", f"a bed's networks: {', '.join(NETWORKS)}.",
+                              "for example --network data")  # fmt: skip
+    return host if network == "main" else f"{host}/{network}"
+
+
 def namespace_prefix(name: str) -> str:
     """Every namespace of a bed (and its /etc/netns folder) begins so: ``tb-<bed>-<host>``."""
     return f"tb-{name}-"
 
 
 def link_prefix(name: str) -> str:
-    """Every link of a bed begins so: ``tb<bed>-br`` (the bridge), ``tb<bed>-v<k>`` (host k's port)."""
+    """Every link of a bed begins so: ``tb<bed>-br`` (the bridge), ``tb<bed>-v<k>`` (host k's port),
+    ``tb<bed>-bd`` and ``tb<bed>-d<k>`` (the data network's)."""
     return f"tb{name}-"
 
 
@@ -230,7 +306,10 @@ def check_can_build() -> None:
         )
 
 
-def build(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None) -> TestBed:
+def build(
+    name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None,
+    data_network: bool = False, names_on: str = "main",
+) -> TestBed:  # fmt: skip
     """Creates a bed; on any failure or interruption (SIGINT, SIGTERM), removes what it made.
 
     Args:
@@ -238,6 +317,8 @@ def build(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(),
         host_names: the hosts' names (``["h1", "h2"]``), at most 250.
         shaping: every link's shape.
         subnet: the second byte of the bed's 10.x.0.0/24 (default: the first one no route uses).
+        data_network: give every host a second network, ``data`` (eth1, on the next free subnet).
+        names_on: the network the hosts' names resolve to inside the hosts (``main`` or ``data``).
 
     Returns:
         The bed, saved to its state file.
@@ -257,19 +338,25 @@ def build(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(),
         )
     if subnet is not None:
         _check_subnet(subnet)
+    link_key("", names_on)  # refuses a network that is not a bed's
+    if names_on == "data" and not data_network:
+        raise SettingsRefused("the hosts' names on the data network of a bed without one", hint="add --data-network")
     subnet = subnet if subnet is not None else _free_subnet()
+    data_subnet = _free_subnet(also_used={subnet}) if data_network else None
     bed = TestBed(name, subnet, [
-        Host(host, f"{namespace_prefix(name)}{host}", f"10.{subnet}.0.{k}", f"{link_prefix(name)}v{k}")
+        Host(host, f"{namespace_prefix(name)}{host}", f"10.{subnet}.0.{k}", f"{link_prefix(name)}v{k}",
+             data_address=f"10.{data_subnet}.0.{k}" if data_network else None,
+             data_port=f"{link_prefix(name)}d{k}" if data_network else None)
         for k, host in enumerate(host_names, 1)
-    ])  # fmt: skip
+    ], data_subnet=data_subnet)  # fmt: skip
     with _interruptible():
         try:
             bed.save()  # first: tear_down finds a half-built bed by it
-            _ip("link", "add", bed.bridge, "type", "bridge")
-            _ip("addr", "add", f"{bed.bridge_address}/24", "dev", bed.bridge)
-            _ip("link", "set", bed.bridge, "up")
+            _add_bridge(bed.bridge, bed.bridge_address)
+            if data_subnet is not None:
+                _add_bridge(bed.data_bridge, f"10.{data_subnet}.0.{BRIDGE_HOST}")
             for host in bed.hosts:
-                _add_host(bed, host)
+                _add_host(bed, host, names_on)
             if shaping:
                 bed.shape(shaping)
         except BaseException:
@@ -279,9 +366,13 @@ def build(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(),
 
 
 @contextlib.contextmanager
-def test_bed(name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping()) -> Iterator[TestBed]:
-    """A bed for the duration of a ``with`` block, removed afterwards whatever happens."""
-    bed = build(name, host_names, shaping=shaping)
+def test_bed(
+    name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), data_network: bool = False,
+    names_on: str = "main",
+) -> Iterator[TestBed]:  # fmt: skip
+    """A bed for the duration of a ``with`` block, removed afterwards whatever happens (the
+    arguments are :func:`build`'s)."""
+    bed = build(name, host_names, shaping=shaping, data_network=data_network, names_on=names_on)
     try:
         yield bed
     finally:
@@ -330,19 +421,29 @@ def _run(argv: list[str]) -> None:
         )
 
 
-def _add_host(bed: TestBed, host: Host) -> None:
+def _add_bridge(bridge: str, address: str) -> None:
+    _ip("link", "add", bridge, "type", "bridge")
+    _ip("addr", "add", f"{address}/24", "dev", bridge)
+    _ip("link", "set", bridge, "up")
+
+
+def _add_host(bed: TestBed, host: Host, names_on: str) -> None:
     _ip("netns", "add", host.namespace)
-    _ip("link", "add", host.port, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
-    _ip("link", "set", host.port, "master", bed.bridge)
-    _ip("link", "set", host.port, "up")
-    _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
-    _ip("-n", host.namespace, "link", "set", "eth0", "up")
     _ip("-n", host.namespace, "link", "set", "lo", "up")
+    for network, bridge in (("main", bed.bridge), ("data", bed.data_bridge)):
+        if network == "data" and bed.data_subnet is None:
+            continue
+        device, port, address = host.link(network)
+        _ip("link", "add", port, "type", "veth", "peer", "name", device, "netns", host.namespace)
+        _ip("link", "set", port, "master", bridge)
+        _ip("link", "set", port, "up")
+        _ip("-n", host.namespace, "addr", "add", f"{address}/24", "dev", device)
+        _ip("-n", host.namespace, "link", "set", device, "up")
     _ip("-n", host.namespace, "route", "add", "default", "via", bed.bridge_address)
     folder = NETNS_ETC / host.namespace
     folder.mkdir(parents=True, exist_ok=True)
     lines = [f"127.0.0.1 localhost {socket.gethostname()}", f"127.0.1.1 {host.name}"]
-    lines += [f"{other.address} {other.name}" for other in bed.hosts if other is not host]
+    lines += [f"{other.link(names_on)[2]} {other.name}" for other in bed.hosts if other is not host]
     (folder / "hosts").write_text("\n".join(lines) + "\n")
     # The machine's name server is out of a host's reach: each lookup of a name the hosts file
     # lacks (c10d's reverse lookup of a peer's IPv4-mapped address) would wait out glibc's
@@ -350,10 +451,11 @@ def _add_host(bed: TestBed, host: Host) -> None:
     (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
 
-def _apply_shaping(host: Host, shaping: Shaping) -> None:
+def _apply_shaping(host: Host, shaping: Shaping, network: str = "main") -> None:
     """tbf for the rate; netem, where the kernel has it, for delay and loss. Both directions: the
-    host's eth0 sends, its bridge port sends towards it."""
-    for device, namespace in (("eth0", host.namespace), (host.port, None)):
+    host's interface sends, its bridge port sends towards it."""
+    inside, port, _ = host.link(network)
+    for device, namespace in ((inside, host.namespace), (port, None)):
         prefix = ["ip", "netns", "exec", namespace] if namespace else []
         subprocess.run([*prefix, "tc", "qdisc", "del", "dev", device, "root"], capture_output=True, timeout=10)
         if not shaping:
@@ -401,8 +503,8 @@ def _kill_processes(namespace: str) -> None:
         time.sleep(0.05)
 
 
-def _free_subnet() -> int:
-    used = _used_subnets()
+def _free_subnet(also_used: Collection[int] = ()) -> int:
+    used = _used_subnets() | set(also_used)
     for subnet in range(200, 250):
         if subnet not in used:
             return subnet
@@ -434,7 +536,8 @@ def _subnets_of_beds() -> list[int]:
     found = []
     for name in beds():
         with contextlib.suppress(OSError, ValueError, KeyError):
-            found.append(json.loads(state_file(name).read_text())["subnet"])
+            data = json.loads(state_file(name).read_text())
+            found += [data["subnet"], *([data["data_subnet"]] if data["data_subnet"] is not None else [])]
     return found
 
 

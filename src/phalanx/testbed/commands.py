@@ -13,7 +13,17 @@ from collections.abc import Callable
 
 from phalanx.console import format_table, say
 from phalanx.errors import SettingsRefused
-from phalanx.testbed.bed import DEFAULT_NAME, Shaping, TestBed, beds, build, check_can_build, state_file, tear_down
+from phalanx.testbed.bed import (
+    DEFAULT_NAME,
+    Shaping,
+    TestBed,
+    beds,
+    build,
+    check_can_build,
+    link_key,
+    state_file,
+    tear_down,
+)
 
 
 def _shaping(args: argparse.Namespace) -> Shaping:
@@ -21,7 +31,8 @@ def _shaping(args: argparse.Namespace) -> Shaping:
 
 
 def up(args: argparse.Namespace) -> int:
-    bed = build(args.name, [f"h{k}" for k in range(1, args.hosts + 1)], shaping=_shaping(args), subnet=args.subnet)
+    bed = build(args.name, [f"h{k}" for k in range(1, args.hosts + 1)], shaping=_shaping(args), subnet=args.subnet,
+                data_network=args.data_network, names_on=args.names_on)  # fmt: skip
     print(_table(bed))
     first = bed.hosts[0]
     say(f"phalanx testbed: bed {bed.name!r} is up; this machine reaches it at {bed.bridge_address}\n"
@@ -34,31 +45,48 @@ def up(args: argparse.Namespace) -> int:
 
 def shape(args: argparse.Namespace) -> int:
     bed = TestBed.load(args.name)
-    bed.shape(_shaping(args), args.host or None)
+    bed.shape(_shaping(args), args.host or None, args.network)
     print(_table(bed))
     return 0
 
 
 def cut(args: argparse.Namespace) -> int:
     bed = TestBed.load(args.name)
-    bed.cut_link(args.host)
+    what = f"{args.host} is cut off" + ("" if args.network == "main" else f" the {args.network} network")
+    restore_command = f"phalanx testbed restore {args.host}" + _link_options(args)
+    if args.to:
+        bed.cut_between(args.host, args.to, args.network)
+        what = f"{args.host} and {args.to} are cut from each other on the {args.network} network"
+    else:
+        bed.cut_link(args.host, args.network)
     if args.seconds is None:
-        say(f"phalanx testbed: {args.host} is cut off; `phalanx testbed restore {args.host}` reconnects it")
+        say(f"phalanx testbed: {what}; `{restore_command}` reconnects {'them' if args.to else 'it'}")
         return 0
-    say(f"phalanx testbed: {args.host} is cut off for {args.seconds:g} s (Ctrl-C restores it at once)")
+    say(f"phalanx testbed: {what} for {args.seconds:g} s (Ctrl-C restores at once)")
     try:
         time.sleep(args.seconds)
     except KeyboardInterrupt:
         pass
     finally:
-        bed.restore_link(args.host)
-    say(f"phalanx testbed: {args.host} is back")
+        _restore(bed, args)
+    say(f"phalanx testbed: {args.host}{' and ' + args.to if args.to else ''} back")
     return 0
 
 
 def restore(args: argparse.Namespace) -> int:
-    TestBed.load(args.name).restore_link(args.host)
+    _restore(TestBed.load(args.name), args)
     return 0
+
+
+def _restore(bed: TestBed, args: argparse.Namespace) -> None:
+    if args.to:
+        bed.restore_between(args.host, args.to, args.network)
+    else:
+        bed.restore_link(args.host, args.network)
+
+
+def _link_options(args: argparse.Namespace) -> str:
+    return (f" --to {args.to}" if args.to else "") + ("" if args.network == "main" else f" --network {args.network}")
 
 
 def run_in(args: argparse.Namespace) -> int:
@@ -145,10 +173,28 @@ def down(args: argparse.Namespace) -> int:
 def _table(bed: TestBed) -> str:
     rows = []
     for host in bed.hosts:
-        link = "cut" if host.name in bed.cut else str(bed.shaping.get(host.name, Shaping()))
-        rows.append([host.name, host.address, host.namespace, link, len(bed.processes(host.name))])
+        (address, link), *data = [_link_cells(bed, host.name, network) for network in _networks(bed)]
+        rows.append(
+            [host.name, address, host.namespace, link, *(data[0] if data else ()), len(bed.processes(host.name))]
+        )
     header = f"bed {bed.name}: {len(bed.hosts)} host(s) on 10.{bed.subnet}.0.0/24, this machine at {bed.bridge_address}"
-    return header + "\n" + format_table(["host", "address", "namespace", "link", "processes"], rows)
+    columns = ["host", "address", "namespace", "link"]
+    if bed.data_subnet is not None:
+        header += f"; data network on 10.{bed.data_subnet}.0.0/24"
+        columns += ["data address", "data link"]
+    return header + "\n" + format_table([*columns, "processes"], rows)
+
+
+def _networks(bed: TestBed) -> list[str]:
+    return ["main"] if bed.data_subnet is None else ["main", "data"]
+
+
+def _link_cells(bed: TestBed, host: str, network: str) -> tuple[str, str]:
+    """A host's address on ``network``, and its link's state: its shape, cut, or cut from some hosts."""
+    key = link_key(host, network)
+    link = "cut" if key in bed.cut else str(bed.shaping.get(key, Shaping()))
+    cut_from = [cut[1 - cut.index(host)] for cut in bed.pair_cuts if cut[2] == network and host in cut[:2]]
+    return bed.host(host).link(network)[2], link + (f", cut from {', '.join(cut_from)}" if cut_from else "")
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], int]] = {

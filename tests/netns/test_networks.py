@@ -1,0 +1,108 @@
+"""Hosts with two networks: a job whose workers would talk over a network that some peers cannot
+reach ends in a clear refusal, every node alike and within a bound, never in a hang in
+``init_process_group``; where every peer reaches every other, the job runs.
+
+Three test-bed hosts with a main network (eth0, the rendezvous endpoint's) and a data network
+(eth1). The workers are sent over the data network with --interface eth1; the data network is
+then cut between two hosts only (iptables drops their packets to each other), or for one host
+(its link goes down), or the hosts' names resolve to the data network and one host is cut off
+it. Stage two: each case starts torch on three hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from phalanx.testbed import run_together, test_bed
+from tests.netns.hosts import skip_unless_namespaces_work
+
+pytestmark = [pytest.mark.netns, pytest.mark.cluster]
+
+ALL_REDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"sum {total.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+#: What a refusal may take: the lobby, one connect's 3 s timeout, the posting; torch's import
+#: on three hosts sharing two cores is most of it.
+REFUSED_WITHIN_S = 60
+
+
+@pytest.fixture
+def bed(tmp_path):
+    skip_unless_namespaces_work()
+    (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
+    with test_bed(f"n{os.getpid() % 10000}", ["h1", "h2", "h3"], data_network=True) as made:
+        yield made
+
+
+def run_job(bed, tmp_path, *options: str, endpoint: str | None = None, timeout: float = 120):
+    line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "3", "--rdzv-endpoint",
+            f"{endpoint or bed.hosts[0].address}:29400", *options, str(tmp_path / "all_reduce.py")]  # fmt: skip
+    started = time.monotonic()
+    outcomes = run_together([host.command(line) for host in bed.hosts], timeout=timeout, cwd=tmp_path)
+    return outcomes, time.monotonic() - started
+
+
+def test_workers_on_a_data_network_every_peer_reaches_run(bed, tmp_path):
+    outcomes, _ = run_job(bed, tmp_path, "--interface", "eth1")
+    assert [outcome.returncode for outcome in outcomes] == [0, 0, 0], [o.output[-2000:] for o in outcomes]
+    assert "sum 3" in outcomes[0].output
+    assert "interface  eth1 (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)" in outcomes[0].output
+
+
+def test_a_data_network_cut_between_two_hosts_only_is_refused_by_every_node_with_a_table(bed, tmp_path):
+    """h1 and h2 reach each other on the main network (the lobby meets there) and every host on
+    the data network but each other: their packets to each other vanish, so gloo's connect between
+    them would wait for the process group's timeout (300 s)."""
+    h1, h2, _ = bed.hosts
+    bed.cut_between("h1", "h2", "data")
+    outcomes, seconds = run_job(bed, tmp_path, "--interface", "eth1")
+    assert [outcome.returncode for outcome in outcomes] == [2, 2, 2], [o.output[-2000:] for o in outcomes]
+    assert seconds < REFUSED_WITHIN_S, seconds
+    tables = []
+    for outcome in outcomes:
+        text = outcome.output
+        assert "phalanx: error: peers cannot reach " in text and "where their workers will listen" in text, text[-3000:]
+        assert "HINT: every node must reach every other on the interface phalanx picked" in text, text[-3000:]
+        assert "sum 3" not in text
+        rows = [line.split() for line in text.splitlines() if "timed out after 3 s" in line]
+        tables.append(sorted(tuple(row[:4]) for row in rows))
+    assert all(table == tables[0] for table in tables), tables  # every node prints the same table
+    # each of the two was unreachable for the other, on its data address, over eth1
+    unreachable = {(row[1], row[2].split(":")[0]) for row in tables[0]}
+    assert unreachable == {("eth1", h1.data_address), ("eth1", h2.data_address)}, tables[0]
+    print(
+        f"MEASURED: a data network cut between two of three hosts: every node refused {seconds:.1f} s after the start"
+    )
+
+
+def test_a_host_whose_data_link_is_down_is_refused_and_the_others_give_up_within_the_join_timeout(bed, tmp_path):
+    bed.cut_link("h3", "data")
+    outcomes, seconds = run_job(bed, tmp_path, "--interface", "eth1", "--join-timeout", "10")
+    codes = [outcome.returncode for outcome in outcomes]
+    assert codes == [3, 3, 2], [o.output[-2000:] for o in outcomes]
+    assert "--interface eth1 is down" in outcomes[2].output, outcomes[2].output[-2000:]
+    assert all("only 2 of 3 nodes joined" in outcome.output for outcome in outcomes[:2]), outcomes[0].output[-2000:]
+    assert seconds < REFUSED_WITHIN_S, seconds
+
+
+def test_host_names_that_resolve_to_a_network_one_host_is_cut_off_from_do_not_lead_the_workers_there(tmp_path):
+    """The hosts' names resolve to the data network, which h3 is cut off. The workers do not
+    follow the names: every node pins them to the interface that routes to the endpoint (eth0,
+    GLOO_SOCKET_IFNAME), the reachability check passes there, and the job runs."""
+    skip_unless_namespaces_work()
+    (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
+    with test_bed(f"r{os.getpid() % 10000}", ["h1", "h2", "h3"], data_network=True, names_on="data") as named:
+        named.cut_link("h3", "data")
+        outcomes, _ = run_job(named, tmp_path)
+    assert [outcome.returncode for outcome in outcomes] == [0, 0, 0], [o.output[-2000:] for o in outcomes]
+    assert "sum 3" in outcomes[0].output
+    assert all("interface  eth0 " in outcome.output for outcome in outcomes), outcomes[0].output[-2000:]
