@@ -28,10 +28,11 @@ def test_nccl_without_a_gpu_is_refused_before_any_group(monkeypatch):
 
 
 @pytest.mark.parametrize(("timeout", "says"), [
-    (0, "timeout=0\n  the process group's timeout must be a positive number of seconds"),
-    (float("nan"), "timeout=nan\n  the process group's timeout must be a positive number of seconds"),
-    (float("inf"), "timeout=inf\n  the process group's timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
-    (1e11, "timeout=100000000000.0\n  the process group's timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
+    (0, "timeout=0\n  the process group's timeout is not a positive number of seconds"),
+    (float("nan"), "timeout=nan\n  the process group's timeout is not a positive number of seconds"),
+    (float("inf"), "timeout=inf\n  the process group's timeout is longer than a week (604800 s), which bounds nothing"),
+    (1e11, "timeout=100000000000.0\n  the process group's timeout is longer than a week (604800 s), which bounds nothing"),
+    ("5m", "timeout='5m'\n  the process group's timeout is not a number of seconds"),
 ])  # fmt: skip
 def test_a_group_timeout_that_bounds_nothing_is_refused_before_any_group(monkeypatch, timeout, says):
     """timedelta(seconds=inf) would raise OverflowError inside init_process_group, and 1e11 s would

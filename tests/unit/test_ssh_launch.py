@@ -88,7 +88,7 @@ def test_host_list_mistakes(text, words):
         (["--hosts", "a,b", "--standalone", "train.py"], "--standalone with phalanx launch"),
         (["--hosts", "a,b", "--env", "NOT_SET_HERE_X", "train.py"], "--env NOT_SET_HERE_X: it is not set here"),
         (["--hosts", "a,b", "--env", "1X=2", "train.py"], "'1X' is not a variable name"),
-        (["--hosts", "a,b", "--grace", "0", "train.py"], "--grace must be a positive number of seconds, not 0"),
+        (["--hosts", "a,b", "--grace", "0", "train.py"], "--grace 0 is not a positive number of seconds"),
     ],
 )
 def test_settings_refused_before_connecting(capsys, script, argv, words):

@@ -65,12 +65,12 @@ def test_a_torch_without_this_flight_recorder_is_named(monkeypatch):
 
 
 @pytest.mark.parametrize(("argument", "variable", "says"), [
-    (None, "-5", "PHALANX_STALL_TIMEOUT='-5'\n  a stall timeout must be a positive number of seconds"),
+    (None, "-5", "PHALANX_STALL_TIMEOUT='-5'\n  a stall timeout is not a positive number of seconds"),
     (None, "5m", "PHALANX_STALL_TIMEOUT='5m'\n  it is not a number of seconds"),
-    (0, None, "stall_timeout=0\n  a stall timeout must be a positive number of seconds"),
+    (0, None, "stall_timeout=0\n  a stall timeout is not a positive number of seconds"),
     (float("nan"), None, "stall_timeout=nan"),
-    (float("inf"), None, "stall_timeout=inf\n  a stall timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
-    (None, "1e11", "PHALANX_STALL_TIMEOUT='1e11'\n  a stall timeout must be at most 604800 s (a week: a longer wait bounds nothing)"),
+    (float("inf"), None, "stall_timeout=inf\n  a stall timeout is longer than a week (604800 s), which bounds nothing"),
+    (None, "1e11", "PHALANX_STALL_TIMEOUT='1e11'\n  a stall timeout is longer than a week (604800 s), which bounds nothing"),
 ])  # fmt: skip
 def test_a_stall_timeout_that_is_not_positive_seconds_is_refused_with_a_hint(monkeypatch, argument, variable, says):
     if variable is None:

@@ -195,10 +195,16 @@ def init(
         ...
         context.close()
     """
-    problem = seconds_problem(float(timeout))
+    hint = f"give the seconds the group may take to form, for example {DEFAULT_INIT_TIMEOUT_S:g} (the default)"
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise SettingsRefused(
+            f"timeout={timeout!r}", "the process group's timeout is not a number of seconds", hint
+        ) from None
+    problem = seconds_problem(seconds)
     if problem:
-        raise SettingsRefused(f"timeout={timeout!r}", f"the process group's timeout {problem}",
-                              f"give the seconds the group may take to form, for example {DEFAULT_INIT_TIMEOUT_S:g} (the default)")  # fmt: skip
+        raise SettingsRefused(f"timeout={timeout!r}", f"the process group's timeout {problem}", hint)
     stall_timeout = stall_timeout_from_env(stall_timeout)
     env = TorchrunEnv.from_env(os.environ)
     if torch.cuda.is_available() and env.local_rank < torch.cuda.device_count():
@@ -222,7 +228,7 @@ def init(
     if env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
         excepthook = sys.excepthook
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=seconds))
         if launched.node is not None:
             # torch's hook prefixes every line of a traceback with "[rankN]: "; phalanx run's
             # console names the node and rank already, and a rank's log file is its own

@@ -220,7 +220,7 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
 
 def stall_timeout_from_env(value: float | None) -> float:
     """``phalanx.init(stall_timeout=...)``, else PHALANX_STALL_TIMEOUT, else the default; refused
-    (SettingsRefused, exit code 2) unless it is a positive number of seconds."""
+    (SettingsRefused, exit code 2) unless it is a positive number of seconds, at most a week."""
     hint = f"give the seconds a collective may stay pending before the job is aborted, for example {DEFAULT_STALL_TIMEOUT_S:g} (the default)"
     if value is None:
         text = os.environ.get(STALL_TIMEOUT_VARIABLE)

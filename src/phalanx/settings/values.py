@@ -100,9 +100,9 @@ def seconds_problem(seconds: float) -> str | None:
     """Why ``seconds`` cannot bound a wait (not positive, NaN, infinite, over :data:`MAX_SECONDS`),
     or None."""
     if not seconds > 0:
-        return "must be a positive number of seconds"
+        return "is not a positive number of seconds"
     if seconds > MAX_SECONDS:
-        return f"must be at most {MAX_SECONDS:g} s (a week: a longer wait bounds nothing)"
+        return f"is longer than a week ({MAX_SECONDS:g} s), which bounds nothing"
     return None
 
 
@@ -114,7 +114,7 @@ def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
         raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} {example}") from None
     problem = seconds_problem(seconds)
     if problem:
-        raise InvalidValue(f"{name} {problem}, not {text}", f"for example {name} {example}")
+        raise InvalidValue(f"{name} {text} {problem}", f"for example {name} {example}")
     return seconds
 
 
