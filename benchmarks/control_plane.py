@@ -5,6 +5,8 @@ TCPStore (as the store's host serves them), and each runs phalanx's code itself,
 
   lobby   phalanx.launch.lobby.Lobby.join: a place, the fingerprint compared with the first
           node's, one wait for the word that the nodes met, the two nodes to watch
+  reach   phalanx.launch.reachability.Reachability.check: every node listens, connects to its ring
+          neighbours' and the first node's listeners, posts, and waits for the word that all posted
   table   phalanx.launch.crossnode.NodeBoard: every node posts its row of the rank table, one gathers them
   end     phalanx.launch.crossnode.CrossNode.workers_finished: every node says that its workers
           finished and waits until all did (torch's exit barrier then passes at once)
@@ -17,7 +19,7 @@ Reported per N: the store operations of the node that made the most, per phase; 
 wall time; the steady load of the beats as a share of what the store served in a tight loop
 here. Workers are not started: they are torch's, and the harness measures what phalanx adds.
 
-Targets (at the largest N): phalanx's start (lobby and table) adds at most 1 s to torch's
+Targets (at the largest N): phalanx's start (lobby, reach and table) adds at most 1 s to torch's
 rendezvous, and the beats load the store with less than 1% of what it can serve.
 
 Usage: python benchmarks/control_plane.py [--nodes 8 64 256 1024] [--smoke] [--json PATH]
@@ -49,6 +51,7 @@ from phalanx.launch.crossnode import CrossNode, NodeBoard
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, Meeting, store_client
 from phalanx.launch.node_setup import NodeSetup
+from phalanx.launch.reachability import Reachability
 from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,6 +138,15 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
     meetings, lobby_s = in_threads(nodes, join, "lobby")
     order = {meeting.index: index for index, meeting in enumerate(meetings)}
     for client in clients:
+        client.phase = "reach"
+
+    def reach(index: int) -> None:
+        setup = setup_of(index, nodes, server.port)
+        Reachability(clients[index], "phalanx/scale/", meetings[index].index, nodes, setup.node_label, setup.interface,
+                     setup.local_addr).check()  # fmt: skip
+
+    _, reach_s = in_threads(nodes, reach, "reach")
+    for client in clients:
         client.phase = "table"
 
     def table(index: int) -> None:
@@ -153,10 +165,11 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
         assert crossnode.workers_finished(600.0, lambda: 0, nodes, is_host=False)
 
     _, end_s = in_threads(nodes, end, "end")
+    phases = ("lobby", "reach", "table", "end")
     return {
-        "lobby_s": lobby_s, "table_s": table_s, "end_s": end_s,
-        "ops_max": {phase: max(c.get(phase, 0) for c in counts) for phase in ("lobby", "table", "end")},
-        "ops_median": {phase: statistics.median(c.get(phase, 0) for c in counts) for phase in ("lobby", "table", "end")},
+        "lobby_s": lobby_s, "reach_s": reach_s, "table_s": table_s, "end_s": end_s,
+        "ops_max": {phase: max(c.get(phase, 0) for c in counts) for phase in phases},
+        "ops_median": {phase: statistics.median(c.get(phase, 0) for c in counts) for phase in phases},
         "table_gatherer_ops": counts[order[0]].get("table", 0),
     }  # fmt: skip
 
@@ -315,20 +328,21 @@ def main() -> None:
     print(f"store capacity here: {capacity:.0f} operations/s (4 clients, adds); a beat: {per_beat:.1f} operations "
           f"every {beat_s:g} s per node (--heartbeat-timeout {args.heartbeat_timeout:g})")  # fmt: skip
     rows = []
-    header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'table s':>8} {'end s':>7} {'added s':>8} " \
-             f"{'ops lobby':>9} {'ops table':>9} {'ops end':>8} {'beat load':>9}"  # fmt: skip
+    header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'reach s':>8} {'table s':>8} {'end s':>7} " \
+             f"{'added s':>8} {'ops lobby':>9} {'ops reach':>9} {'ops table':>9} {'ops end':>8} {'beat load':>9}"  # fmt: skip
     print(header)
     for nodes in sizes:
         torch_s = torch_rendezvous_s(nodes, args.torch_limit)
         ours = phalanx_phases(nodes)
         load = nodes * per_beat / beat_s / capacity
-        row = {"nodes": nodes, "torch_rendezvous_s": torch_s, **ours, "added_s": ours["lobby_s"] + ours["table_s"],
-               "beat_load": load}  # fmt: skip
+        added = ours["lobby_s"] + ours["reach_s"] + ours["table_s"]
+        row = {"nodes": nodes, "torch_rendezvous_s": torch_s, **ours, "added_s": added, "beat_load": load}
         rows.append(row)
         ops = row["ops_max"]
         torch_text = f"{torch_s:.2f}" if torch_s is not None else f">{args.torch_limit:g}"
-        print(f"{nodes:>6} {torch_text:>12} {ours['lobby_s']:>8.2f} {ours['table_s']:>8.2f} {ours['end_s']:>7.2f} "
-              f"{row['added_s']:>8.2f} {ops['lobby']:>9} {ops['table']:>9} {ops['end']:>8} {load:>9.2%}", flush=True)  # fmt: skip
+        print(f"{nodes:>6} {torch_text:>12} {ours['lobby_s']:>8.2f} {ours['reach_s']:>8.2f} {ours['table_s']:>8.2f} "
+              f"{ours['end_s']:>7.2f} {added:>8.2f} {ops['lobby']:>9} {ops['reach']:>9} {ops['table']:>9} "
+              f"{ops['end']:>8} {load:>9.2%}", flush=True)  # fmt: skip
     largest = rows[-1]
     targets = [
         Target(f"seconds phalanx's start adds to torch's rendezvous ({largest['nodes']} nodes)", largest["added_s"],

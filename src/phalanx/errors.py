@@ -44,8 +44,7 @@ class NodesDisagree(PhalanxError):
 
 
 class PeersUnreachable(PhalanxError):
-    """The nodes met, but peers cannot connect to a node on the address its workers would use, or
-    a node stopped answering before the workers started (exit code 2)."""
+    """The nodes met, but peers cannot connect to a node where its workers would listen (exit code 2)."""
 
     exit_code = ExitCode.REFUSED
 

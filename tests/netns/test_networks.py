@@ -6,11 +6,12 @@ Three test-bed hosts with a main network (eth0, the rendezvous endpoint's) and a
 (eth1). The workers are sent over the data network with --interface eth1; the data network is
 then cut between two hosts only (iptables drops their packets to each other), or for one host
 (its link goes down), or the hosts' names resolve to the data network and one host is cut off
-it. Stage two: each case starts torch on three hosts.
+from it. Stage two: each case starts torch on three hosts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -35,11 +36,18 @@ dist.destroy_process_group()
 REFUSED_WITHIN_S = 60
 
 
-@pytest.fixture
-def bed(tmp_path):
+@contextlib.contextmanager
+def three_hosts(tmp_path, names_on: str = "main"):
+    """Three hosts with a data network, and the script in ``tmp_path``."""
     skip_unless_namespaces_work()
     (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
-    with test_bed(f"n{os.getpid() % 10000}", ["h1", "h2", "h3"], data_network=True) as made:
+    with test_bed(f"n{os.getpid() % 10000}", ["h1", "h2", "h3"], data_network=True, names_on=names_on) as made:
+        yield made
+
+
+@pytest.fixture
+def bed(tmp_path):
+    with three_hosts(tmp_path) as made:
         yield made
 
 
@@ -71,7 +79,7 @@ def test_a_data_network_cut_between_two_hosts_only_is_refused_by_every_node_with
     for outcome in outcomes:
         text = outcome.output
         assert "phalanx: error: peers cannot reach " in text and "where their workers will listen" in text, text[-3000:]
-        assert "HINT: every node must reach every other on the interface phalanx picked" in text, text[-3000:]
+        assert "HINT: every node must reach every other on the workers' interface" in text, text[-3000:]
         assert "sum 3" not in text
         rows = [line.split() for line in text.splitlines() if "timed out after 3 s" in line]
         tables.append(sorted(tuple(row[:4]) for row in rows))
@@ -95,12 +103,10 @@ def test_a_host_whose_data_link_is_down_is_refused_and_the_others_give_up_within
 
 
 def test_host_names_that_resolve_to_a_network_one_host_is_cut_off_from_do_not_lead_the_workers_there(tmp_path):
-    """The hosts' names resolve to the data network, which h3 is cut off. The workers do not
+    """The hosts' names resolve to the data network, which h3 is cut off from. The workers do not
     follow the names: every node pins them to the interface that routes to the endpoint (eth0,
     GLOO_SOCKET_IFNAME), the reachability check passes there, and the job runs."""
-    skip_unless_namespaces_work()
-    (tmp_path / "all_reduce.py").write_text(ALL_REDUCE)
-    with test_bed(f"r{os.getpid() % 10000}", ["h1", "h2", "h3"], data_network=True, names_on="data") as named:
+    with three_hosts(tmp_path, names_on="data") as named:
         named.cut_link("h3", "data")
         outcomes, _ = run_job(named, tmp_path)
     assert [outcome.returncode for outcome in outcomes] == [0, 0, 0], [o.output[-2000:] for o in outcomes]

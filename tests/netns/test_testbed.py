@@ -108,12 +108,20 @@ def test_a_data_network_is_cut_and_restored_on_its_own_and_between_two_hosts_onl
     assert connects(bed_name, "h1", main["h2"]) and connects(bed_name, "h1", data["h3"])  # the rest intact
     status = run_testbed("status", "--name", bed_name).stdout
     assert "unshaped, cut from h2" in status and "unshaped, cut from h1" in status, status
+    again = run_testbed("cut", "h2", "--to", "h1", "--network", "data", "--name", bed_name)  # the same pair
+    assert again.returncode == 0 and not connects(bed_name, "h1", data["h2"]), again
     assert run_testbed("restore", "h2", "--to", "h1", "--network", "data", "--name", bed_name).returncode == 0
-    assert connects(bed_name, "h1", data["h2"]) and "cut from" not in run_testbed("status", "--name", bed_name).stdout
+    assert connects(bed_name, "h1", data["h2"]) and connects(bed_name, "h2", data["h1"])  # one restore undid it
+    assert "cut from" not in run_testbed("status", "--name", bed_name).stdout
+
+    shaped = run_testbed("shape", "h3", "--network", "data", "--rate", "100mbit", "--name", bed_name)
+    assert shaped.returncode == 0, shaped.stderr
+    row = next(line.split() for line in shaped.stdout.splitlines() if line.split()[:1] == ["h3"])
+    assert row[3] == "unshaped" and row[5:7] == ["rate", "100mbit"], shaped.stdout  # the data link alone
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["cut", "h1", "--to", "h1"], "a cut between h1 and itself"),
+    (["cut", "h1", "--to", "h1"], "cannot cut h1 off from itself"),
     (["cut", "h1", "--to", "h9"], "has no host 'h9'"),
     (["cut", "h1", "--network", "data"], "host h1 has no data network"),
     (["shape", "--network", "data", "--rate", "1gbit"], "host h1 has no data network"),

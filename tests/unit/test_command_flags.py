@@ -51,6 +51,7 @@ KIND_OF_METAVAR = {
     "QUANTITY": "quantity",
     "NAME": "name",
 }
+NETWORK_CHOICE = "a choice of the bed's networks, which argparse lists when refusing"
 #: Flags whose text another program judges (ssh, sbatch, the container runtime, Python's import)
 #: or that name files and choices checked by tests of their own: no kind of bad values applies.
 FREE_TEXT = {
@@ -76,12 +77,14 @@ FREE_TEXT = {
     "bench ddp --compression": "names from a list, checked by test_bench_settings.py",
     "bench ddp --plot": "an output file",
     "plan --model": "MODULE:FACTORY, imported",
-    "testbed up --names-on": "a choice of the bed's networks, which argparse lists when refusing",
-    "testbed shape --network": "a choice of the bed's networks, which argparse lists when refusing",
-    "testbed cut --network": "a choice of the bed's networks, which argparse lists when refusing",
-    "testbed restore --network": "a choice of the bed's networks, which argparse lists when refusing",
-    "testbed cut --to": "a host of the bed, refused by TestBed.host (test_testbed.py)",
-    "testbed restore --to": "a host of the bed, refused by TestBed.host (test_testbed.py)",
+    **{
+        f"testbed {verb}": NETWORK_CHOICE
+        for verb in ("up --names-on", "shape --network", "cut --network", "restore --network")
+    },
+    **{
+        f"testbed {verb} --to": "a host of the bed, refused by TestBed.host (test_testbed.py)"
+        for verb in ("cut", "restore")
+    },
     "plan --from-doctor": "a doctor report, checked by test_cost_model.py",
 }
 #: What each command needs besides the flag under test, so that the flag's check is reached and

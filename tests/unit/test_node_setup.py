@@ -153,3 +153,54 @@ def test_many_more_cpu_workers_than_cores_are_warned_of(entry, tmp_path, monkeyp
     crowded = set_up_nodes(LaunchSpec(entry, nproc_per_node=9), tmp_path)[0]
     assert not any(note.startswith("warning") for note in fine.notes)
     assert any(note.startswith("warning    9 worker processes on this host's 2 CPU cores") for note in crowded.notes)
+
+
+def nics(**speeds: int) -> dict[str, network.Interface]:
+    """This host's interfaces as psutil would report them, with link speeds in Mb/s: the machine
+    has only virtual ones (speed 0 or veth's fixed 10000), so the speeds are given here."""
+    found = {"lo": network.Interface("lo", ("127.0.0.1",), True)}
+    for k, (name, speed) in enumerate(speeds.items(), 1):
+        found[name] = network.Interface(name, (f"10.{k}.0.1",), True, speed)
+    return found
+
+
+def test_a_faster_network_beside_the_endpoint_s_is_named_with_a_hint(monkeypatch):
+    monkeypatch.setattr(network, "local_interfaces", lambda: nics(eth0=1000, ib0=100000, eth1=25000))
+    note = node_setup._faster_network_note("eth0")
+    assert note[0] == "network    ib0 (100 Gb/s) is faster than eth0 (1 Gb/s), which routes to the endpoint", note
+    assert "HINT: where every node has that network, start every node with --interface ib0" in note[1], note
+
+
+@pytest.mark.parametrize("speeds", [
+    {"eth0": 100000, "eth1": 1000},  # the endpoint's network is the fastest
+    {"eth0": 0, "eth1": 100000},  # the endpoint's speed unknown (a virtual interface): nothing to compare
+    {"eth0": 1000, "eth1": 1000},  # as fast
+])  # fmt: skip
+def test_no_faster_network_no_line(monkeypatch, speeds):
+    monkeypatch.setattr(network, "local_interfaces", lambda: nics(**speeds))
+    assert node_setup._faster_network_note("eth0") == []
+
+
+def test_a_faster_interface_that_is_down_or_has_no_address_is_not_offered():
+    interfaces = {**nics(eth0=1000), "ib0": network.Interface("ib0", ("10.9.0.1",), False, 100000),
+                  "ib1": network.Interface("ib1", (), True, 100000)}  # fmt: skip
+    assert network.faster_interface("eth0", interfaces) is None
+
+
+def test_the_decision_block_names_a_faster_network_unless_an_interface_was_given(entry, tmp_path, monkeypatch):
+    """The endpoint on this host's own (non-loopback) address: its interface is made 1 Gb/s, and an
+    ib0 of 1,000 Gb/s is added beside it."""
+    own = network.local_interfaces()
+    nic = next((i for i in own.values() if i.is_up and not i.is_loopback and i.addresses), None)
+    if nic is None:
+        pytest.skip("this machine has no non-loopback interface with an address")
+    interfaces = {name: dataclasses.replace(i, speed_mbps=1000) if name == nic.name else i for name, i in own.items()}
+    interfaces["ib0"] = network.Interface("ib0", ("10.9.0.1",), True, 10**6)
+    monkeypatch.setattr(network, "local_interfaces", lambda: interfaces)
+    endpoint = Endpoint(nic.addresses[0], node_setups.free_port())
+    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint), run_dir=tmp_path / "run")
+    assert node.interface == nic.name
+    assert f"network    ib0 (1000 Gb/s) is faster than {nic.name} (1 Gb/s), which routes to the endpoint" in node.notes
+    given = LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint, interface=nic.name)
+    [node] = set_up_nodes(given, run_dir=tmp_path / "given")
+    assert not any(line.startswith("network ") for line in node.notes), node.notes

@@ -67,7 +67,11 @@ def add_parser(commands: Any) -> None:
         metavar="N",
         help="use 10.N.0.0/24 (default: the first free of 10.200-249)",
     )
-    up.add_argument("--data-network", action="store_true", help="give every host a second network, data (eth1)")
+    up.add_argument(
+        "--data-network",
+        action="store_true",
+        help="give every host a second network, data (eth1; --rate and the like shape the main network only)",
+    )
     up.add_argument(
         "--names-on", choices=NETWORKS, default="main", help="the network the hosts' names resolve to (default main)"
     )
@@ -75,10 +79,14 @@ def add_parser(commands: Any) -> None:
     shape.add_argument("host", nargs="*", metavar="HOST")
     _shaping_options(shape)
     _network_option(shape)
-    cut = verb("cut", "cut a host's link: its packets vanish until restore (or --for seconds)")
+    cut = verb(
+        "cut",
+        "cut a host's link (or, with --to, two hosts from each other): its packets vanish until restore "
+        "(or --for seconds)",
+    )
     cut.add_argument("host", metavar="HOST")
     _network_option(cut)
-    cut.add_argument("--to", metavar="HOST", help="cut the link between HOST and this host only (iptables)")
+    cut.add_argument("--to", metavar="OTHER", help="drop only the packets between HOST and OTHER (iptables)")
     cut.add_argument(
         "--for",
         dest="seconds",
@@ -86,10 +94,10 @@ def add_parser(commands: Any) -> None:
         metavar="SECONDS",
         help="restore the link after this long",
     )
-    restore = verb("restore", "restore a host's cut link")
+    restore = verb("restore", "restore a host's cut link (or, with --to, what `cut HOST --to OTHER` cut)")
     restore.add_argument("host", metavar="HOST")
     _network_option(restore)
-    restore.add_argument("--to", metavar="HOST", help="restore what `cut HOST --to HOST` cut")
+    restore.add_argument("--to", metavar="OTHER", help="undo `cut HOST --to OTHER`")
     run_in = verb("exec", "run a command in a host (its network, its /etc/hosts); HOST all: in every host at once")
     run_in.add_argument("host", metavar="HOST")
     run_in.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
@@ -99,7 +107,7 @@ def add_parser(commands: Any) -> None:
 
 
 def _network_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--network", choices=NETWORKS, default="main", help="the network (default main)")
+    parser.add_argument("--network", choices=NETWORKS, default="main", help="main (eth0) or data (eth1); default main")
 
 
 def _shaping_options(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
+from phalanx.launch import network
 from phalanx.torch_compat import install_hint, outside_range, unsure_features
 
 GIB = 1024**3
@@ -18,7 +19,6 @@ GIB = 1024**3
 MIN_SHM_BYTES = 1 * GIB
 #: Below this soft limit a job of a few dozen ranks with DataLoader workers runs out of descriptors.
 MIN_OPEN_FILES = 4096
-INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def driver_trap(torch: TorchFacts, gpus: GpuReport) -> list[Finding]:
 def interface_variable_traps(variables: dict[str, str], interfaces: list[InterfaceFacts]) -> list[Finding]:
     names = sorted(interface.name for interface in interfaces)
     findings = []
-    for variable in INTERFACE_VARIABLES:
+    for variable in network.INTERFACE_VARIABLES:
         value = variables.get(variable)
         if not value or value.startswith("^"):  # NCCL's "^docker,lo" excludes interfaces, it names none
             continue

@@ -32,10 +32,10 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ran
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
-from phalanx.launch.lobby import Lobby, host_store
+from phalanx.launch.lobby import Lobby, Meeting, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
-from phalanx.launch.reachability import Reachability
+from phalanx.launch.reachability import Reachability, interface_variable, workers_interface
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
@@ -108,8 +108,7 @@ class NodeAgent:
                 self.nodes_in_job, self.watched = meeting.count, meeting.watched
                 self.store = lobby.store
                 if fixed:
-                    Reachability(self.store, self.prefix, meeting.index, meeting.count, self.setup.node_label,
-                                 self.setup.interface, self.setup.local_addr, self.setup.is_host).check()  # fmt: skip
+                    self._check_reachability(meeting)
                 self.crossnode = CrossNode(self.store, self.prefix, self.setup.node_label)
             elif self.setup.store_address:  # one node: its store on that address alone, torchrun's shares it
                 endpoint = parse_endpoint(self.setup.rdzv_endpoint, port_zero=True)  # 0: the system picks one
@@ -121,6 +120,17 @@ class NodeAgent:
         except PhalanxError as error:
             say(error.render())
             return error.exit_code
+
+    def _check_reachability(self, meeting: Meeting) -> None:
+        """That the peers reach this node where its workers will listen (:mod:`.reachability`)."""
+        interface = workers_interface(self.setup.backend, os.environ)
+        if interface is None:
+            variable = interface_variable(self.setup.backend)
+            say(f"phalanx: {self.setup.node_label}: not checking that the peers reach this node's workers: "
+                f"{variable}={os.environ.get(variable, '')!r} names no single interface of this host")  # fmt: skip
+            return
+        Reachability(self.store, self.prefix, meeting.index, meeting.count, self.setup.node_label, interface,
+                     self.setup.is_host).check()  # fmt: skip
 
     def _launch(self) -> int:
         from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -24,12 +24,18 @@ from phalanx.console import say
 from phalanx.errors import JoinTimeout, SettingsRefused
 from phalanx.settings.values import Endpoint
 
+#: The variable that names the interface the workers bind, per backend.
+INTERFACE_VARIABLE = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+INTERFACE_VARIABLES = tuple(INTERFACE_VARIABLE.values())
+
 
 @dataclass(frozen=True)
 class Interface:
     name: str
     addresses: tuple[str, ...]  # IPv4 first, then IPv6 (link-local left out)
     is_up: bool
+    #: The link's speed in Mb/s as the kernel reports it (0: unknown, as for virtual interfaces).
+    speed_mbps: int = 0
 
     @property
     def is_loopback(self) -> bool:
@@ -63,8 +69,28 @@ def local_interfaces() -> dict[str, Interface]:
             if entry.family == socket.AF_INET6 and not ipaddress.ip_address(entry.address.split("%")[0]).is_link_local
         ]
         up = stats[name].isup if name in stats else False
-        interfaces[name] = Interface(name, tuple(v4 + v6), up)
+        speed = max(stats[name].speed, 0) if name in stats else 0
+        interfaces[name] = Interface(name, tuple(v4 + v6), up, speed)
     return interfaces
+
+
+def faster_interface(chosen: str, interfaces: dict[str, Interface]) -> Interface | None:
+    """The fastest up, addressed, non-loopback interface that is faster than ``chosen`` (both
+    speeds known), or None: a data network beside the one that routes to the endpoint."""
+    slow = interfaces.get(chosen)
+    if slow is None or slow.speed_mbps <= 0:
+        return None
+    faster = [
+        i
+        for i in interfaces.values()
+        if i.is_up and i.addresses and not i.is_loopback and i.speed_mbps > slow.speed_mbps
+    ]
+    return max(faster, key=lambda interface: interface.speed_mbps, default=None)
+
+
+def speed_text(mbps: int) -> str:
+    """``100 Gb/s``, ``1 Gb/s``, ``100 Mb/s``."""
+    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
 
 
 def interface_owning(address: str, interfaces: dict[str, Interface]) -> Interface | None:

@@ -23,8 +23,6 @@ from phalanx.settings.values import SIMULATED_ADDRESS_BASE, Endpoint
 from phalanx.torch_compat import installed_torch, outside_range
 from phalanx.worker_env import WorkerEnv, job_name
 
-INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
 
 @dataclass(frozen=True)
 class NodeSetup:
@@ -177,7 +175,7 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
 
 def _interface_env(interface: str) -> tuple[dict[str, str], str]:
     env, kept = {}, []
-    for name in INTERFACE_VARIABLES:
+    for name in network.INTERFACE_VARIABLES:
         if os.environ.get(name):
             kept.append(f"{name}={os.environ[name]}")
         else:
@@ -185,6 +183,21 @@ def _interface_env(interface: str) -> tuple[dict[str, str], str]:
     if kept:
         return env, f"interface  {interface}; kept {', '.join(kept)} from the environment"
     return env, f"interface  {interface} (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)"
+
+
+def _faster_network_note(chosen: str) -> list[str]:
+    """A line when this host has a faster network than the one that routes to the endpoint: on
+    hosts with a management and a data network the endpoint is often on the slow one."""
+    interfaces = network.local_interfaces()
+    faster = network.faster_interface(chosen, interfaces)
+    if faster is None:
+        return []
+    return [
+        f"network    {faster.name} ({network.speed_text(faster.speed_mbps)}) is faster than {chosen} "
+        f"({network.speed_text(interfaces[chosen].speed_mbps)}), which routes to the endpoint",
+        f"           HINT: where every node has that network, start every node with --interface {faster.name}: the workers then "
+        "talk over it (a check before they start proves that the nodes reach each other there)",
+    ]
 
 
 def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
@@ -267,6 +280,7 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
         loopback = choice.hostname_loopback
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
+        lines += _faster_network_note(choice.interface) if spec.interface is None else []
     common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines = [*_cluster_lines(spec), *lines, *common_notes]
     label = _node_label(spec, choice.local_addr)

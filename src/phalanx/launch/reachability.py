@@ -1,15 +1,18 @@
 """Before the workers start, each node proves that its peers reach it where its workers will listen.
 
-gloo and NCCL connect the workers to each other on the address each node advertises (the one on
-the interface of GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME), not on the rendezvous endpoint. On hosts
-with several networks that address can be on a network some peers cannot reach, and then
+gloo and NCCL connect the workers to each other on the address of the interface that
+GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME names, not on the rendezvous endpoint. On hosts with
+several networks that address can be on a network some peers cannot reach, and then
 ``init_process_group`` hangs until its timeout, with no word of which host or network is at fault.
 
-So, once the lobby met, each node listens on its advertised address and connects to the listeners
-of its two ring neighbours and of the first node to join (in the lobby's order): a constant number
-of connects per node, and every node is reached by at least two peers. Each node posts what it saw, and
-every node waits for the word that all have posted. Should any connect have failed, every node
-stops with the same table (node, interface, address, peer, result) instead of a hang.
+So, once the lobby met, each node listens on that interface's address and connects to the
+listeners of its two neighbours in the ring of the lobby's order: two connects per node at any job
+size, and every node is reached by its two neighbours. A ring cannot be split in two parts
+without two of its links crossing the split, so nodes that fall into groups that cannot reach
+each other are caught; two nodes that are not neighbours and cannot reach each other are not.
+Each node posts its failed connects; the last to post writes the outcome once (the table of
+failures, or none), and every node reads that one key: every node stops with the same table, or
+every node goes on.
 
 Fixed-size jobs only: an elastic job's nodes come and go, and its world forms in torch's
 rendezvous, after this.
@@ -22,46 +25,71 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from phalanx.console import format_table
-from phalanx.errors import JoinTimeout, PeersUnreachable
+from phalanx.errors import JoinTimeout, PeersUnreachable, PhalanxError
 from phalanx.launch import network
 from phalanx.launch.restarts import raise_if_signal
 
 #: How long one connect to a peer's listener may take before it counts as failed.
 CONNECT_TIMEOUT_S = 3.0
-#: How long a node waits for every node's results once its own are posted: each node's connects
-#: take at most CONNECT_TIMEOUT_S (they run side by side), so only a node that died is later.
-ALL_POSTED_WAIT_S = 30.0
-#: How often the store's host looks whether every node read the table before it stops.
+#: The bound of the whole check from its start. The nodes met in the lobby a moment before, so
+#: they post within a fraction of it; only a node that died meanwhile makes the others wait it out.
+CHECK_BOUND_S = 30.0
+#: How long the store's host keeps the store up after a refusal, until every node read it.
+READ_GRACE_S = 5.0
+#: How often the store's host looks whether every node read the refusal.
 POLL_S = 0.05
-#: Failed connects the table shows; more are counted.
+#: Failed connects the table shows, and unreachable nodes the first line names; more are counted.
 TABLE_ROWS = 20
+NAMED_NODES = 8
 
 
 class Listener(NamedTuple):
-    """Where a node's probe listener is: its label, interface, advertised address and port."""
+    """Where a node's probe listener is: the node's place and label, the workers' interface, its
+    address, and the listener's port."""
 
+    index: int
     label: str
     interface: str
     address: str
     port: int
 
+    @property
+    def where(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
-def worker_address(interface: str, fallback: str) -> str:
-    """The address gloo binds on ``interface``: its first (IPv4 first), else ``fallback``."""
+
+def interface_variable(backend: str) -> str:
+    """The variable that names the interface the workers of ``backend`` bind."""
+    return network.INTERFACE_VARIABLE.get(backend, network.INTERFACE_VARIABLE["gloo"])
+
+
+def workers_interface(backend: str, environ: Mapping[str, str]) -> str | None:
+    """The one interface the workers of ``backend`` bind, from the variable phalanx set (or kept
+    from the environment); None where it names no single interface of this host: a list
+    (``eth0,eth1``), NCCL's ``^``/``=`` forms, a prefix."""
+    value = environ.get(interface_variable(backend), "")
+    if not value or any(mark in value for mark in ",^=") or value not in network.local_interfaces():
+        return None
+    return value
+
+
+def interface_address(interface: str, fallback: str) -> str:
+    """The address gloo binds on ``interface``: its first (IPv4 first; gloo may take a link-local
+    IPv6 address where an interface has no other, which this leaves out), else ``fallback``."""
     found = network.local_interfaces().get(interface)
     return found.addresses[0] if found is not None and found.addresses else fallback
 
 
-def probed_by(index: int, count: int) -> list[int]:
-    """The nodes node ``index`` of ``count`` connects to: its ring neighbours and node 0, the
-    first to join (each once, never itself)."""
-    targets = [(index + 1) % count, (index - 1) % count, 0]
-    return [target for position, target in enumerate(targets) if target != index and target not in targets[:position]]
+def neighbours(index: int, count: int) -> list[int]:
+    """The nodes node ``index`` of ``count`` connects to: the next and the previous in the ring
+    (one node when there are two, none when alone)."""
+    return sorted({(index + 1) % count, (index - 1) % count} - {index})
 
 
 class Reachability:
@@ -72,47 +100,49 @@ class Reachability:
         prefix: the job's keys' prefix.
         index: this node's place in the lobby's order of joining.
         count: the job's node count.
-        label, interface, address: this node's label, and the interface and address its workers use.
-        hosts_store: whether this node hosts the store (it keeps it up until all read the outcome).
+        label: this node's label.
+        interface: the interface the workers bind (:func:`workers_interface`).
+        hosts_store: whether this node hosts the store (it keeps it up until all read a refusal).
     """
 
     def __init__(
-        self, store: Any, prefix: str, index: int, count: int, label: str, interface: str, address: str,
-        hosts_store: bool = False,
+        self, store: Any, prefix: str, index: int, count: int, label: str, interface: str, hosts_store: bool = False,
     ) -> None:  # fmt: skip
         self.store, self.index, self.count, self.hosts_store = store, index, count, hosts_store
         self.prefix = f"{prefix}reach/"
-        self.me = Listener(label, interface, worker_address(interface, address), 0)
+        self.me = Listener(index, label, interface, interface_address(interface, "127.0.0.1"), 0)
         self._socket: socket.socket | None = None
         self._accepting: threading.Thread | None = None
+        self._deadline = 0.0
 
     def check(self) -> None:
-        """Listens, connects to the peers, posts the results, waits for everyone's; raises
-        :class:`PeersUnreachable` (every node alike) when any connect failed. At most
-        CONNECT_TIMEOUT_S plus ALL_POSTED_WAIT_S."""
-        self._listen()
+        """Listens, connects to the neighbours, posts the failures, reads the outcome: returns when
+        every connect of every node succeeded. Raises :class:`PeersUnreachable` (every node alike,
+        exit code 2) when one failed, and :class:`JoinTimeout` (exit code 3) when the nodes stop
+        answering. At most CHECK_BOUND_S (plus READ_GRACE_S on the store's host after a refusal),
+        as long as the store answers its operations."""
+        self._deadline = time.monotonic() + CHECK_BOUND_S
         try:
-            failed = self._probe_peers()
+            self._listen()
+            failed = self._probe_neighbours()
             self.store.set(f"{self.prefix}result/{self.index}", json.dumps(failed))
             if failed:
                 self.store.add(self.prefix + "failed", len(failed))
             if self.store.add(self.prefix + "posted", 1) == self.count:
-                self.store.set(self.prefix + "all_posted", "1")
-            self._wait_for_all()
-            if self.store.add(self.prefix + "failed", 0):
-                refusal = self._refusal()
+                self.store.set(self.prefix + "outcome", json.dumps(self._outcome()))
+            self._wait([self.prefix + "outcome"], "they said whether their neighbours reach them")
+            outcome = json.loads(self.store.get(self.prefix + "outcome"))
+            if outcome:
+                refusal = _refusal(outcome)
                 self._until_all_read()
                 raise refusal
+        except PhalanxError:
+            raise
+        except Exception as error:  # the store went away (its host ended), or a node's answer
+            raise_if_signal(error)
+            raise self._stopped_answering("they checked that their neighbours reach them", error) from None
         finally:
             self._close()
-
-    def _until_all_read(self) -> None:
-        """The store's host keeps the store up until every node read the table (bounded)."""
-        readers = self.store.add(self.prefix + "read", 1)
-        until = time.monotonic() + ALL_POSTED_WAIT_S
-        while self.hosts_store and readers < self.count and time.monotonic() < until:
-            time.sleep(POLL_S)
-            readers = self.store.add(self.prefix + "read", 0)
 
     # -- the listener ----------------------------------------------------------------------
     def _listen(self) -> None:
@@ -120,7 +150,7 @@ class Reachability:
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.bind((self.me.address, 0))
-            listener.listen(64)
+            listener.listen(socket.SOMAXCONN)
         except OSError as error:
             listener.close()
             raise PeersUnreachable(
@@ -139,7 +169,7 @@ class Reachability:
         while True:
             try:
                 connection, _ = self._socket.accept()
-            except OSError:  # closed by _close
+            except OSError:  # shut down by _close
                 return
             connection.close()
 
@@ -151,62 +181,78 @@ class Reachability:
         if self._accepting is not None:
             self._accepting.join(timeout=CONNECT_TIMEOUT_S)
 
-    # -- the peers -------------------------------------------------------------------------
-    def _probe_peers(self) -> list[dict[str, object]]:
-        """The failed connects of this node to its peers' listeners, as table rows."""
-        targets = probed_by(self.index, self.count)
+    # -- the neighbours --------------------------------------------------------------------
+    def _probe_neighbours(self) -> list[dict[str, Any]]:
+        """This node's failed connects to its neighbours' listeners, as rows of the table."""
+        targets = neighbours(self.index, self.count)
         if not targets:
             return []
-        peers = [Listener(**json.loads(value)) for value in self._listeners(targets)]
+        keys = [f"{self.prefix}listener/{target}" for target in targets]
+        self._wait(keys, "they posted where their workers will listen")
+        peers = [Listener(**json.loads(value)) for value in self.store.multi_get(keys)]
         with ThreadPoolExecutor(max_workers=len(peers), thread_name_prefix="phalanx-reach") as pool:
             outcomes = list(pool.map(lambda peer: network.probe_tcp(peer.address, peer.port, CONNECT_TIMEOUT_S), peers))
         return [
-            {**peer._asdict(), "peer": self.me.label, "result": outcome.split(" (")[0]}  # the words, not the why
+            {**peer._asdict(), "from": self.me.label, "result": outcome.split(" (")[0]}  # the words, not the why
             for peer, outcome in zip(peers, outcomes)
             if not outcome.startswith("accepted")
         ]
 
-    def _listeners(self, targets: list[int]) -> list[bytes]:
-        keys = [f"{self.prefix}listener/{target}" for target in targets]
-        self._wait(keys, "listening")
-        return self.store.multi_get(keys)
+    def _outcome(self) -> dict[str, Any]:
+        """The outcome the last node to post writes: {} when no connect failed, else the first
+        TABLE_ROWS failures, their count and the unreachable nodes (in the lobby's order)."""
+        if not self.store.add(self.prefix + "failed", 0):
+            return {}
+        keys = [f"{self.prefix}result/{index}" for index in range(self.count)]
+        rows = sorted((row for value in self.store.multi_get(keys) for row in json.loads(value)),
+                      key=lambda row: (row["index"], row["from"]))  # fmt: skip
+        unreachable = list(dict.fromkeys(row["label"] for row in rows))
+        return {"rows": rows[:TABLE_ROWS], "failed": len(rows), "nodes": unreachable}
 
+    # -- waiting ---------------------------------------------------------------------------
     def _wait(self, keys: list[str], doing: str) -> None:
-        """Waits for ``keys``, at most ALL_POSTED_WAIT_S; a node that stopped answering meanwhile
-        (it died, or its host went away) is said, with how many got as far as ``doing``."""
-        started = time.monotonic()
         try:
-            self.store.wait(keys, timedelta(seconds=ALL_POSTED_WAIT_S))
+            self.store.wait(keys, timedelta(seconds=max(0.1, self._deadline - time.monotonic())))
         except Exception as error:
             raise_if_signal(error)
-            raise JoinTimeout(
-                f"the nodes stopped answering before their workers started, while {doing}",
-                f"waited {time.monotonic() - started:.0f} s; a node that joined the lobby died, or its network went "
-                f"down. It said: {(str(error) or type(error).__name__).splitlines()[0]}",
-                "see the other nodes' output; then start every node again",
-            ) from None
+            raise self._stopped_answering(doing, error) from None
 
-    def _wait_for_all(self) -> None:
-        self._wait([self.prefix + "all_posted"], "they checked that their peers reach them")
-
-    def _refusal(self) -> PeersUnreachable:
-        keys = [f"{self.prefix}result/{index}" for index in range(self.count)]
-        rows = [row for value in self.store.multi_get(keys) for row in json.loads(value)]
-        shown = rows[:TABLE_ROWS]
-        table = format_table(
-            ["node", "interface", "address", "peer", "result"],
-            [[row["label"], row["interface"], f"{row['address']}:{row['port']}", row["peer"], row["result"]]
-             for row in shown],
-            indent="",
-        )  # fmt: skip
-        more = f"\n... and {len(rows) - len(shown)} more" if len(rows) > len(shown) else ""
-        nodes = sorted({str(row["label"]) for row in rows})
-        whose = "its" if len(nodes) == 1 else "their"
-        return PeersUnreachable(
-            f"peers cannot reach {', '.join(nodes)} where {whose} workers will listen",
-            f"{table}{more}\ngloo and NCCL connect every pair of workers; they would wait for these connections "
-            "until the process group's timeout.",
-            "every node must reach every other on the interface phalanx picked (the decision block names it); "
-            "name the interface on the network all nodes share with --interface IFNAME on every node, "
-            "or open the network between them",
+    def _stopped_answering(self, doing: str, error: Exception) -> JoinTimeout:
+        said = (str(error) or type(error).__name__).splitlines()[0]
+        return JoinTimeout(
+            f"the nodes stopped answering before their workers started, while {doing}",
+            f"a node that joined the lobby died, or the store's host went away; the store said: {said}",
+            "see the other nodes' output; then start every node again",
         )
+
+    def _until_all_read(self) -> None:
+        """The store's host keeps the store up until every node read the refusal (bounded)."""
+        readers = self.store.add(self.prefix + "read", 1)
+        until = time.monotonic() + READ_GRACE_S
+        while self.hosts_store and readers < self.count and time.monotonic() < until:
+            time.sleep(POLL_S)
+            readers = self.store.add(self.prefix + "read", 0)
+
+
+def _refusal(outcome: dict[str, Any]) -> PeersUnreachable:
+    rows, nodes = outcome["rows"], outcome["nodes"]
+    table = format_table(
+        ["node", "interface", "address", "from", "result"],
+        [[row["label"], row["interface"], Listener(**{k: row[k] for k in Listener._fields}).where, row["from"],
+          row["result"]] for row in rows],
+        indent="",
+    )  # fmt: skip
+    more = f"\n... and {outcome['failed'] - len(rows)} more failed connects" if outcome["failed"] > len(rows) else ""
+    named = ", ".join(nodes[:NAMED_NODES]) + (
+        f" and {len(nodes) - NAMED_NODES} more" if len(nodes) > NAMED_NODES else ""
+    )
+    whose = "its" if len(nodes) == 1 else "their"
+    return PeersUnreachable(
+        f"peers cannot reach {named} where {whose} workers will listen",
+        f"{table}{more}\n(node: whose workers would listen at the address; from: the node that tried to connect.) "
+        "gloo and NCCL connect every pair of workers; they would wait for these connections until the process "
+        "group's timeout.",
+        "every node must reach every other on the workers' interface (the decision block names it): name the "
+        "interface on the network all nodes share with --interface IFNAME on every node (a GLOO_SOCKET_IFNAME or "
+        "NCCL_SOCKET_IFNAME set in the environment is kept and overrides it), or open the network between them",
+    )

@@ -110,7 +110,8 @@ class Host:
         if self.data_port is None or self.data_address is None:
             raise SettingsRefused(
                 f"host {self.name} has no data network", "its bed was built without one.",
-                "build the bed with a second network: phalanx testbed up --hosts K --data-network",
+                "remove the bed (phalanx testbed down) and build it with a second one: phalanx testbed up --hosts K "
+                "--data-network",
             )  # fmt: skip
         return "eth1", self.data_port, self.data_address
 
@@ -157,6 +158,11 @@ class TestBed:
     def data_bridge(self) -> str:
         return f"{link_prefix(self.name)}bd"
 
+    @property
+    def networks(self) -> list[str]:
+        """The bed's networks: ``main``, and ``data`` where it has one."""
+        return ["main"] if self.data_subnet is None else ["main", "data"]
+
     def host(self, name: str) -> Host:
         for host in self.hosts:
             if host.name == name:
@@ -171,6 +177,7 @@ class TestBed:
         """Shapes the links of ``hosts`` (every host by default) on ``network``, both directions."""
         for name in hosts or [host.name for host in self.hosts]:
             host, key = self.host(name), link_key(name, network)
+            host.link(network)  # refuses a network the bed lacks, before the link is touched
             try:
                 _apply_shaping(host, shaping, network)
             except SettingsRefused:  # the link keeps the shaping it had, as the bed's state says
@@ -197,9 +204,10 @@ class TestBed:
         """Drops the packets between two hosts only on ``network`` (iptables in each host): each
         still reaches every other host, and the two reach each other on the bed's other network."""
         cut = self._between(first, second, network)
+        if cut in self.pair_cuts:
+            return  # cut already: a second rule would outlive the restore
         self._drop_between(cut, "-A")
-        if cut not in self.pair_cuts:
-            self.pair_cuts.append(cut)
+        self.pair_cuts.append(cut)
         self.save()
 
     def restore_between(self, first: str, second: str, network: str = "main") -> None:
@@ -211,9 +219,9 @@ class TestBed:
         self.save()
 
     def _between(self, first: str, second: str, network: str) -> list[str]:
-        link_key(first, network)  # refuses a network that is not a bed's
+        check_network(network)
         if first == second:
-            raise SettingsRefused(f"a cut between {first} and itself", hint="name two different hosts")
+            raise SettingsRefused(f"cannot cut {first} off from itself", hint="name two different hosts")
         for name in (first, second):
             self.host(name).link(network)  # refuses a host, or a network the bed lacks
         if shutil.which("iptables") is None:
@@ -270,12 +278,17 @@ def state_file(name: str) -> Path:
     return STATE_DIR / f"{name}.json"
 
 
-def link_key(host: str, network: str) -> str:
-    """How the bed's state names a host's link on ``network``: ``h2``, or ``h2/data``."""
+def check_network(network: str) -> str:
+    """``network`` if it is one a bed can have (:data:`NETWORKS`); refused otherwise."""
     if network not in NETWORKS:
         raise SettingsRefused(f"no network {network!r} in a test bed", f"a bed's networks: {', '.join(NETWORKS)}.",
                               "for example --network data")  # fmt: skip
-    return host if network == "main" else f"{host}/{network}"
+    return network
+
+
+def link_key(host: str, network: str) -> str:
+    """How the bed's state names a host's link on ``network``: ``h2``, or ``h2/data``."""
+    return host if check_network(network) == "main" else f"{host}/{network}"
 
 
 def namespace_prefix(name: str) -> str:
@@ -315,7 +328,7 @@ def build(
     Args:
         name: the bed's name, 1 to 8 lower-case letters and digits.
         host_names: the hosts' names (``["h1", "h2"]``), at most 250.
-        shaping: every link's shape.
+        shaping: the shape of every link of the main network (the data network's are left unshaped).
         subnet: the second byte of the bed's 10.x.0.0/24 (default: the first one no route uses).
         data_network: give every host a second network, ``data`` (eth1, on the next free subnet).
         names_on: the network the hosts' names resolve to inside the hosts (``main`` or ``data``).
@@ -338,9 +351,8 @@ def build(
         )
     if subnet is not None:
         _check_subnet(subnet)
-    link_key("", names_on)  # refuses a network that is not a bed's
-    if names_on == "data" and not data_network:
-        raise SettingsRefused("the hosts' names on the data network of a bed without one", hint="add --data-network")
+    if check_network(names_on) == "data" and not data_network:
+        raise SettingsRefused("--names-on data needs a data network", hint="add --data-network")
     subnet = subnet if subnet is not None else _free_subnet()
     data_subnet = _free_subnet(also_used={subnet}) if data_network else None
     bed = TestBed(name, subnet, [
@@ -430,9 +442,8 @@ def _add_bridge(bridge: str, address: str) -> None:
 def _add_host(bed: TestBed, host: Host, names_on: str) -> None:
     _ip("netns", "add", host.namespace)
     _ip("-n", host.namespace, "link", "set", "lo", "up")
-    for network, bridge in (("main", bed.bridge), ("data", bed.data_bridge)):
-        if network == "data" and bed.data_subnet is None:
-            continue
+    for network in bed.networks:
+        bridge = bed.bridge if network == "main" else bed.data_bridge
         device, port, address = host.link(network)
         _ip("link", "add", port, "type", "veth", "peer", "name", device, "netns", host.namespace)
         _ip("link", "set", port, "master", bridge)

@@ -52,7 +52,7 @@ def shape(args: argparse.Namespace) -> int:
 
 def cut(args: argparse.Namespace) -> int:
     bed = TestBed.load(args.name)
-    what = f"{args.host} is cut off" + ("" if args.network == "main" else f" the {args.network} network")
+    what = f"{args.host} is cut off" + ("" if args.network == "main" else f" from the {args.network} network")
     restore_command = f"phalanx testbed restore {args.host}" + _link_options(args)
     if args.to:
         bed.cut_between(args.host, args.to, args.network)
@@ -69,7 +69,7 @@ def cut(args: argparse.Namespace) -> int:
         pass
     finally:
         _restore(bed, args)
-    say(f"phalanx testbed: {args.host}{' and ' + args.to if args.to else ''} back")
+    say(f"phalanx testbed: {f'{args.host} and {args.to} are' if args.to else f'{args.host} is'} back")
     return 0
 
 
@@ -173,7 +173,7 @@ def down(args: argparse.Namespace) -> int:
 def _table(bed: TestBed) -> str:
     rows = []
     for host in bed.hosts:
-        (address, link), *data = [_link_cells(bed, host.name, network) for network in _networks(bed)]
+        (address, link), *data = [_link_cells(bed, host.name, network) for network in bed.networks]
         rows.append(
             [host.name, address, host.namespace, link, *(data[0] if data else ()), len(bed.processes(host.name))]
         )
@@ -183,10 +183,6 @@ def _table(bed: TestBed) -> str:
         header += f"; data network on 10.{bed.data_subnet}.0.0/24"
         columns += ["data address", "data link"]
     return header + "\n" + format_table([*columns, "processes"], rows)
-
-
-def _networks(bed: TestBed) -> list[str]:
-    return ["main"] if bed.data_subnet is None else ["main", "data"]
 
 
 def _link_cells(bed: TestBed, host: str, network: str) -> tuple[str, str]:
