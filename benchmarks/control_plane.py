@@ -5,8 +5,8 @@ TCPStore (as the store's host serves them), and each runs phalanx's code itself,
 
   lobby   phalanx.launch.lobby.Lobby.join: a place, the fingerprint compared with the first
           node's, one wait for the word that the nodes met, the two nodes to watch
-  reach   phalanx.launch.reachability.Reachability.check: every node listens, connects to its ring
-          neighbours' and the first node's listeners, posts, and waits for the word that all posted
+  reach   phalanx.launch.reachability.Reachability.check: every node listens, connects to its two
+          ring neighbours' listeners, posts its failures, and reads the one outcome
   table   phalanx.launch.crossnode.NodeBoard: every node posts its row of the rank table, one gathers them
   end     phalanx.launch.crossnode.CrossNode.workers_finished: every node says that its workers
           finished and waits until all did (torch's exit barrier then passes at once)
@@ -142,8 +142,8 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
 
     def reach(index: int) -> None:
         setup = setup_of(index, nodes, server.port)
-        Reachability(clients[index], "phalanx/scale/", meetings[index].index, nodes, setup.node_label, setup.interface,
-                     setup.local_addr).check()  # fmt: skip
+        Reachability(clients[index], "phalanx/scale/", meetings[index].index, nodes, setup.node_label,
+                     setup.interface).check()  # fmt: skip
 
     _, reach_s = in_threads(nodes, reach, "reach")
     for client in clients:

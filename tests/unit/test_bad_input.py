@@ -59,7 +59,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("doctor nnodes zero", ["doctor", "--nnodes", "0"], "--nnodes 0: a job needs at least 1 node"),
     ("doctor nproc zero", ["doctor", "--nproc-per-node", "0"], "--nproc-per-node 0"),
     ("doctor simulate zero", ["doctor", "--simulate-nodes", "0"], "--simulate-nodes must be at least 1"),
-    ("doctor join timeout", ["doctor", "--join-timeout", "-3"], "--join-timeout must be a positive number"),
+    ("doctor join timeout", ["doctor", "--join-timeout", "-3"], "--join-timeout -3 is not a positive number of seconds"),
     # -- phalanx bench --------------------------------------------------------------------------
     ("bench iterations zero", ["bench", "collectives", "--iters", "0"], "-n 0: must be at least 1"),
     ("bench warmup negative", ["bench", "collectives", "--warmup_iters", "-1"], "-w -1: must be at least 0"),

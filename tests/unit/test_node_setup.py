@@ -181,9 +181,10 @@ def test_no_faster_network_no_line(monkeypatch, speeds):
     assert node_setup._faster_network_note("eth0") == []
 
 
-def test_a_faster_interface_that_is_down_or_has_no_address_is_not_offered():
+def test_a_faster_interface_that_is_down_has_no_address_or_is_software_is_not_offered():
     interfaces = {**nics(eth0=1000), "ib0": network.Interface("ib0", ("10.9.0.1",), False, 100000),
-                  "ib1": network.Interface("ib1", (), True, 100000)}  # fmt: skip
+                  "ib1": network.Interface("ib1", (), True, 100000),
+                  "docker0": network.Interface("docker0", ("172.17.0.1",), True, 10000, is_virtual=True)}  # fmt: skip
     assert network.faster_interface("eth0", interfaces) is None
 
 
@@ -198,9 +199,13 @@ def test_the_decision_block_names_a_faster_network_unless_an_interface_was_given
     interfaces["ib0"] = network.Interface("ib0", ("10.9.0.1",), True, 10**6)
     monkeypatch.setattr(network, "local_interfaces", lambda: interfaces)
     endpoint = Endpoint(nic.addresses[0], node_setups.free_port())
-    [node] = set_up_nodes(LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint), run_dir=tmp_path / "run")
+    spec = LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint, allow_public_endpoint=True)
+    [node] = set_up_nodes(spec, run_dir=tmp_path / "run")
     assert node.interface == nic.name
     assert f"network    ib0 (1000 Gb/s) is faster than {nic.name} (1 Gb/s), which routes to the endpoint" in node.notes
-    given = LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint, interface=nic.name)
+    given = dataclasses.replace(spec, interface=nic.name)
     [node] = set_up_nodes(given, run_dir=tmp_path / "given")
+    assert not any(line.startswith("network ") for line in node.notes), node.notes
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", nic.name)  # kept: it overrides --interface, so no hint to pass one
+    [node] = set_up_nodes(spec, run_dir=tmp_path / "kept")
     assert not any(line.startswith("network ") for line in node.notes), node.notes

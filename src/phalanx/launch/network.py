@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import psutil
@@ -34,8 +35,11 @@ class Interface:
     name: str
     addresses: tuple[str, ...]  # IPv4 first, then IPv6 (link-local left out)
     is_up: bool
-    #: The link's speed in Mb/s as the kernel reports it (0: unknown, as for virtual interfaces).
+    #: The link's speed in Mb/s as the kernel reports it (0: unknown).
     speed_mbps: int = 0
+    #: A software interface (a bridge, veth, tun, docker0...) rather than a network card, a bond
+    #: of cards or a VLAN on one: its speed says nothing of a network's.
+    is_virtual: bool = False
 
     @property
     def is_loopback(self) -> bool:
@@ -70,21 +74,27 @@ def local_interfaces() -> dict[str, Interface]:
         ]
         up = stats[name].isup if name in stats else False
         speed = max(stats[name].speed, 0) if name in stats else 0
-        interfaces[name] = Interface(name, tuple(v4 + v6), up, speed)
+        interfaces[name] = Interface(name, tuple(v4 + v6), up, speed, _is_virtual(name))
     return interfaces
 
 
+def _is_virtual(name: str) -> bool:
+    """Whether the kernel lists ``name`` as a software interface that is no bond or VLAN (those
+    are virtual in sysfs too, but carry a card's traffic)."""
+    if not Path(f"/sys/devices/virtual/net/{name}").exists():
+        return False
+    return not (Path(f"/sys/class/net/{name}/bonding").exists() or Path(f"/proc/net/vlan/{name}").exists())
+
+
 def faster_interface(chosen: str, interfaces: dict[str, Interface]) -> Interface | None:
-    """The fastest up, addressed, non-loopback interface that is faster than ``chosen`` (both
-    speeds known), or None: a data network beside the one that routes to the endpoint."""
+    """The fastest up, addressed, non-loopback network card (or bond, or VLAN) that is faster than
+    ``chosen`` (both speeds known), or None: a data network beside the one that routes to the
+    endpoint. Software interfaces are left out: a bridge reports its fastest port's speed."""
     slow = interfaces.get(chosen)
     if slow is None or slow.speed_mbps <= 0:
         return None
-    faster = [
-        i
-        for i in interfaces.values()
-        if i.is_up and i.addresses and not i.is_loopback and i.speed_mbps > slow.speed_mbps
-    ]
+    faster = [i for i in interfaces.values()
+              if i.is_up and i.addresses and not i.is_loopback and not i.is_virtual and i.speed_mbps > slow.speed_mbps]  # fmt: skip
     return max(faster, key=lambda interface: interface.speed_mbps, default=None)
 
 

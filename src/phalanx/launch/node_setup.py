@@ -195,8 +195,9 @@ def _faster_network_note(chosen: str) -> list[str]:
     return [
         f"network    {faster.name} ({network.speed_text(faster.speed_mbps)}) is faster than {chosen} "
         f"({network.speed_text(interfaces[chosen].speed_mbps)}), which routes to the endpoint",
-        f"           HINT: where every node has that network, start every node with --interface {faster.name}: the workers then "
-        "talk over it (a check before they start proves that the nodes reach each other there)",
+        f"           HINT: where every node has that network, start every node with --interface {faster.name}: the "
+        "workers' sockets then use it (in a job of a fixed node count, a check before they start proves that the "
+        "nodes reach each other there)",
     ]
 
 
@@ -280,7 +281,8 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
         loopback = choice.hostname_loopback
         trap = f", not the hostname {socket.gethostname()!r}: it resolves to {loopback}" if loopback else ""
         lines.append(f"address    advertising {choice.local_addr}{trap}")
-        lines += _faster_network_note(choice.interface) if spec.interface is None else []
+        kept = any(os.environ.get(name) for name in network.INTERFACE_VARIABLES)  # they override --interface
+        lines += _faster_network_note(choice.interface) if spec.interface is None and not kept else []
     common_env, common_notes = _common_env(spec, choice.interface, resources)
     lines = [*_cluster_lines(spec), *lines, *common_notes]
     label = _node_label(spec, choice.local_addr)

@@ -10,9 +10,13 @@ listeners of its two neighbours in the ring of the lobby's order: two connects p
 size, and every node is reached by its two neighbours. A ring cannot be split in two parts
 without two of its links crossing the split, so nodes that fall into groups that cannot reach
 each other are caught; two nodes that are not neighbours and cannot reach each other are not.
-Each node posts its failed connects; the last to post writes the outcome once (the table of
-failures, or none), and every node reads that one key: every node stops with the same table, or
-every node goes on.
+
+Every node takes part, also one that cannot listen (its failure is a row of the table) or whose
+interface variable names no single interface (it posts that it is not checked). Each posts its
+failed connects; the outcome is one key, written once (the first write wins, as the lobby's): the
+table of failures or none, by the last node to post, or ``gave_up`` by a node whose deadline
+passed first. Every node obeys the value that holds: all stop with the same table, all give up,
+or all go on.
 
 Fixed-size jobs only: an elastic job's nodes come and go, and its world forms in torch's
 rendezvous, after this.
@@ -51,7 +55,7 @@ NAMED_NODES = 8
 
 class Listener(NamedTuple):
     """Where a node's probe listener is: the node's place and label, the workers' interface, its
-    address, and the listener's port."""
+    address, and the listener's port (0: the node is not checked, or could not listen)."""
 
     index: int
     label: str
@@ -64,26 +68,17 @@ class Listener(NamedTuple):
         return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
 
-def interface_variable(backend: str) -> str:
-    """The variable that names the interface the workers of ``backend`` bind."""
-    return network.INTERFACE_VARIABLE.get(backend, network.INTERFACE_VARIABLE["gloo"])
-
-
 def workers_interface(backend: str, environ: Mapping[str, str]) -> str | None:
-    """The one interface the workers of ``backend`` bind, from the variable phalanx set (or kept
-    from the environment); None where it names no single interface of this host: a list
-    (``eth0,eth1``), NCCL's ``^``/``=`` forms, a prefix."""
-    value = environ.get(interface_variable(backend), "")
-    if not value or any(mark in value for mark in ",^=") or value not in network.local_interfaces():
-        return None
-    return value
-
-
-def interface_address(interface: str, fallback: str) -> str:
-    """The address gloo binds on ``interface``: its first (IPv4 first; gloo may take a link-local
-    IPv6 address where an interface has no other, which this leaves out), else ``fallback``."""
-    found = network.local_interfaces().get(interface)
-    return found.addresses[0] if found is not None and found.addresses else fallback
+    """The one interface the workers' sockets bind: the backend's variable's, else gloo's (phalanx's
+    own groups, such as the checkpoint's, are gloo's also under nccl), as phalanx set or kept them.
+    None where neither names a single interface of this host: a list (``eth0,eth1``), NCCL's
+    ``^``/``=`` forms, a name this host lacks."""
+    interfaces = network.local_interfaces()
+    for variable in dict.fromkeys([network.INTERFACE_VARIABLE.get(backend, ""), network.INTERFACE_VARIABLE["gloo"]]):
+        value = environ.get(variable, "") if variable else ""
+        if value and not any(mark in value for mark in ",^=") and value in interfaces:
+            return value
+    return None
 
 
 def neighbours(index: int, count: int) -> list[int]:
@@ -101,16 +96,20 @@ class Reachability:
         index: this node's place in the lobby's order of joining.
         count: the job's node count.
         label: this node's label.
-        interface: the interface the workers bind (:func:`workers_interface`).
+        interface: the interface the workers bind (:func:`workers_interface`); None: this node
+            takes part, but is not checked.
         hosts_store: whether this node hosts the store (it keeps it up until all read a refusal).
     """
 
     def __init__(
-        self, store: Any, prefix: str, index: int, count: int, label: str, interface: str, hosts_store: bool = False,
+        self, store: Any, prefix: str, index: int, count: int, label: str, interface: str | None,
+        hosts_store: bool = False,
     ) -> None:  # fmt: skip
         self.store, self.index, self.count, self.hosts_store = store, index, count, hosts_store
         self.prefix = f"{prefix}reach/"
-        self.me = Listener(index, label, interface, interface_address(interface, "127.0.0.1"), 0)
+        found = network.local_interfaces().get(interface) if interface else None
+        address = found.addresses[0] if found is not None and found.addresses else ""  # gloo's: the first
+        self.me = Listener(index, label, interface or "", address, 0)
         self._socket: socket.socket | None = None
         self._accepting: threading.Thread | None = None
         self._deadline = 0.0
@@ -118,51 +117,69 @@ class Reachability:
     def check(self) -> None:
         """Listens, connects to the neighbours, posts the failures, reads the outcome: returns when
         every connect of every node succeeded. Raises :class:`PeersUnreachable` (every node alike,
-        exit code 2) when one failed, and :class:`JoinTimeout` (exit code 3) when the nodes stop
-        answering. At most CHECK_BOUND_S (plus READ_GRACE_S on the store's host after a refusal),
-        as long as the store answers its operations."""
+        exit code 2) when one failed, and :class:`JoinTimeout` (exit code 3) when a node's wait
+        ended first or the store went away. At most CHECK_BOUND_S (plus READ_GRACE_S on the
+        store's host after a refusal), as long as the store answers its operations."""
         self._deadline = time.monotonic() + CHECK_BOUND_S
         try:
-            self._listen()
-            failed = self._probe_neighbours()
-            self.store.set(f"{self.prefix}result/{self.index}", json.dumps(failed))
-            if failed:
-                self.store.add(self.prefix + "failed", len(failed))
-            if self.store.add(self.prefix + "posted", 1) == self.count:
-                self.store.set(self.prefix + "outcome", json.dumps(self._outcome()))
-            self._wait([self.prefix + "outcome"], "they said whether their neighbours reach them")
-            outcome = json.loads(self.store.get(self.prefix + "outcome"))
-            if outcome:
-                refusal = _refusal(outcome)
-                self._until_all_read()
-                raise refusal
+            outcome = self._run()
         except PhalanxError:
             raise
-        except Exception as error:  # the store went away (its host ended), or a node's answer
+        except Exception as error:  # the store went away (its host ended)
             raise_if_signal(error)
-            raise self._stopped_answering("they checked that their neighbours reach them", error) from None
+            raise _stopped_answering(str(error) or type(error).__name__) from None
         finally:
             self._close()
+        if "gave_up" in outcome:
+            raise _stopped_answering(f"{outcome['gave_up']}'s wait ended first, {outcome['posted']} of "
+                                     f"{self.count} nodes had checked their neighbours")  # fmt: skip
+        if outcome:
+            refusal = _refusal(outcome)
+            with contextlib.suppress(Exception):  # best effort: the store's host may have left already
+                self._until_all_read()
+            raise refusal
+
+    def _run(self) -> dict[str, Any]:
+        failed = self._listen()
+        if self.me.port:  # a node that cannot listen has its own row; one not checked connects to none
+            failed = self._probe_neighbours()
+            if failed is None:
+                return self._decide({"gave_up": self.me.label, "posted": self.store.add(self.prefix + "posted", 0)})
+        self.store.set(f"{self.prefix}result/{self.index}", json.dumps(failed))
+        if failed:
+            self.store.add(self.prefix + "failed", len(failed))
+        if self.store.add(self.prefix + "posted", 1) == self.count:
+            return self._decide(self._outcome())
+        if self._wait([self.prefix + "outcome"], self._deadline):
+            return json.loads(self.store.get(self.prefix + "outcome"))
+        return self._decide({"gave_up": self.me.label, "posted": self.store.add(self.prefix + "posted", 0)})
 
     # -- the listener ----------------------------------------------------------------------
-    def _listen(self) -> None:
-        family = socket.AF_INET6 if ":" in self.me.address else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            listener.bind((self.me.address, 0))
-            listener.listen(socket.SOMAXCONN)
-        except OSError as error:
-            listener.close()
-            raise PeersUnreachable(
-                f"{self.me.label} cannot listen on {self.me.address} ({self.me.interface}), where its workers would",
-                f"binding a socket there failed: {error.strerror or error}.",
-                "name the interface on the network the nodes share with --interface IFNAME (ip -br addr lists them)",
-            ) from None
-        self._socket = listener
-        self.me = self.me._replace(port=listener.getsockname()[1])
-        self._accepting = threading.Thread(target=self._accept, name="phalanx-reach-listen", daemon=True)
-        self._accepting.start()
+    def _listen(self) -> list[dict[str, Any]]:
+        """Listens where the workers will, and posts where; returns this node's own failure (a
+        row of the table) when it cannot."""
+        failure = ""
+        if not self.me.interface:
+            failure = "not checked"  # posted as port 0: the neighbours connect to none
+        elif not self.me.address:
+            failure = "cannot listen: the interface has no address"
+        else:
+            family = socket.AF_INET6 if ":" in self.me.address else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listener.bind((self.me.address, 0))
+                listener.listen(socket.SOMAXCONN)
+                self._socket = listener
+                self.me = self.me._replace(port=listener.getsockname()[1])
+                self._accepting = threading.Thread(target=self._accept, name="phalanx-reach-listen", daemon=True)
+                self._accepting.start()
+            except OSError as error:
+                listener.close()
+                failure = f"cannot listen: {error.strerror or error}"
         self.store.set(f"{self.prefix}listener/{self.index}", json.dumps(self.me._asdict()))
+        if failure and failure != "not checked":
+            return [{**self.me._asdict(), "from": self.me.label, "result": failure}]
+        return []
 
     def _accept(self) -> None:
         assert self._socket is not None
@@ -182,14 +199,19 @@ class Reachability:
             self._accepting.join(timeout=CONNECT_TIMEOUT_S)
 
     # -- the neighbours --------------------------------------------------------------------
-    def _probe_neighbours(self) -> list[dict[str, Any]]:
-        """This node's failed connects to its neighbours' listeners, as rows of the table."""
+    def _probe_neighbours(self) -> list[dict[str, Any]] | None:
+        """This node's failed connects to its neighbours' listeners, as rows of the table; None
+        when a neighbour did not post its listener in time (the connects must end by the deadline)."""
         targets = neighbours(self.index, self.count)
         if not targets:
             return []
         keys = [f"{self.prefix}listener/{target}" for target in targets]
-        self._wait(keys, "they posted where their workers will listen")
+        if not self._wait(keys, self._deadline - CONNECT_TIMEOUT_S):
+            return None
         peers = [Listener(**json.loads(value)) for value in self.store.multi_get(keys)]
+        peers = [peer for peer in peers if peer.port]  # one that could not listen said so itself
+        if not peers:
+            return []
         with ThreadPoolExecutor(max_workers=len(peers), thread_name_prefix="phalanx-reach") as pool:
             outcomes = list(pool.map(lambda peer: network.probe_tcp(peer.address, peer.port, CONNECT_TIMEOUT_S), peers))
         return [
@@ -198,8 +220,9 @@ class Reachability:
             if not outcome.startswith("accepted")
         ]
 
+    # -- the outcome -----------------------------------------------------------------------
     def _outcome(self) -> dict[str, Any]:
-        """The outcome the last node to post writes: {} when no connect failed, else the first
+        """The outcome of the last node to post: {} when no connect failed, else the first
         TABLE_ROWS failures, their count and the unreachable nodes (in the lobby's order)."""
         if not self.store.add(self.prefix + "failed", 0):
             return {}
@@ -209,21 +232,20 @@ class Reachability:
         unreachable = list(dict.fromkeys(row["label"] for row in rows))
         return {"rows": rows[:TABLE_ROWS], "failed": len(rows), "nodes": unreachable}
 
-    # -- waiting ---------------------------------------------------------------------------
-    def _wait(self, keys: list[str], doing: str) -> None:
-        try:
-            self.store.wait(keys, timedelta(seconds=max(0.1, self._deadline - time.monotonic())))
-        except Exception as error:
-            raise_if_signal(error)
-            raise self._stopped_answering(doing, error) from None
+    def _decide(self, outcome: dict[str, Any]) -> dict[str, Any]:
+        """Writes the outcome unless a node wrote one first; returns the one that holds."""
+        return json.loads(self.store.compare_set(self.prefix + "outcome", "", json.dumps(outcome)))
 
-    def _stopped_answering(self, doing: str, error: Exception) -> JoinTimeout:
-        said = (str(error) or type(error).__name__).splitlines()[0]
-        return JoinTimeout(
-            f"the nodes stopped answering before their workers started, while {doing}",
-            f"a node that joined the lobby died, or the store's host went away; the store said: {said}",
-            "see the other nodes' output; then start every node again",
-        )
+    def _wait(self, keys: list[str], until: float) -> bool:
+        """Whether ``keys`` were written before ``until`` (a monotonic time)."""
+        try:
+            self.store.wait(keys, timedelta(seconds=max(0.1, until - time.monotonic())))
+            return True
+        except Exception as error:  # torch raises its DistStoreError at the timeout
+            raise_if_signal(error)
+            if time.monotonic() < until:
+                raise  # not the timeout: the store went away
+            return False
 
     def _until_all_read(self) -> None:
         """The store's host keeps the store up until every node read the refusal (bounded)."""
@@ -234,12 +256,20 @@ class Reachability:
             readers = self.store.add(self.prefix + "read", 0)
 
 
+def _stopped_answering(said: str) -> JoinTimeout:
+    return JoinTimeout(
+        "the nodes stopped answering before their workers started, while they checked that their neighbours reach them",
+        f"a node that joined the lobby died, or the store's host went away: {said.splitlines()[0]}.",
+        "see the other nodes' output; then start every node again",
+    )
+
+
 def _refusal(outcome: dict[str, Any]) -> PeersUnreachable:
     rows, nodes = outcome["rows"], outcome["nodes"]
     table = format_table(
         ["node", "interface", "address", "from", "result"],
-        [[row["label"], row["interface"], Listener(**{k: row[k] for k in Listener._fields}).where, row["from"],
-          row["result"]] for row in rows],
+        [[row["label"], row["interface"] or "-", Listener(**{k: row[k] for k in Listener._fields}).where
+          if row["port"] else row["address"] or "-", row["from"], row["result"]] for row in rows],
         indent="",
     )  # fmt: skip
     more = f"\n... and {outcome['failed'] - len(rows)} more failed connects" if outcome["failed"] > len(rows) else ""
