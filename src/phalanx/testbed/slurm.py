@@ -83,14 +83,16 @@ def missing_commands() -> list[str]:
     return [name for name in DAEMONS if shutil.which(name) is None]
 
 
-def _free_port(address: str) -> int:
+def _free_port() -> int:
+    """A port free on every address: slurmctld binds all of them, so a port free on the bridge's
+    address alone may be taken on loopback (where a busy machine's clients hold thousands)."""
     with socket.socket() as probe:
-        probe.bind((address, 0))
+        probe.bind(("", 0))
         return probe.getsockname()[1]
 
 
 def _configuration(bed: TestBed, folder: Path, cpus: int, cred_expire_s: int) -> str:
-    ctld_port = _free_port(bed.bridge_address)
+    ctld_port = _free_port()
     nodes = "\n".join(
         f"NodeName={host.name} NodeAddr={host.address} Port={6830 + k} CPUs={cpus} State=UNKNOWN"
         for k, host in enumerate(bed.hosts)
