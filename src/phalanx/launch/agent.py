@@ -33,10 +33,9 @@ from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, Meeting, host_store
-from phalanx.launch.network import INTERFACE_VARIABLES
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
-from phalanx.launch.reachability import Reachability, workers_interface
+from phalanx.launch.reachability import Reachability, interface_variables, workers_interface
 from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
@@ -126,9 +125,10 @@ class NodeAgent:
         """That the peers reach this node where its workers will listen (:mod:`.reachability`)."""
         interface = workers_interface(self.setup.backend, os.environ)
         if interface is None:
-            named = ", ".join(f"{name}={os.environ.get(name, '')!r}" for name in INTERFACE_VARIABLES)
+            variables = interface_variables(self.setup.backend)
+            named = " and ".join(f"{name}={os.environ.get(name, '')!r}" for name in variables)
             say(f"phalanx: {self.setup.node_label}: not checking that the peers reach this node's workers: "
-                f"{named} name no single interface of this host")  # fmt: skip
+                f"{named} {'names' if len(variables) == 1 else 'name'} no single interface of this host")  # fmt: skip
         Reachability(self.store, self.prefix, meeting.index, meeting.count, self.setup.node_label, interface,
                      self.setup.is_host).check()  # fmt: skip
 

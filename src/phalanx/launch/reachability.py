@@ -68,14 +68,21 @@ class Listener(NamedTuple):
         return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
 
 
+def interface_variables(backend: str) -> list[str]:
+    """The variables that name the interface the workers' sockets bind, in the order they are
+    read: the backend's, then gloo's (phalanx's own groups, such as the checkpoint's, are gloo's
+    also under nccl)."""
+    gloo = network.INTERFACE_VARIABLE["gloo"]
+    return list(dict.fromkeys([network.INTERFACE_VARIABLE.get(backend, gloo), gloo]))
+
+
 def workers_interface(backend: str, environ: Mapping[str, str]) -> str | None:
-    """The one interface the workers' sockets bind: the backend's variable's, else gloo's (phalanx's
-    own groups, such as the checkpoint's, are gloo's also under nccl), as phalanx set or kept them.
-    None where neither names a single interface of this host: a list (``eth0,eth1``), NCCL's
-    ``^``/``=`` forms, a name this host lacks."""
+    """The one interface the workers' sockets bind, from :func:`interface_variables` as phalanx
+    set or kept them. None where none names a single interface of this host: a list
+    (``eth0,eth1``), NCCL's ``^``/``=`` forms, a name this host lacks."""
     interfaces = network.local_interfaces()
-    for variable in dict.fromkeys([network.INTERFACE_VARIABLE.get(backend, ""), network.INTERFACE_VARIABLE["gloo"]]):
-        value = environ.get(variable, "") if variable else ""
+    for variable in interface_variables(backend):
+        value = environ.get(variable, "")
         if value and not any(mark in value for mark in ",^=") and value in interfaces:
             return value
     return None
@@ -158,28 +165,29 @@ class Reachability:
     def _listen(self) -> list[dict[str, Any]]:
         """Listens where the workers will, and posts where; returns this node's own failure (a
         row of the table) when it cannot."""
-        failure = ""
-        if not self.me.interface:
-            failure = "not checked"  # posted as port 0: the neighbours connect to none
-        elif not self.me.address:
-            failure = "cannot listen: the interface has no address"
-        else:
-            family = socket.AF_INET6 if ":" in self.me.address else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            try:
-                listener.bind((self.me.address, 0))
-                listener.listen(socket.SOMAXCONN)
-                self._socket = listener
-                self.me = self.me._replace(port=listener.getsockname()[1])
-                self._accepting = threading.Thread(target=self._accept, name="phalanx-reach-listen", daemon=True)
-                self._accepting.start()
-            except OSError as error:
-                listener.close()
-                failure = f"cannot listen: {error.strerror or error}"
+        failure = self._open_listener() if self.me.interface else ""  # not checked: posted with port 0
         self.store.set(f"{self.prefix}listener/{self.index}", json.dumps(self.me._asdict()))
-        if failure and failure != "not checked":
+        if failure:
             return [{**self.me._asdict(), "from": self.me.label, "result": failure}]
         return []
+
+    def _open_listener(self) -> str:
+        """Listens on the workers' address; returns why it cannot, or ""."""
+        if not self.me.address:
+            return "cannot listen: the interface has no address"
+        family = socket.AF_INET6 if ":" in self.me.address else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.bind((self.me.address, 0))
+            listener.listen(socket.SOMAXCONN)
+        except OSError as error:
+            listener.close()
+            return f"cannot listen: {error.strerror or error}"
+        self._socket = listener
+        self.me = self.me._replace(port=listener.getsockname()[1])
+        self._accepting = threading.Thread(target=self._accept, name="phalanx-reach-listen", daemon=True)
+        self._accepting.start()
+        return ""
 
     def _accept(self) -> None:
         assert self._socket is not None
