@@ -30,3 +30,15 @@ def test_the_defaults_parse(train_example, monkeypatch):
     monkeypatch.setattr("sys.argv", ["train.py"])
     args = train_example.parse_args()
     assert (args.epochs, args.batch_size, args.checkpoint_every, args.lr, args.workers) == (5, 32, 50, 0.05, 0)
+
+
+def test_the_digits_read_from_the_shipped_file_are_scikit_learns(train_example):
+    """The example reads the digits' file without importing scikit-learn (a second per process):
+    the same images and labels as the public loader's, or the public loader itself."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    images, labels = train_example.load_digits()
+    expected = load_digits()
+    assert torch.equal(images, torch.tensor(expected.data, dtype=torch.float32) / 16.0)
+    assert torch.equal(labels, torch.tensor(expected.target))
