@@ -100,10 +100,10 @@ MORE_CHECKS = {"checkpoint": check_checkpoint_report, "control_plane": check_con
 
 
 def marks_of(benchmark: summary.Benchmark) -> list[pytest.MarkDecorator]:
-    """netns where it builds a test bed; cluster (the second stage) where it loads every core."""
+    """netns where it builds a test bed; cluster where its smoke belongs to the second stage."""
     return [
         *([pytest.mark.netns] if benchmark.needs_root else []),
-        *([pytest.mark.cluster] if benchmark.loads_every_core else []),
+        *([pytest.mark.cluster] if benchmark.second_stage_smoke else []),
     ]
 
 

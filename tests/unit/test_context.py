@@ -46,6 +46,7 @@ def test_a_group_timeout_that_bounds_nothing_is_refused_before_any_group(monkeyp
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # a minute of runs: the second stage's
 def test_the_group_is_destroyed_without_aborting_after_compression_hooks(tmp_path):
     # A race that some runs lose: without the pause in destroy_process_group, 7 of 120 such
     # processes aborted on this machine. So 24 runs (about 40 s) catch the pause's loss about 3
