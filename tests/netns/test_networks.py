@@ -12,7 +12,9 @@ from it. Stage two: each case starts torch on three hosts.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import sys
 import time
 
@@ -112,3 +114,36 @@ def test_host_names_that_resolve_to_a_network_one_host_is_cut_off_from_do_not_le
     assert [outcome.returncode for outcome in outcomes] == [0, 0, 0], [o.output[-2000:] for o in outcomes]
     assert "sum 3" in outcomes[0].output
     assert all("interface  eth0 " in outcome.output for outcome in outcomes), outcomes[0].output[-2000:]
+
+
+def test_doctor_measures_each_network_and_names_the_faster_one_with_its_interface(bed, tmp_path):
+    """The endpoint's network (eth0) is shaped to 200 Mbit/s, the data network (eth1) is not: the
+    doctor measures both between every pair of hosts, and its verdict names the data network and
+    the flag that moves the workers there."""
+    from phalanx.testbed import Shaping
+
+    bed.shape(Shaping(rate="200mbit"), network="main")
+    doctor = [sys.executable, "-m", "phalanx", "doctor", "--nnodes", "3", "--rdzv-endpoint",
+              f"{bed.hosts[0].address}:29400", "--p2p-size", "4M", "--max-bytes", "4M", "--json"]  # fmt: skip
+    lines = []
+    for host in bed.hosts:  # each in a folder of its own, as on a machine of its own
+        (tmp_path / host.name).mkdir()
+        lines.append(host.command(["sh", "-c", f"cd {tmp_path / host.name} && {shlex.join(doctor)} > report.json"]))
+    outcomes = run_together(lines, timeout=180, cwd=tmp_path)
+    # h1 ran rank 0: its exit code is the verdict's, 1 for the one problem test-bed hosts have (the
+    # machine's hostname, which they share)
+    assert [outcome.returncode for outcome in outcomes] == [1, 0, 0], [o.output[-3000:] for o in outcomes]
+    report = json.loads((tmp_path / "h1" / "report.json").read_text())
+    assert {f["topic"] for f in report["findings"] if f["severity"] == "problem"} == {"duplicate-hostname"}
+    main, data = (f"{'.'.join(address.split('.')[:3])}.0/24" for address in (bed.hosts[0].address,
+                                                                               bed.hosts[0].data_address))  # fmt: skip
+    measured = {(f["network"], f["source_interface"]): f["bandwidth_bytes_per_s"] for f in report["networks"]}
+    assert len(report["networks"]) == 6 and all(f["error"] is None for f in report["networks"]), report["networks"]
+    slow = max(rate for (network, _), rate in measured.items() if network == main)
+    fast = min(rate for (network, _), rate in measured.items() if network == data)
+    assert slow * 8 / 1e6 < 220 and fast > 1.5 * slow, measured  # tbf at 200 Mbit/s; an unshaped veth is far above
+    [finding] = [f for f in report["findings"] if f["topic"] == "faster-network"]
+    assert f"the workers talk over {main} (eth0)" in finding["what"], finding
+    assert f"{data} (eth1) connects every node too" in finding["what"], finding
+    assert finding["hint"].startswith("start every node with --interface eth1"), finding
+    print(f"MEASURED: doctor on 3 hosts: main network {slow * 8 / 1e6:.0f} Mbit/s, data {fast * 8 / 1e9:.2g} Gbit/s")

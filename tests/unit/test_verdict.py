@@ -16,12 +16,13 @@ def healthy_report() -> dict:
         "ranks": [{"rank": 0, "node": "10.0.0.1"}, {"rank": 1, "node": "10.0.0.2"}],
         "nodes": [
             {"label": "10.0.0.1", "address": "10.0.0.1", "host": "a", "ranks": [0], "gpus": 0, "processes": 1,
-             "facts": dict(facts), "traps": []},
+             "facts": dict(facts), "traps": [], "networks": []},
             {"label": "10.0.0.2", "address": "10.0.0.2", "host": "b", "ranks": [1], "gpus": 0, "processes": 1,
-             "facts": dict(facts), "traps": []},
+             "facts": dict(facts), "traps": [], "networks": []},
         ],
         "clock_offsets": [{"rank": 1, "offset_s": 0.01, "round_trip_s": 0.0002}],
         "links": [{"source": 0, "target": 1, "latency_s": 5e-5, "bandwidth_bytes_per_s": 1.2e9}],
+        "networks": [],
         "allreduce": {"wrong": 0},
         "compute": [{"rank": 0, "gflops": 50.0, "matrix": 512}, {"rank": 1, "gflops": 48.0, "matrix": 512}],
     }  # fmt: skip

@@ -9,12 +9,14 @@ It runs a short job through the same launcher as `phalanx run` (so it meets the 
 problems), with the same launch options, and:
   - compares every node's versions, GPUs and backend variables in one table and names the odd
     node out; checks GPU count against --nproc-per-node, duplicate hostnames, clock offsets;
-  - measures each pair of nodes point to point (latency, bandwidth), and the all-reduce bus
-    bandwidth of the whole world at a few sizes (nccl-tests' busbw);
+  - measures each pair of nodes point to point (latency, bandwidth), and over plain TCP on each
+    network two nodes share, and the all-reduce bus bandwidth of the whole world at a few sizes
+    (nccl-tests' busbw);
   - times a fixed matmul on every rank and flags stragglers;
   - ends with a verdict: PROBLEM lines (a job would hang, fail or silently differ) and WARNING
     lines (it would be slow), each with a HINT. Warnings: a link under 2.5 Gbit/s, or one that
     needs per-process batches above 64 samples to hide the all-reduce behind dense compute; a
+    network connecting every node at 1.5 times the workers' speed or more; a
     rank under 75% of the median matmul speed; a clock more than 1 s off rank 0's.
 
 The report is printed by the node that ran global rank 0. Exit codes: 0 no problem found

@@ -7,6 +7,7 @@ from typing import Any
 
 from phalanx.console import format_table
 from phalanx.diagnostics.verdict import Finding, node_names, rank_nodes
+from phalanx.launch.network import speed_text
 
 
 def _nodes_table(report: dict[str, Any]) -> str:
@@ -56,6 +57,38 @@ def _links_table(report: dict[str, Any]) -> str:
     return title + "\n" + format_table(["from", "to", "latency (us)", "bandwidth (Gbit/s)", "(GB/s)"], rows)
 
 
+def _networks_table(report: dict[str, Any]) -> str:
+    title = "networks between nodes (plain TCP over each subnet two nodes are on; * the workers' network)"
+    if len(report["nodes"]) < 2:
+        return f"{title}\n  none: one node"
+    if not report["networks"]:
+        why = "simulated nodes share this host's networks" if report["simulated"] else "no two nodes share a subnet"
+        return f"{title}\n  none measured: {why}"
+    labels = rank_nodes(report)
+    workers = {a["network"] for node in report["nodes"] for a in node["networks"] if a["address"] == node["address"]}
+    speeds = {(node["ranks"][0], a["network"]): a["speed_mbps"] for node in report["nodes"] for a in node["networks"]}
+
+    def kernel_speed(figure: dict[str, Any]) -> str:
+        ends = {speeds.get((figure[end], figure["network"]), 0) for end in ("source", "target")}
+        return "unknown" if ends == {0} else " / ".join(speed_text(mbps) if mbps else "?" for mbps in sorted(ends))
+
+    rows = [
+        [
+            f"{figure['network']}{' *' if figure['network'] in workers else ''}",
+            labels[figure["source"]],
+            labels[figure["target"]],
+            f"{figure['source_interface']} -> {figure['target_interface']}",
+            kernel_speed(figure),
+            "-" if figure["latency_s"] is None else f"{figure['latency_s'] * 1e6:.0f}",
+            figure["error"] or ("too short to time" if figure["bandwidth_bytes_per_s"] is None
+                                else f"{figure['bandwidth_bytes_per_s'] * 8 / 1e9:.3g}"),
+        ]
+        for figure in report["networks"]
+    ]  # fmt: skip
+    headers = ["network", "from", "to", "interfaces", "link speed (kernel)", "latency (us)", "bandwidth (Gbit/s)"]
+    return f"{title}\n" + format_table(headers, rows)
+
+
 def _allreduce_table(report: dict[str, Any]) -> str:
     result = report["allreduce"]
     rows = [
@@ -96,8 +129,8 @@ def format_report(report: dict[str, Any], findings: list[Finding]) -> str:
     head = (f"phalanx doctor: {nodes} node{'s' if nodes != 1 else ''}"
             f"{' (simulated on this host)' if report['simulated'] else ''}, world size {report['world_size']}, "
             f"backend {report['backend']}")  # fmt: skip
-    parts = [head, _nodes_table(report), _links_table(report), _allreduce_table(report), _compute_table(report),
-             format_findings(findings), summary(findings)]  # fmt: skip
+    parts = [head, _nodes_table(report), _links_table(report), _networks_table(report), _allreduce_table(report),
+             _compute_table(report), format_findings(findings), summary(findings)]  # fmt: skip
     return "\n\n".join(parts)
 
 

@@ -6,6 +6,7 @@ the command turns into tables and a verdict.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -17,8 +18,10 @@ import torch.distributed as dist
 
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
+from phalanx.bench.device_sync import barrier
 from phalanx.diagnostics.doctor_settings import DoctorSettings
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
+from phalanx.diagnostics.networks import Attachment, measure, pairs_to_measure, responding
 from phalanx.diagnostics.probes import Probe
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 from phalanx.quick_exit import exit_quickly
@@ -62,6 +65,24 @@ def _nodes(ranks: list[dict[str, Any]], details: list[dict[str, Any]]) -> list[d
     return list(nodes.values())  # in order of their lowest rank
 
 
+def _networks(context: Any, nodes: list[dict[str, Any]], message_bytes: int) -> list[dict[str, Any]]:
+    """Each network two nodes' leads share, measured between them one at a time; the figures are
+    on the lower lead. Every node's addresses (its attachments) go into its ``networks``."""
+    leads = [node["ranks"][0] for node in nodes]
+    with responding() if context.rank in leads else contextlib.nullcontext([]) as attachments:
+        gathered: list[Any] = [None] * context.world_size
+        dist.all_gather_object(gathered, [dataclasses.asdict(attachment) for attachment in attachments])
+        for node, lead in zip(nodes, leads):
+            node["networks"] = gathered[lead]
+        attached = {lead: [Attachment(**attachment) for attachment in gathered[lead]] for lead in leads}
+        figures = []
+        for source, target, mine, theirs in pairs_to_measure(attached):
+            if context.rank == source:
+                figures.append(dataclasses.asdict(measure(source, target, mine, theirs, message_bytes)))
+            barrier(context.device)  # one pair and network at a time; the listeners stay until the last
+    return figures
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     invocation = ToolInvocation.from_argv(sys.argv[1:] if argv is None else argv)
     settings = DoctorSettings(**invocation.settings)
@@ -73,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         leads = [node["ranks"][0] for node in nodes]
         probe = Probe(context.device)
         progress = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
-        progress(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute")
+        progress(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute, "
+                 "networks")  # fmt: skip
         timer = _PhaseTimer()
         offsets = timer.run("clocks", lambda: probe.clock_offsets(leads))
         links = timer.run(
@@ -82,23 +104,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         allreduce_settings = settings.allreduce()
         rows = timer.run("all-reduce", lambda: CollectiveBench(allreduce_settings, "all_reduce", context.device).rows())
         compute = timer.run("compute", probe.compute)
+        networks = timer.run("networks", lambda: _networks(context, nodes, settings.p2p_bytes))
         progress(f"doctor: measured in {timer}")
         gathered: list[Any] = [None] * context.world_size
         dist.all_gather_object(gathered, ([dataclasses.asdict(o) for o in offsets],
                                           [dataclasses.asdict(link) for link in links if link],
-                                          dataclasses.asdict(compute)))  # fmt: skip
+                                          dataclasses.asdict(compute), networks))  # fmt: skip
         if context.is_main:
-            measured_links = [link for _, rank_links, _ in gathered for link in rank_links]
+            measured_links = [link for _, rank_links, _, _ in gathered for link in rank_links]
             timed = [link for link in measured_links if link["bandwidth_bytes_per_s"] is not None]
             slowest = min(timed, key=lambda link: link["bandwidth_bytes_per_s"], default=None)
             invocation.write_report({
                 "tool": "doctor", "world_size": context.world_size, "backend": context.backend,
                 "simulated": all(node["address"].startswith("127.") for node in nodes) and len(nodes) > 1,
                 "settings": dataclasses.asdict(settings), "ranks": ranks, "nodes": nodes,
-                "clock_offsets": [offset for rank_offsets, _, _ in gathered for offset in rank_offsets],
+                "clock_offsets": [offset for rank_offsets, _, _, _ in gathered for offset in rank_offsets],
                 "links": measured_links,
+                "networks": [figure for _, _, _, rank_networks in gathered for figure in rank_networks],
                 "allreduce": collective_result(allreduce_settings, "all_reduce", rows),
-                "compute": [rank_compute for _, _, rank_compute in gathered],
+                "compute": [rank_compute for _, _, rank_compute, _ in gathered],
                 # the slowest link between nodes: what `phalanx plan --from-doctor` reads
                 "network": None if slowest is None else {"bandwidth_bytes_per_s": slowest["bandwidth_bytes_per_s"],
                                                          "latency_s": slowest["latency_s"]},

@@ -22,6 +22,8 @@ CLOCK_OFFSET_S = 1.0
 FLOPS_PER_PARAMETER_SAMPLE = 6
 #: Warn when dense steps need per-process batches above this to hide the all-reduce.
 BREAK_EVEN_BATCH = 64
+#: Another network at least this many times faster than the workers' is worth moving the job to.
+FASTER_NETWORK_RATIO = 1.5
 #: Differences between nodes that change only logging or speed: warnings, not problems.
 HARMLESS_DIFFERENCES = frozenset({
     "gpu driver", "env NCCL_DEBUG", "env NCCL_DEBUG_SUBSYS", "env NCCL_DEBUG_FILE", "env TORCH_CPP_LOG_LEVEL",
@@ -178,6 +180,63 @@ def link_findings(report: dict[str, Any]) -> list[Finding]:
     return findings
 
 
+def _gbit(figure: dict[str, Any]) -> str:
+    return f"{figure['bandwidth_bytes_per_s'] * 8 / 1e9:.2g} Gbit/s"
+
+
+def network_findings(report: dict[str, Any]) -> list[Finding]:
+    """A network that connects every node and measures faster than the one the workers use; a
+    network that some pair of nodes could not connect over."""
+    labels, names = rank_nodes(report), node_names(report)
+    nodes = {node["label"]: node for node in report["nodes"]}
+    on = {label: {a["network"]: a for a in node["networks"]} for label, node in nodes.items()}
+    workers = {a["network"] for node in nodes.values() for a in node["networks"] if a["address"] == node["address"]}
+    figures: dict[str, list[dict[str, Any]]] = {}
+    for figure in report["networks"]:
+        figures.setdefault(figure["network"], []).append(figure)
+    findings = []
+    failed = [figure for figure in report["networks"] if figure["error"] is not None]
+    if failed:
+        shown = "; ".join(
+            f"{f['network']} {labels[f['source']]} -> {labels[f['target']]}: {f['error']}" for f in failed[:3]
+        )
+        findings.append(Finding(
+            "warning", "network-unreachable",
+            f"{_plural(len(failed), 'pair')} of nodes could not connect over a network both are on: {shown}"
+            + ("; ..." if len(failed) > 3 else ""),
+            "a job on that network (--interface) would be refused before its workers start: check the firewall and "
+            "the routes between those hosts on it, or leave it to other traffic",
+        ))  # fmt: skip
+    used = [figure for network in workers for figure in figures.get(network, [])]
+    if not used or any(figure["bandwidth_bytes_per_s"] is None for figure in used):
+        return findings
+    slowest = min(used, key=lambda figure: figure["bandwidth_bytes_per_s"])
+    for network, measured in figures.items():
+        everywhere = all(network in networks for networks in on.values())
+        rates = [figure["bandwidth_bytes_per_s"] for figure in measured]
+        if network in workers or not everywhere or None in rates or len(measured) < len(used):
+            continue
+        if min(rates) < FASTER_NETWORK_RATIO * slowest["bandwidth_bytes_per_s"]:
+            continue
+        fastest_slowest = min(measured, key=lambda figure: figure["bandwidth_bytes_per_s"])
+        interfaces = {label: on[label][network]["interface"] for label in nodes}
+        if len(set(interfaces.values())) == 1:
+            flag = f"start every node with --interface {next(iter(interfaces.values()))}"
+        else:
+            flag = "start each node with its interface on it: " + ", ".join(
+                f"--interface {interface} on {names[label]}" for label, interface in interfaces.items()
+            )
+        findings.append(Finding(
+            "warning", "faster-network",
+            f"the workers talk over {slowest['network']} ({slowest['source_interface']}), measured at {_gbit(slowest)} "
+            f"({labels[slowest['source']]} -> {labels[slowest['target']]}); {network} "
+            f"({fastest_slowest['source_interface']}) connects every node too and measures {_gbit(fastest_slowest)}",
+            f"{flag} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME follow it), or give --rdzv-endpoint an address on "
+            f"{network}: the workers use the network that routes to the endpoint",
+        ))  # fmt: skip
+    return findings
+
+
 def straggler_findings(report: dict[str, Any]) -> list[Finding]:
     speeds = {c["rank"]: c["gflops"] for c in report["compute"]}
     if len(speeds) < 2:
@@ -222,7 +281,7 @@ def machine_findings(report: dict[str, Any]) -> list[Finding]:
 
 
 RULES = (fingerprint_findings, hostname_findings, gpu_findings, allreduce_findings, link_findings,
-         straggler_findings, clock_findings, machine_findings)  # fmt: skip
+         network_findings, straggler_findings, clock_findings, machine_findings)  # fmt: skip
 
 
 def verdict(report: dict[str, Any]) -> list[Finding]:

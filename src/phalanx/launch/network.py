@@ -40,6 +40,8 @@ class Interface:
     #: A software interface (a bridge, veth, tun, docker0...) rather than a network card, a bond
     #: of cards or a VLAN on one: its speed says nothing of a network's.
     is_virtual: bool = False
+    #: Its IPv4 addresses with their subnet's prefix length, such as ``10.1.0.2/24``.
+    networks: tuple[str, ...] = ()
 
     @property
     def is_loopback(self) -> bool:
@@ -66,7 +68,9 @@ def local_interfaces() -> dict[str, Interface]:
     stats = psutil.net_if_stats()
     interfaces = {}
     for name, entries in psutil.net_if_addrs().items():
-        v4 = [entry.address for entry in entries if entry.family == socket.AF_INET]
+        v4_entries = [entry for entry in entries if entry.family == socket.AF_INET]
+        v4 = [entry.address for entry in v4_entries]
+        networks = tuple(str(ipaddress.ip_interface(f"{e.address}/{e.netmask or '32'}")) for e in v4_entries)
         v6 = [
             entry.address.split("%")[0]
             for entry in entries
@@ -74,7 +78,7 @@ def local_interfaces() -> dict[str, Interface]:
         ]
         up = stats[name].isup if name in stats else False
         speed = max(stats[name].speed, 0) if name in stats else 0
-        interfaces[name] = Interface(name, tuple(v4 + v6), up, speed, _is_virtual(name))
+        interfaces[name] = Interface(name, tuple(v4 + v6), up, speed, _is_virtual(name), networks)
     return interfaces
 
 

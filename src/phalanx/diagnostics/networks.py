@@ -1,0 +1,220 @@
+"""Every network two nodes share, measured on its own: `phalanx doctor`'s networks table.
+
+The workers' process group runs over one interface, the one that routes to the rendezvous
+endpoint unless --interface names another. A host with a management network and a data network
+has a second network the job could use, and nothing measures it. The process group cannot be
+moved to another interface once made, so this measures over plain TCP: every node's lead rank
+listens on each of its IPv4 addresses; for each pair of leads and each subnet both have an
+address on, the lower lead connects from its own address on that subnet to the other's, and
+times round trips and a transfer, one pair and network at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from phalanx.launch.network import local_interfaces
+
+#: Round trips per latency figure; the median is reported.
+ROUNDS = 8
+#: Transfers per bandwidth figure; the median is reported.
+TRANSFERS = 3
+#: How long a peer may take to accept a connection on a network before it counts as unreachable.
+CONNECT_TIMEOUT_S = 3.0
+#: How long one transfer may take (16 MiB at 10 Mbit/s is 13 s).
+TRANSFER_TIMEOUT_S = 30.0
+_HEADER = struct.Struct("!Q")  # the bytes that follow; 0 asks for a bare reply (a round trip)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One node's address on one network, and where its lead listens there."""
+
+    network: str  # the subnet, such as "10.1.0.0/24"
+    interface: str
+    address: str
+    port: int
+    speed_mbps: int  # as the kernel reports it; 0 unknown
+
+
+@dataclass(frozen=True)
+class NetworkFigure:
+    """One network measured between two node leads (global ranks), or why it could not be."""
+
+    network: str
+    source: int
+    target: int
+    source_interface: str
+    target_interface: str
+    latency_s: float | None = None  # half the median round trip
+    bandwidth_bytes_per_s: float | None = None  # None: unreachable, or too short to time
+    error: str | None = None
+
+
+def _attachable() -> list[tuple[str, str, str, int]]:
+    """(network, interface, address, speed) of this host's up, non-loopback IPv4 addresses."""
+    found = []
+    for interface in local_interfaces().values():
+        if not interface.is_up or interface.is_loopback:
+            continue
+        for network in interface.networks:
+            address = ipaddress.ip_interface(network)
+            found.append((str(address.network), interface.name, str(address.ip), interface.speed_mbps))
+    return found
+
+
+def _read_exactly(connection: socket.socket, view: memoryview) -> None:
+    """Fills ``view`` from the connection; a peer that closes first is a ConnectionError."""
+    got = 0
+    while got < len(view):
+        read = connection.recv_into(view[got:])
+        if read == 0:
+            raise ConnectionError("the peer closed the connection")
+        got += read
+
+
+def _read_header(connection: socket.socket) -> int:
+    header = bytearray(_HEADER.size)
+    _read_exactly(connection, memoryview(header))
+    return _HEADER.unpack(header)[0]
+
+
+class Responder:
+    """The listening side: one thread per address, answering each request with one byte."""
+
+    def __init__(self) -> None:
+        self.attachments: list[Attachment] = []
+        self._listeners: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> list[Attachment]:
+        for network, interface, address, speed in _attachable():
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                listener.bind((address, 0))
+                listener.listen(4)
+            except OSError:
+                listener.close()
+                continue  # an address it cannot listen on is left out of the table, not an error
+            self._listeners.append(listener)
+            self.attachments.append(Attachment(network, interface, address, listener.getsockname()[1], speed))
+            thread = threading.Thread(
+                target=self._serve, args=(listener,), name=f"doctor-networks-{address}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        return self.attachments
+
+    def _serve(self, listener: socket.socket) -> None:
+        buffer = memoryview(bytearray(_CHUNK))
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed by stop()
+            with connection, contextlib.suppress(OSError):
+                connection.settimeout(TRANSFER_TIMEOUT_S)
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while True:
+                    size = _read_header(connection)
+                    while size:
+                        step = min(size, _CHUNK)
+                        _read_exactly(connection, buffer[:step])
+                        size -= step
+                    connection.sendall(b"\x01")
+
+    def stop(self) -> None:
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for thread in self._threads:
+            thread.join(timeout=TRANSFER_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def responding() -> Iterator[list[Attachment]]:
+    """This node's attachments, answered while the block runs."""
+    responder = Responder()
+    try:
+        yield responder.start()
+    finally:
+        responder.stop()
+
+
+def pairs_to_measure(attached: dict[int, list[Attachment]]) -> list[tuple[int, int, Attachment, Attachment]]:
+    """(source lead, target lead, the source's and the target's attachment) for every pair of
+    leads and every network both are on, in one order every rank computes alike. Two leads with
+    the same address on a network are one host (simulated nodes): nothing to measure there."""
+    leads = sorted(attached)
+    plan = []
+    for i, source in enumerate(leads):
+        for target in leads[i + 1 :]:
+            theirs = {attachment.network: attachment for attachment in attached[target]}
+            own_addresses = {attachment.address for attachment in attached[source]}
+            for mine in attached[source]:
+                other = theirs.get(mine.network)
+                if other is not None and other.address not in own_addresses:
+                    plan.append((source, target, mine, other))
+    return plan
+
+
+def measure(source: int, target: int, mine: Attachment, theirs: Attachment, message_bytes: int) -> NetworkFigure:
+    """Round trips and a one-way transfer from ``mine`` to ``theirs``, over that network only."""
+    figure = NetworkFigure(mine.network, source, target, mine.interface, theirs.interface)
+    try:
+        connection = socket.create_connection(
+            (theirs.address, theirs.port), timeout=CONNECT_TIMEOUT_S, source_address=(mine.address, 0)
+        )
+    except OSError as error:
+        return _failed(figure, f"no connection to {theirs.address} in {CONNECT_TIMEOUT_S:g} s: {_reason(error)}")
+    payload = bytes(min(message_bytes, _CHUNK))
+    with connection:
+        try:
+            connection.settimeout(TRANSFER_TIMEOUT_S)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            round_trips = [_timed(lambda: _send(connection, payload, 0)) for _ in range(ROUNDS)]
+            transfers = [_timed(lambda: _send(connection, payload, message_bytes)) for _ in range(TRANSFERS)]
+        except OSError as error:
+            return _failed(figure, f"connected to {theirs.address}, then {_reason(error)}")
+    round_trip = statistics.median(round_trips)
+    transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
+    bandwidth = message_bytes / transfer if transfer > round_trip / 2 else None
+    return NetworkFigure(figure.network, source, target, mine.interface, theirs.interface, round_trip / 2, bandwidth)
+
+
+def _failed(figure: NetworkFigure, error: str) -> NetworkFigure:
+    return NetworkFigure(figure.network, figure.source, figure.target, figure.source_interface,
+                         figure.target_interface, error=error)  # fmt: skip
+
+
+def _reason(error: OSError) -> str:
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return error.strerror or str(error)
+
+
+def _timed(action: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def _send(connection: socket.socket, chunk: bytes, size: int) -> None:
+    """``size`` bytes (``chunk`` again and again), then the one-byte reply; 0 is a round trip."""
+    connection.sendall(_HEADER.pack(size))
+    left = size
+    while left:
+        step = min(left, len(chunk))
+        connection.sendall(memoryview(chunk)[:step])
+        left -= step
+    _read_exactly(connection, memoryview(bytearray(1)))
