@@ -9,7 +9,10 @@ namespaces needs root; fabric_exits needs lightning) is listed as skipped, with 
 each): it proves that each still runs end to end, and judges nothing. The test suite runs the
 same smoke lines (tests/e2e/test_benchmarks.py).
 
-Usage: python benchmarks/summary.py [--smoke] [--only NAME ...] [--results DIR]
+--table prints the table of the reports already in --results and runs nothing: the full set takes
+about five hours here, and may be measured over several days (each row says on which).
+
+Usage: python benchmarks/summary.py [--smoke] [--only NAME ...] [--results DIR] [--table]
 """
 
 from __future__ import annotations
@@ -102,18 +105,29 @@ def table(reports: dict[str, dict]) -> str:
             rows.append(
                 (
                     name,
-                    report.get("skipped") or report["failed"].splitlines()[0],
+                    report.get("skipped") or report.get("absent") or report["failed"].splitlines()[0],
                     "",
                     "",
-                    "skipped" if "skipped" in report else "FAILED",
+                    "skipped" if "skipped" in report else "not run" if "absent" in report else "FAILED",
+                    "",
                 )
             )
             continue
+        when = report.get("measured", {}).get("date", "")
         for target in report["targets"]:
             rows.append(
-                (name, target["name"], figure(target["value"], target["unit"]), bound(target), target["verdict"])
+                (name, target["name"], figure(target["value"], target["unit"]), bound(target), target["verdict"], when)
             )
-    return format_table(("benchmark", "target", "measured", "limit", "verdict"), rows, indent="")
+    return format_table(("benchmark", "target", "measured", "limit", "verdict", "on"), rows, indent="")
+
+
+def read_reports(chosen: list[Benchmark], results: Path) -> dict[str, dict]:
+    """The reports already in ``results`` (a set measured over several days), running nothing."""
+    reports = {}
+    for benchmark in chosen:
+        report = results / f"{benchmark.name}.json"
+        reports[benchmark.name] = json.loads(report.read_text()) if report.is_file() else {"absent": f"no {report}"}
+    return reports
 
 
 def main() -> None:
@@ -126,8 +140,13 @@ def main() -> None:
     parser.add_argument(
         "--results", type=Path, default=HERE / "results", help="where the reports go (default benchmarks/results)"
     )
+    parser.add_argument("--table", action="store_true",
+                        help="run nothing: the table of the reports already in --results")  # fmt: skip
     args = parser.parse_args()
     chosen = [b for b in BENCHMARKS if args.only is None or b.name in args.only]
+    if args.table:
+        print(table(read_reports(chosen, args.results)))
+        return
     if not args.smoke:
         print(
             f"about {sum(b.minutes for b in chosen)} minutes on a 2-core machine; each report lands in {args.results}"

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
+import sys
+import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +58,14 @@ class Target:
 
 
 def write_report(path: Path, results: Any, targets: list[Target], *, smoke: bool = False) -> None:
-    """Writes the benchmark's JSON report: {"smoke", "targets", "results"}."""
+    """Writes the benchmark's JSON report: {"smoke", "measured", "targets", "results"}; "measured"
+    says when, with which command, and on what (a table gathered from reports of several days
+    names each row's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = [{**target.as_dict(), **({"verdict": VERDICTS[-1]} if smoke else {})} for target in targets]
-    report = {"smoke": smoke, "targets": rows, "results": results}
+    measured = {"date": time.strftime("%Y-%m-%d"), "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                "cpus": os.cpu_count(), "torch": version("torch")}  # fmt: skip
+    report = {"smoke": smoke, "measured": measured, "targets": rows, "results": results}
     path.write_text(json.dumps(report, indent=1) + "\n")
 
 

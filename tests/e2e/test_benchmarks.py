@@ -145,3 +145,18 @@ def test_a_failed_benchmark_is_named_in_the_summary(tmp_path: Path, monkeypatch:
     assert found["failed"].startswith("exit code 3"), found
     shown = summary.table({"launch_overhead": found})
     assert "FAILED" in shown and "exit code 3" in shown, shown
+
+
+def test_the_table_of_reports_measured_on_several_days_names_each_ones_day(tmp_path: Path) -> None:
+    """--table runs nothing: it reads the reports in --results, names each row's day, and lists a
+    benchmark without a report as not run."""
+    from targets import Target, write_report
+
+    write_report(tmp_path / "launch_overhead.json", {}, [Target("wall time ratio", 1.01, 1.05, at_least=False)])
+    shown = run_command([sys.executable, str(REPO / "benchmarks" / "summary.py"), "--table", "--results",
+                         str(tmp_path), "--only", "launch_overhead", "checkpoint"], timeout=60, cwd=tmp_path)  # fmt: skip
+    assert shown.returncode == 0, shown.output
+    [measured] = [line.split() for line in shown.stdout.splitlines() if line.startswith("launch_overhead")]
+    assert measured[-4:] == ["<=", "1.050x", "met", json.loads((tmp_path / "launch_overhead.json").read_text())[
+        "measured"]["date"]], measured  # fmt: skip
+    assert any(line.startswith("checkpoint") and "not run" in line for line in shown.stdout.splitlines()), shown.stdout
