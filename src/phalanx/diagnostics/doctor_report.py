@@ -62,7 +62,8 @@ def _networks_table(report: dict[str, Any]) -> str:
     if len(report["nodes"]) < 2:
         return f"{title}\n  none: one node"
     if not report["networks"]:
-        why = "simulated nodes share this host's networks" if report["simulated"] else "no two nodes share a subnet"
+        why = ("simulated nodes share this host's networks" if report["simulated"]
+               else "no two nodes on different hosts share a private IPv4 subnet")  # fmt: skip
         return f"{title}\n  none measured: {why}"
     labels = rank_nodes(report)
     workers = {a["network"] for node in report["nodes"] for a in node["networks"] if a["address"] == node["address"]}

@@ -69,16 +69,17 @@ def _networks(context: Any, nodes: list[dict[str, Any]], message_bytes: int) -> 
     """Each network two nodes' leads share, measured between them one at a time; the figures are
     on the lower lead. Every node's addresses (its attachments) go into its ``networks``."""
     leads = [node["ranks"][0] for node in nodes]
-    with responding() if context.rank in leads else contextlib.nullcontext([]) as attachments:
+    mine = next((node["address"] for node in nodes if node["ranks"][0] == context.rank), None)
+    with responding(mine) if mine is not None else contextlib.nullcontext([]) as attachments:
         gathered: list[Any] = [None] * context.world_size
         dist.all_gather_object(gathered, [dataclasses.asdict(attachment) for attachment in attachments])
         for node, lead in zip(nodes, leads):
             node["networks"] = gathered[lead]
         attached = {lead: [Attachment(**attachment) for attachment in gathered[lead]] for lead in leads}
         figures = []
-        for source, target, mine, theirs in pairs_to_measure(attached):
-            if context.rank == source:
-                figures.append(dataclasses.asdict(measure(source, target, mine, theirs, message_bytes)))
+        for source, target, ours, theirs in pairs_to_measure(attached):
+            if context.rank == source:  # measure() never raises: every rank reaches each barrier
+                figures.append(dataclasses.asdict(measure(source, target, ours, theirs, message_bytes)))
             barrier(context.device)  # one pair and network at a time; the listeners stay until the last
     return figures
 

@@ -25,12 +25,17 @@ from phalanx.launch.network import local_interfaces
 
 #: Round trips per latency figure; the median is reported.
 ROUNDS = 8
-#: Transfers per bandwidth figure; the median is reported.
+#: Transfers per bandwidth figure, at most; the median is reported.
 TRANSFERS = 3
-#: How long a peer may take to accept a connection on a network before it counts as unreachable.
-CONNECT_TIMEOUT_S = 3.0
-#: How long one transfer may take (16 MiB at 10 Mbit/s is 13 s).
-TRANSFER_TIMEOUT_S = 30.0
+#: How long a peer may take to accept a connection: a LAN answers in milliseconds, and every
+#: network no pair can reach costs this for each pair, one after the other.
+CONNECT_TIMEOUT_S = 1.0
+#: How long one measurement (one pair on one network) may take in all, so that the ranks waiting
+#: at its barrier stay far from the stall watchdog's bound: a transfer that has not ended by then
+#: is stopped, and the figure is that of the transfers that ended, if any.
+MEASURE_BOUND_S = 30.0
+#: The largest transfer timed (--p2p-size may be larger): 16 MiB at 10 Mbit/s is 13 s.
+MAX_MESSAGE_BYTES = 16 * 2**20
 _HEADER = struct.Struct("!Q")  # the bytes that follow; 0 asks for a bare reply (a round trip)
 _CHUNK = 1 << 20
 
@@ -60,16 +65,22 @@ class NetworkFigure:
     error: str | None = None
 
 
-def _attachable() -> list[tuple[str, str, str, int]]:
-    """(network, interface, address, speed) of this host's up, non-loopback IPv4 addresses."""
-    found = []
+def _attachable(prefer: str | None) -> list[tuple[str, str, str, int]]:
+    """(network, interface, address, speed) of this host's up IPv4 addresses, one per subnet
+    (``prefer`` where it is one of them: the address the workers use). Loopback, link-local and
+    public addresses are left out: the probe's listeners have no authentication."""
+    found: dict[str, tuple[str, str, str, int]] = {}
     for interface in local_interfaces().values():
-        if not interface.is_up or interface.is_loopback:
+        if not interface.is_up:
             continue
         for network in interface.networks:
             address = ipaddress.ip_interface(network)
-            found.append((str(address.network), interface.name, str(address.ip), interface.speed_mbps))
-    return found
+            if address.is_loopback or address.is_link_local or address.ip.is_global:
+                continue
+            if str(address.network) not in found or str(address.ip) == prefer:
+                found[str(address.network)] = (str(address.network), interface.name, str(address.ip),
+                                               interface.speed_mbps)  # fmt: skip
+    return list(found.values())
 
 
 def _read_exactly(connection: socket.socket, view: memoryview) -> None:
@@ -95,16 +106,25 @@ class Responder:
         self.attachments: list[Attachment] = []
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
+        self._serving: set[socket.socket] = set()
+        self._lock = threading.Lock()
 
-    def start(self) -> list[Attachment]:
-        for network, interface, address, speed in _attachable():
+    def start(self, prefer: str | None = None) -> list[Attachment]:
+        """Listens on this host's addresses; the ones it could not listen on are left out (and all
+        of them where the interfaces could not be read: the table then has no row for this node,
+        and every rank still goes on to the same barriers)."""
+        try:
+            attachable = _attachable(prefer)
+        except Exception:  # the other ranks wait at the gather that follows: never raise here
+            return []
+        for network, interface, address, speed in attachable:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 listener.bind((address, 0))
                 listener.listen(4)
             except OSError:
                 listener.close()
-                continue  # an address it cannot listen on is left out of the table, not an error
+                continue
             self._listeners.append(listener)
             self.attachments.append(Attachment(network, interface, address, listener.getsockname()[1], speed))
             thread = threading.Thread(
@@ -121,8 +141,10 @@ class Responder:
                 connection, _ = listener.accept()
             except OSError:
                 return  # closed by stop()
+            with self._lock:
+                self._serving.add(connection)
             with connection, contextlib.suppress(OSError):
-                connection.settimeout(TRANSFER_TIMEOUT_S)
+                connection.settimeout(MEASURE_BOUND_S)
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 while True:
                     size = _read_header(connection)
@@ -131,22 +153,28 @@ class Responder:
                         _read_exactly(connection, buffer[:step])
                         size -= step
                     connection.sendall(b"\x01")
+            with self._lock:
+                self._serving.discard(connection)
 
     def stop(self) -> None:
-        for listener in self._listeners:
+        """Closes the listeners and the connections still served; the threads end at once."""
+        with self._lock:
+            open_sockets = [*self._listeners, *self._serving]
+        for sock in open_sockets:
             with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
+        for listener in self._listeners:
             listener.close()
         for thread in self._threads:
-            thread.join(timeout=TRANSFER_TIMEOUT_S)
+            thread.join(timeout=1.0)
 
 
 @contextlib.contextmanager
-def responding() -> Iterator[list[Attachment]]:
-    """This node's attachments, answered while the block runs."""
+def responding(prefer: str | None = None) -> Iterator[list[Attachment]]:
+    """This node's attachments (``prefer``: the workers' address), answered while the block runs."""
     responder = Responder()
     try:
-        yield responder.start()
+        yield responder.start(prefer)
     finally:
         responder.stop()
 
@@ -169,26 +197,34 @@ def pairs_to_measure(attached: dict[int, list[Attachment]]) -> list[tuple[int, i
 
 
 def measure(source: int, target: int, mine: Attachment, theirs: Attachment, message_bytes: int) -> NetworkFigure:
-    """Round trips and a one-way transfer from ``mine`` to ``theirs``, over that network only."""
+    """Round trips and one-way transfers from ``mine`` to ``theirs``, over that network only,
+    within :data:`MEASURE_BOUND_S`. Never raises: what went wrong is the figure's ``error``."""
     figure = NetworkFigure(mine.network, source, target, mine.interface, theirs.interface)
+    deadline = time.monotonic() + MEASURE_BOUND_S
+    size = min(message_bytes, MAX_MESSAGE_BYTES)
+    payload = bytes(min(size, _CHUNK))
+    round_trips: list[float] = []
+    transfers: list[float] = []
     try:
         connection = socket.create_connection(
             (theirs.address, theirs.port), timeout=CONNECT_TIMEOUT_S, source_address=(mine.address, 0)
         )
-    except OSError as error:
+    except Exception as error:
         return _failed(figure, f"no connection to {theirs.address} in {CONNECT_TIMEOUT_S:g} s: {_reason(error)}")
-    payload = bytes(min(message_bytes, _CHUNK))
-    with connection:
-        try:
-            connection.settimeout(TRANSFER_TIMEOUT_S)
+    try:
+        with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            round_trips = [_timed(lambda: _send(connection, payload, 0)) for _ in range(ROUNDS)]
-            transfers = [_timed(lambda: _send(connection, payload, message_bytes)) for _ in range(TRANSFERS)]
-        except OSError as error:
-            return _failed(figure, f"connected to {theirs.address}, then {_reason(error)}")
+            for _ in range(ROUNDS):
+                round_trips.append(_timed(lambda: _send(connection, payload, 0, deadline)))
+            for _ in range(TRANSFERS):
+                transfers.append(_timed(lambda: _send(connection, payload, size, deadline)))
+    except Exception as error:  # a figure with its error: the others wait at the barrier
+        if not transfers:
+            stage = "its round trips" if len(round_trips) < ROUNDS else "the first transfer"
+            return _failed(figure, f"connected to {theirs.address}, then {_reason(error)} during {stage}")
     round_trip = statistics.median(round_trips)
     transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
-    bandwidth = message_bytes / transfer if transfer > round_trip / 2 else None
+    bandwidth = size / transfer if transfer > round_trip / 2 else None
     return NetworkFigure(figure.network, source, target, mine.interface, theirs.interface, round_trip / 2, bandwidth)
 
 
@@ -197,10 +233,10 @@ def _failed(figure: NetworkFigure, error: str) -> NetworkFigure:
                          figure.target_interface, error=error)  # fmt: skip
 
 
-def _reason(error: OSError) -> str:
+def _reason(error: Exception) -> str:
     if isinstance(error, TimeoutError):
         return "timed out"
-    return error.strerror or str(error)
+    return (error.strerror if isinstance(error, OSError) else None) or str(error) or type(error).__name__
 
 
 def _timed(action: Callable[[], None]) -> float:
@@ -209,12 +245,23 @@ def _timed(action: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-def _send(connection: socket.socket, chunk: bytes, size: int) -> None:
-    """``size`` bytes (``chunk`` again and again), then the one-byte reply; 0 is a round trip."""
+def _send(connection: socket.socket, chunk: bytes, size: int, deadline: float) -> None:
+    """``size`` bytes (``chunk`` again and again), then the one-byte reply (0: a round trip); a
+    TimeoutError once ``deadline`` passes, whichever call it passes in."""
+
+    def until_deadline() -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        connection.settimeout(left)
+
+    until_deadline()
     connection.sendall(_HEADER.pack(size))
     left = size
     while left:
         step = min(left, len(chunk))
+        until_deadline()
         connection.sendall(memoryview(chunk)[:step])
         left -= step
+    until_deadline()
     _read_exactly(connection, memoryview(bytearray(1)))

@@ -185,8 +185,8 @@ def _gbit(figure: dict[str, Any]) -> str:
 
 
 def network_findings(report: dict[str, Any]) -> list[Finding]:
-    """A network that connects every node and measures faster than the one the workers use; a
-    network that some pair of nodes could not connect over."""
+    """A network that connects every node and measures faster than the workers' traffic does; a
+    network that connects some pairs of nodes but not others (or not the workers')."""
     labels, names = rank_nodes(report), node_names(report)
     nodes = {node["label"]: node for node in report["nodes"]}
     on = {label: {a["network"]: a for a in node["networks"]} for label, node in nodes.items()}
@@ -194,31 +194,22 @@ def network_findings(report: dict[str, Any]) -> list[Finding]:
     figures: dict[str, list[dict[str, Any]]] = {}
     for figure in report["networks"]:
         figures.setdefault(figure["network"], []).append(figure)
-    findings = []
-    failed = [figure for figure in report["networks"] if figure["error"] is not None]
-    if failed:
-        shown = "; ".join(
-            f"{f['network']} {labels[f['source']]} -> {labels[f['target']]}: {f['error']}" for f in failed[:3]
-        )
-        findings.append(Finding(
-            "warning", "network-unreachable",
-            f"{_plural(len(failed), 'pair')} of nodes could not connect over a network both are on: {shown}"
-            + ("; ..." if len(failed) > 3 else ""),
-            "a job on that network (--interface) would be refused before its workers start: check the firewall and "
-            "the routes between those hosts on it, or leave it to other traffic",
-        ))  # fmt: skip
+    findings = [finding for network, measured in figures.items()
+                if (finding := _partial_network(network, measured, network in workers, labels))]  # fmt: skip
     used = [figure for network in workers for figure in figures.get(network, [])]
     if not used or any(figure["bandwidth_bytes_per_s"] is None for figure in used):
         return findings
     slowest = min(used, key=lambda figure: figure["bandwidth_bytes_per_s"])
+    # What the process group itself measured (links): with NCCL over InfiniBand or RoCE it is far
+    # above TCP on the socket interface, and another TCP network is then no way to go faster.
+    group = [link["bandwidth_bytes_per_s"] for link in report["links"] if link["bandwidth_bytes_per_s"] is not None]
+    bar = FASTER_NETWORK_RATIO * max(slowest["bandwidth_bytes_per_s"], min(group, default=0.0))
     for network, measured in figures.items():
         everywhere = all(network in networks for networks in on.values())
         rates = [figure["bandwidth_bytes_per_s"] for figure in measured]
-        if network in workers or not everywhere or None in rates or len(measured) < len(used):
+        if network in workers or not everywhere or None in rates or len(measured) < len(used) or min(rates) < bar:
             continue
-        if min(rates) < FASTER_NETWORK_RATIO * slowest["bandwidth_bytes_per_s"]:
-            continue
-        fastest_slowest = min(measured, key=lambda figure: figure["bandwidth_bytes_per_s"])
+        other = min(measured, key=lambda figure: figure["bandwidth_bytes_per_s"])
         interfaces = {label: on[label][network]["interface"] for label in nodes}
         if len(set(interfaces.values())) == 1:
             flag = f"start every node with --interface {next(iter(interfaces.values()))}"
@@ -230,11 +221,34 @@ def network_findings(report: dict[str, Any]) -> list[Finding]:
             "warning", "faster-network",
             f"the workers talk over {slowest['network']} ({slowest['source_interface']}), measured at {_gbit(slowest)} "
             f"({labels[slowest['source']]} -> {labels[slowest['target']]}); {network} "
-            f"({fastest_slowest['source_interface']}) connects every node too and measures {_gbit(fastest_slowest)}",
+            f"({other['source_interface']}) connects every node too and measures {_gbit(other)}",
             f"{flag} (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME follow it), or give --rdzv-endpoint an address on "
             f"{network}: the workers use the network that routes to the endpoint",
         ))  # fmt: skip
     return findings
+
+
+def _partial_network(
+    network: str, measured: list[dict[str, Any]], is_workers: bool, labels: dict[int, str]
+) -> Finding | None:
+    """A warning when some pairs could not use ``network`` while others could, or the workers'
+    network failed a pair: a network no pair reaches (a firewalled management network) is normal."""
+    failed = [figure for figure in measured if figure["error"] is not None]
+    if not failed or (len(failed) == len(measured) and not is_workers):
+        return None
+    shown = "; ".join(f"{labels[f['source']]} -> {labels[f['target']]}: {f['error']}" for f in failed[:3])
+    stalled = [figure for figure in failed if figure["error"].startswith("connected")]
+    hint = ("connections open but transfers stall: look for an MTU mismatch (ping -M do -s 8972 for jumbo frames) or "
+            "packet loss on that network" if stalled else
+            "a job on that network (--interface) would be refused before its workers start: check the firewall and "
+            "routes between those hosts on it")  # fmt: skip
+    whose = " (the workers' network)" if is_workers else ""
+    more = "; ..." if len(failed) > 3 else ""
+    return Finding(
+        "warning", "network-unreachable",
+        f"{network}{whose}: {len(failed)} of {len(measured)} pairs of nodes could not use it: {shown}{more}",
+        hint,
+    )  # fmt: skip
 
 
 def straggler_findings(report: dict[str, Any]) -> list[Finding]:
