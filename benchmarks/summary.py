@@ -65,13 +65,13 @@ class Benchmark:
 
 
 BENCHMARKS = (
-    Benchmark("launch_overhead", minutes=5),
+    Benchmark("launch_overhead", minutes=15),
     Benchmark("loop_overhead", minutes=20),
-    Benchmark("checkpoint", minutes=15),
+    Benchmark("checkpoint", minutes=8),
     Benchmark("collectives_vs_torch", needs_root=True, minutes=5),
     Benchmark("auto_compression", needs_root=True, minutes=120),
-    Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=15),
-    Benchmark("control_plane", minutes=20),
+    Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=6),
+    Benchmark("control_plane", minutes=25),
     Benchmark("recovery", needs_root=True, minutes=60, second_stage_smoke=True),
     Benchmark("detection", needs_root=True, minutes=35, second_stage_smoke=True),
 )

@@ -82,4 +82,4 @@ def figure(value: float | None, unit: str) -> str:
         return f"{value / 2**20:.0f} MiB"
     if unit == "%":
         return f"{value:.1f}%"
-    return f"{value:.3f}{unit}" if unit == "x" else f"{value:g} {unit}"
+    return f"{value:.3f}{unit}" if unit == "x" else f"{value:.3g} {unit}"
