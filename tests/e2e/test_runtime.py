@@ -304,6 +304,7 @@ def test_ctrl_c_saves_together_and_a_relaunch_continues_exactly(workdir, referen
     assert resumed["params_sha256"] == reference["params_sha256"]
 
 
+@pytest.mark.cluster  # three launches of four ranks, a minute of both cores: the second stage's
 def test_four_ranks_resume_bit_for_bit(workdir):
     """With more than two ranks a float sum depends on the order: the first step after a resume
     must reduce its gradients in DDP's rebuilt bucket layout, as the uninterrupted run did at that
