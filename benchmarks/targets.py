@@ -82,4 +82,6 @@ def figure(value: float | None, unit: str) -> str:
         return f"{value / 2**20:.0f} MiB"
     if unit == "%":
         return f"{value:.1f}%"
-    return f"{value:.3f}{unit}" if unit == "x" else f"{value:.3g} {unit}"
+    if unit == "x":
+        return f"{value:.3f}{unit}"
+    return f"{value:.0f} {unit}" if float(value).is_integer() else f"{value:.3g} {unit}"

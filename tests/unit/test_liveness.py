@@ -118,10 +118,11 @@ def test_a_node_does_the_same_store_operations_per_beat_in_a_job_of_any_size(sto
     8 nodes as at 64 (watching every node would be 66 at 64). It reads who ended too (3 more, as
     the agent reads them, phalanx.launch.crossnode), but only while a watched node is two beats
     late, which on a loaded machine is any node now and then: those are counted apart, and are at
-    most 3 a beat. A lost node is named by its watchers, whose verdict every other node then hears. 64 nodes are 128 threads of this one process here,
-    whose beats a loaded machine delays by seconds: their operations are counted, and only the 8
-    nodes' watch is timed, once every node beats (its bound is then lowered from 600 s to 15 s:
-    the first connections of many nodes at once on a loaded machine take longer than that)."""
+    most 3 a beat. A lost node is named by its watchers, whose verdict every other node then
+    hears. 64 nodes are 128 threads of this one process here, whose beats a loaded machine delays
+    by seconds: their operations are counted, and only the 8 nodes' watch is timed, once every
+    node beats (its bound is then lowered from 600 s to 15 s: the first connections of many nodes
+    at once on a loaded machine take longer than that)."""
     beat_s = 0.2
     labels = [f"n{index:03d}" for index in range(nodes)]
     clients: dict[str, OperationsByKind] = {}

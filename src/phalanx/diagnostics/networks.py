@@ -12,15 +12,16 @@ times round trips and a transfer, one pair and network at a time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import socket
-import statistics
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from phalanx.diagnostics.probes import one_way
 from phalanx.launch.network import local_interfaces
 
 #: Round trips per latency figure; the median is reported.
@@ -210,7 +211,9 @@ def measure(source: int, target: int, mine: Attachment, theirs: Attachment, mess
             (theirs.address, theirs.port), timeout=CONNECT_TIMEOUT_S, source_address=(mine.address, 0)
         )
     except Exception as error:
-        return _failed(figure, f"no connection to {theirs.address} in {CONNECT_TIMEOUT_S:g} s: {_reason(error)}")
+        return dataclasses.replace(
+            figure, error=f"no connection to {theirs.address} in {CONNECT_TIMEOUT_S:g} s: {_reason(error)}"
+        )
     try:
         with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -221,16 +224,11 @@ def measure(source: int, target: int, mine: Attachment, theirs: Attachment, mess
     except Exception as error:  # a figure with its error: the others wait at the barrier
         if not transfers:
             stage = "its round trips" if len(round_trips) < ROUNDS else "the first transfer"
-            return _failed(figure, f"connected to {theirs.address}, then {_reason(error)} during {stage}")
-    round_trip = statistics.median(round_trips)
-    transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
-    bandwidth = size / transfer if transfer > round_trip / 2 else None
-    return NetworkFigure(figure.network, source, target, mine.interface, theirs.interface, round_trip / 2, bandwidth)
-
-
-def _failed(figure: NetworkFigure, error: str) -> NetworkFigure:
-    return NetworkFigure(figure.network, figure.source, figure.target, figure.source_interface,
-                         figure.target_interface, error=error)  # fmt: skip
+            return dataclasses.replace(
+                figure, error=f"connected to {theirs.address}, then {_reason(error)} during {stage}"
+            )
+    latency, bandwidth = one_way(round_trips, transfers, size)
+    return dataclasses.replace(figure, latency_s=latency, bandwidth_bytes_per_s=bandwidth)
 
 
 def _reason(error: Exception) -> str:

@@ -41,6 +41,15 @@ class ComputeFigure:
     matrix: int
 
 
+def one_way(round_trips: list[float], transfers: list[float], message_bytes: int) -> tuple[float, float | None]:
+    """Latency (half the median round trip) and one-way bandwidth, from round trips of a small
+    message and transfers of ``message_bytes`` each answered by a small reply; the bandwidth is
+    None where a transfer took no longer than a small message's way: it was not measured."""
+    round_trip = statistics.median(round_trips)
+    transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
+    return round_trip / 2, message_bytes / transfer if transfer > round_trip / 2 else None
+
+
 class Probe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -93,11 +102,7 @@ class Probe:
         barrier(self.device)
         if self.rank != source:
             return None
-        round_trip = statistics.median(round_trips)
-        transfer = statistics.median(transfers) - round_trip / 2  # less the reply's way back
-        # a large message that took no longer than a small round trip was not measured: say so
-        bandwidth = large.numel() * 4 / transfer if transfer > round_trip / 2 else None
-        return LinkFigure(source, target, round_trip / 2, bandwidth)
+        return LinkFigure(source, target, *one_way(round_trips, transfers, large.numel() * 4))
 
     def _exchange(self, outbound: torch.Tensor, reply: torch.Tensor, peer: int) -> None:
         if self.rank < peer:
