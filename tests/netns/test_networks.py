@@ -53,8 +53,8 @@ def bed(tmp_path):
         yield made
 
 
-def run_job(bed, tmp_path, *options: str, endpoint: str | None = None, timeout: float = 120):
-    line = [sys.executable, "-m", "phalanx", "run", "--nnodes", "3", "--rdzv-endpoint",
+def run_job(bed, tmp_path, *options: str, endpoint: str | None = None, timeout: float = 120, nnodes: str = "3"):
+    line = [sys.executable, "-m", "phalanx", "run", "--nnodes", nnodes, "--rdzv-endpoint",
             f"{endpoint or bed.hosts[0].address}:29400", *options, str(tmp_path / "all_reduce.py")]  # fmt: skip
     started = time.monotonic()
     outcomes = run_together([host.command(line) for host in bed.hosts], timeout=timeout, cwd=tmp_path)
@@ -68,13 +68,17 @@ def test_workers_on_a_data_network_every_peer_reaches_run(bed, tmp_path):
     assert "interface  eth1 (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)" in outcomes[0].output
 
 
-def test_a_data_network_cut_between_two_hosts_only_is_refused_by_every_node_with_a_table(bed, tmp_path):
+@pytest.mark.parametrize("nnodes", ["3", "3:4"], ids=["fixed", "elastic"])
+def test_a_data_network_cut_between_two_hosts_only_is_refused_by_every_node_with_a_table(bed, tmp_path, nnodes):
     """h1 and h2 reach each other on the main network (the lobby meets there) and every host on
     the data network but each other: their packets to each other vanish, so gloo's connect between
-    them would wait for the process group's timeout (300 s)."""
+    them would wait for the process group's timeout (300 s). A job of a fixed size is refused once
+    its nodes met in the lobby; an elastic one (three nodes at least, up to four) once torch's
+    rendezvous round gave its three nodes their places."""
     h1, h2, _ = bed.hosts
     bed.cut_between("h1", "h2", "data")
-    outcomes, seconds = run_job(bed, tmp_path, "--interface", "eth1")
+    elastic = ("--last-call", "1") if ":" in nnodes else ()
+    outcomes, seconds = run_job(bed, tmp_path, "--interface", "eth1", *elastic, nnodes=nnodes)
     assert [outcome.returncode for outcome in outcomes] == [2, 2, 2], [o.output[-2000:] for o in outcomes]
     assert seconds < REFUSED_WITHIN_S, seconds
     tables = []
@@ -90,7 +94,8 @@ def test_a_data_network_cut_between_two_hosts_only_is_refused_by_every_node_with
     unreachable = {(row[1], row[2].split(":")[0]) for row in tables[0]}
     assert unreachable == {("eth1", h1.data_address), ("eth1", h2.data_address)}, tables[0]
     print(
-        f"MEASURED: a data network cut between two of three hosts: every node refused {seconds:.1f} s after the start"
+        f"MEASURED: a data network cut between two of three hosts ({nnodes} nodes): every node refused "
+        f"{seconds:.1f} s after the start"
     )
 
 

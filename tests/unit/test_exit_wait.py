@@ -23,6 +23,7 @@ from phalanx.launch import crossnode as crossnode_module
 from phalanx.launch.agent import NodeAgent
 from phalanx.launch.crossnode import CrossNode
 from phalanx.launch.failure import RankFailure
+from phalanx.launch.restarts import RoundTimes
 from tests.unit.node_setups import node
 
 NOBODY_WAITS = lambda: 0  # noqa: E731 - nodes waiting in the rendezvous to restart
@@ -76,7 +77,7 @@ def agent_of(index: int, store: TCPStore, round_number: int = 0) -> NodeAgent:
     agent = NodeAgent(node(index, store.port))
     agent.store, agent.nodes_in_job = store, 2
     agent.crossnode = CrossNode(store, agent.prefix, agent.setup.node_label)  # as once the nodes met in the lobby
-    agent._new_round(PrefixStore(f"torch.rendezvous.lobbytest.{round_number}", store))  # what torch's agent hands it
+    agent._new_round(PrefixStore(f"torch.rendezvous.lobbytest.{round_number}", store), RoundTimes(None, time.time()))
     return agent
 
 

@@ -4,6 +4,7 @@ torch agent's hook that hands each round's store to phalanx."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -76,11 +77,16 @@ def test_torchs_agent_hands_every_rounds_store_to_phalanx(store, tmp_path):
 
     seen: list[str] = []
     spec = WorkerSpec(role="default", local_world_size=1, rdzv_handler=OneNodeRendezvous(store), entrypoint="true")
-    with restarts_only_when_they_can_help(lambda *_: True, lambda *_: True, new_round=lambda s: seen.append(
-            agree_on_round(store, "phalanx/job/", s, "x"))):  # fmt: skip
+    with restarts_only_when_they_can_help(lambda *_: True, lambda *_: True, new_round=lambda s, times: seen.append(
+            (agree_on_round(store, "phalanx/job/", s, "x"), times))):  # fmt: skip
         agent = api.LocalElasticAgent(spec, RankLogsSpecs(log_dir=str(tmp_path)))
     group = WorkerGroup(spec)
-    for _ in range(2):
-        agent._rendezvous(group)
-    assert len(seen) == 2 and seen[0] != seen[1]
-    assert group.store.compare_set("phalanx/round", "", "?").decode() == seen[1]
+    before = time.time()
+    agent._rendezvous(group)
+    agent.last_look = looked = time.time()  # as torch's monitor loop sets it, looking at the workers
+    agent._rendezvous(group)
+    (first, first_times), (second, second_times) = seen
+    assert first != second
+    assert group.store.compare_set("phalanx/round", "", "?").decode() == second
+    assert first_times.ended is None and before <= first_times.began <= looked, first_times  # the job's first round
+    assert second_times.ended == looked <= second_times.began, second_times

@@ -32,15 +32,15 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ran
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
-from phalanx.launch.lobby import Lobby, Meeting, host_store
+from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
 from phalanx.launch.reachability import Reachability, interface_variables, workers_interface
-from phalanx.launch.restarts import raise_if_signal, restarts_only_when_they_can_help
+from phalanx.launch.restarts import RoundTimes, raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
 from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
-from phalanx.launch.start_report import START_FINISH_S, StartReporter, process_started_at
+from phalanx.launch.start_report import FIRST_START, START_FINISH_S, StartReporter, process_started_at, restart
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
@@ -72,8 +72,11 @@ class NodeAgent:
         self.prefix = f"phalanx/{setup.rdzv_id}/"
         #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
         self.crossnode = CrossNode(None, self.prefix, setup.node_label)
-        #: The rendezvous rounds this node's agent took part in.
+        #: The rendezvous rounds this node's agent took part in; the latest's name (its nodes agree
+        #: on it) and when it began.
         self.rounds = 0
+        self.round_name = ""
+        self.round_times = RoundTimes(None, 0.0)
         #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
         self.nodes_in_job = setup.nnodes_min
         #: The nodes whose beats this node watches: the next ones in the order of the lobby.
@@ -87,7 +90,7 @@ class NodeAgent:
         self.logs: RankLogsSpecs | None = None
         #: When the start's phases began (Unix times: ``launched``, ``agent``, ``met``, ``started``).
         self.start_times: dict[str, float] = {}
-        #: Reports where the first start's seconds went, once its workers stepped (:mod:`.start_report`).
+        #: Reports where the latest start's seconds went, once its workers stepped (:mod:`.start_report`).
         self.start_reporter: StartReporter | None = None
 
     def run(self) -> int:
@@ -107,8 +110,8 @@ class NodeAgent:
                 meeting = lobby.join(watch=WATCHED if fixed else 0)
                 self.nodes_in_job, self.watched = meeting.count, meeting.watched
                 self.store = lobby.store
-                if fixed:
-                    self._check_reachability(meeting)
+                if fixed:  # an elastic job's nodes are checked in each round (_on_ranks_assigned)
+                    self._check_reachability(meeting.index, meeting.count, self.prefix)
                 self.crossnode = CrossNode(self.store, self.prefix, self.setup.node_label)
             elif self.setup.store_address:  # one node: its store on that address alone, torchrun's shares it
                 endpoint = parse_endpoint(self.setup.rdzv_endpoint, port_zero=True)  # 0: the system picks one
@@ -121,15 +124,16 @@ class NodeAgent:
             say(error.render())
             return error.exit_code
 
-    def _check_reachability(self, meeting: Meeting) -> None:
-        """That the peers reach this node where its workers will listen (:mod:`.reachability`)."""
+    def _check_reachability(self, index: int, count: int, prefix: str) -> None:
+        """That the peers reach this node where its workers will listen (:mod:`.reachability`):
+        node ``index`` of ``count``, on the store's keys under ``prefix``."""
         interface = workers_interface(self.setup.backend, os.environ)
         if interface is None:
             variables = interface_variables(self.setup.backend)
             named = " and ".join(f"{name}={os.environ.get(name, '')!r}" for name in variables)
             say(f"phalanx: {self.setup.node_label}: not checking that the peers reach this node's workers: "
                 f"{named} {'names' if len(variables) == 1 else 'name'} no single interface of this host")  # fmt: skip
-        Reachability(self.store, self.prefix, meeting.index, meeting.count, self.setup.node_label, interface,
+        Reachability(self.store, prefix, index, count, self.setup.node_label, interface,
                      self.setup.is_host).check()  # fmt: skip
 
     def _launch(self) -> int:
@@ -214,13 +218,16 @@ class NodeAgent:
             f"then SIGKILL ({again} again kills them now)")  # fmt: skip
 
     # -- rounds ----------------------------------------------------------------------------
-    def _new_round(self, round_store: Any) -> None:
+    def _new_round(self, round_store: Any, times: RoundTimes) -> None:
         """After each rendezvous round: from now on, what this node posts and reads about the
         workers is the new round's (the nodes of a round agree on its name)."""
         self.rounds += 1
+        self.round_times = times
         if self.store is None:
+            self.round_name = str(self.rounds)
             return
         name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.setup.node_label}-{self.rounds}")
+        self.round_name = name
         self.crossnode.enter_round(name)
         self.board = NodeBoard(self.store, self.crossnode.round_prefix, "rank_table")
 
@@ -375,12 +382,15 @@ class NodeAgent:
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
-        """Called by torch's agent right before it starts the workers (from their logs' layout)."""
+        """Called by torch's agent right before it starts the workers (from their logs' layout). In
+        an elastic job, the round's nodes first prove that they reach each other: a refusal ends
+        the job on every node of the round, before any worker waits in ``init_process_group``."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
+        if self.setup.nnodes_min != self.setup.nnodes_max and self.store is not None:
+            self._check_reachability(row["node"], row["nodes"], self.crossnode.round_prefix)  # in its places
         self._show_the_rank_table(row)
-        fixed = self.setup.nnodes_min == self.setup.nnodes_max  # an elastic job's rounds change who gathers
-        if self.start_reporter is None and fixed and self.setup.command_name == "phalanx run":
+        if self.setup.command_name == "phalanx run":
             try:
                 self._report_the_start(row)
             except Exception as error:  # a report, never a reason for torch's agent to fail
@@ -399,16 +409,23 @@ class NodeAgent:
         say(format_rank_table(rows))
 
     def _report_the_start(self, row: dict[str, Any]) -> None:
-        """From the first start of the workers on: once they stepped, where the start's seconds
-        went (:mod:`.start_report`), said by the node that holds rank 0."""
+        """From each start of the workers on (this node's first, or a later round's): once they
+        stepped, where the start's seconds went (:mod:`.start_report`), said by the node that
+        holds rank 0 in the round. The round before's report, unsaid (its workers never stepped),
+        stops."""
         assert self.logs is not None
+        if self.start_reporter is not None:
+            self.start_reporter.stop()
+        ended, began = self.round_times
+        first = ended is None  # this node's first round: from `phalanx run` on
+        times = self.start_times if first else {"ended": ended, "began": began}
         board = None if self.store is None else NodeBoard(self.store, self.crossnode.round_prefix, "start")
         self.start_reporter = StartReporter(
-            {**self.start_times, "started": time.time()}, self.setup.node_label,
+            {**times, "started": time.time()}, self.setup.node_label,
             [self.logs.folder_of_rank[rank] for rank in row["ranks"]],
             post=None if board is None else lambda phases: board.post(row["node"], phases),
             gather=None if board is None or 0 not in row["ranks"] else lambda: board.gather(row["nodes"], timeout=0),
-            report=say, run_dir=Path(self.setup.run_dir),
+            report=say, run_dir=Path(self.setup.run_dir), kind=FIRST_START if first else restart(self.round_name),
         )  # fmt: skip
         self.start_reporter.start()
 

@@ -18,8 +18,10 @@ table of failures or none, by the last node to post, or ``gave_up`` by a node wh
 passed first. Every node obeys the value that holds: all stop with the same table, all give up,
 or all go on.
 
-Fixed-size jobs only: an elastic job's nodes come and go, and its world forms in torch's
-rendezvous, after this.
+A job of a fixed size checks once, when its nodes met in the lobby. An elastic job's nodes come
+and go, and each rendezvous round of torch's forms its world anew: there every round's nodes check,
+in their places of that round and on the round's keys, once torch gave them their ranks and before
+it starts their workers.
 """
 
 from __future__ import annotations

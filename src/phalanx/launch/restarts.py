@@ -28,8 +28,9 @@ more of torch's internals to follow, not fewer. The name is in phalanx.torch_com
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Takes the failures torchrun collected (global rank -> ProcessFailure) and the restarts left;
 #: returns whether to restart the workers, as torchrun would, or to end the job with the failure.
@@ -38,8 +39,19 @@ Judge = Callable[[dict[int, Any], int], bool]
 #: rendezvous's count of nodes waiting for a new round; returns whether every node's workers
 #: finished (then torch's exit barrier runs, and passes at once).
 Finished = Callable[[float, Callable[[], int]], bool]
-#: Called after each rendezvous round, before the workers start, with the round's store.
-NewRound = Callable[[Any], None]
+#: Called after each rendezvous round, before the workers start, with the round's store and its
+#: :class:`RoundTimes`.
+NewRound = Callable[[Any, "RoundTimes"], None]
+
+
+class RoundTimes(NamedTuple):
+    """When a rendezvous round began (Unix times): ``began``, its rendezvous; ``ended``, the start
+    of the last look at the workers of the round before, None in the first round. torch decides to
+    restart them right after a look: one that found a worker failed (and stopped the others), or
+    found a node waiting to join (then it stops them)."""
+
+    ended: float | None
+    began: float
 
 
 @contextlib.contextmanager
@@ -57,15 +69,20 @@ def restarts_only_when_they_can_help(
     torch_agent = api.LocalElasticAgent
 
     class JudgedAgent(torch_agent):  # type: ignore[misc, valid-type]
+        last_look: float | None = None
+
         def _rendezvous(self, worker_group: Any) -> None:
             # every round (the first, a restart's, a membership change's) comes through
             # here, and leaves the round's store (RendezvousInfo.store) in worker_group.store
+            began = time.time()
             super()._rendezvous(worker_group)
             if new_round is not None:
-                new_round(worker_group.store)
+                new_round(worker_group.store, RoundTimes(self.last_look, began))
 
         def _monitor_workers(self, worker_group: Any) -> Any:
+            looked = time.time()  # a look that finds a worker failed also stops the others
             result = super()._monitor_workers(worker_group)
+            self.last_look = looked
             # _invoke_run restarts a failed group while _remaining_restarts > 0, else returns the failure
             if result.is_failed():
                 remaining = self._remaining_restarts

@@ -11,12 +11,12 @@ node that holds rank 0 prints one line for the job and writes every node's phase
 ``start.json`` in the run's log folder. Each node's phases are differences of its own clock's
 times: no two machines' clocks are compared.
 
-The first start of a job of a fixed node count only: a restart's phases are those of the
-failure and the restart, which the restart's own lines tell, and an elastic job's rounds change
-which node holds rank 0. Each node posts its phases as its workers finish at the latest, before
-it tells the others so; the node that holds rank 0 gathers them once every node finished, while
-the store's host still waits in torch's exit barrier: a job that ends right after its first
-step gets its line too.
+Every later rendezvous round (a restart after a failure, or an elastic job's change of nodes)
+gets its own line, from the end of the round before to the first step (:data:`RESTART_PHASES`),
+said by the node that holds rank 0 in that round. Each node posts its phases as its workers
+finish at the latest, before it tells the others so; the node that holds rank 0 gathers them
+once every node finished, while the store's host still waits in torch's exit barrier: a job that
+ends right after its first step gets its line too.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,6 +46,34 @@ PHASES = (
     "process group",  # -> the last rank's init_process_group returned
     "first step",  # -> the last rank's first optimizer.step() ended (data, forward, backward, all-reduce)
 )
+#: The phases of a later round's start: from the start of the last look at the round before's
+#: workers (the look that found one failed, or found a node waiting to join) on.
+RESTART_PHASES = (
+    "stopping",  # -> this round's rendezvous began (torch's agent stopped the other workers)
+    "rendezvous",  # -> the round gave this node's workers their ranks and started them
+    *PHASES[-3:],
+)
+
+
+@dataclass(frozen=True)
+class StartKind:
+    """A first start or a later round's: its name in the line, its phases, what its total counts
+    from, and the run's record of it."""
+
+    title: str
+    phases: tuple[str, ...]
+    since: str
+    record_name: str
+
+
+FIRST_START = StartKind("start", PHASES, "", START_RECORD_NAME)
+
+
+def restart(round_name: str) -> StartKind:
+    """The kind of the start of rendezvous round ``round_name`` (as the round's nodes agree on it)."""
+    return StartKind("restart", RESTART_PHASES, " from the end of the round before", f"start-round-{round_name}.json")
+
+
 #: How often a node looks for its ranks' records, and the node that holds rank 0 for the nodes'.
 POLL_S = 0.25
 #: After a job's workers finished: how long the node that holds rank 0 looks for the nodes'
@@ -103,40 +132,51 @@ def process_started_at(pid: int) -> float:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
-def node_phases(times: dict[str, float], records: list[dict[str, Any]]) -> dict[str, float] | None:
-    """A node's phases in seconds, from its agent's ``times`` (``launched``, ``agent``, ``met``,
-    ``started``: Unix times) and its ranks' records; None where a rank formed no process group
-    before its first step (a script that trains alone: nothing to break down)."""
+def node_phases(
+    times: dict[str, float], records: list[dict[str, Any]], phases: tuple[str, ...] = PHASES
+) -> dict[str, float] | None:
+    """A node's ``phases`` in seconds, from its agent's ``times`` (Unix times in order, the
+    workers' start, ``started``, last: ``launched``, ``agent``, ``met`` before it for a first
+    start, ``ended`` and ``began`` for a later round's) and its ranks' records; None where a rank
+    formed no process group before its first step (a script that trains alone: nothing to break
+    down)."""
     if not records or any(record.get("group_formed") is None for record in records):
         return None
     points = [
-        times["launched"],
-        times["agent"],
-        times["met"],
-        times["started"],
+        *times.values(),
         max(record["group_began"] for record in records),
         max(record["group_formed"] for record in records),
         max(record["first_step"] for record in records),
     ]
-    return {phase: end - begin for phase, begin, end in zip(PHASES, points, points[1:])}
+    assert len(points) == len(phases) + 1, (times, phases)
+    return {phase: end - begin for phase, begin, end in zip(phases, points, points[1:])}
 
 
-def start_line(nodes: list[dict[str, Any]]) -> str:
+def start_line(nodes: list[dict[str, Any]], kind: StartKind = FIRST_START) -> str:
     """The one line of a start: the phases of the node whose start took longest, which saw the
     whole start of the job (it waited for the others), and the node the others waited for: the
-    one that waited least in the lobby and for the process group.
+    one that waited least where the nodes wait for each other (the lobby, or a later round's
+    rendezvous, and the process group).
 
     Args:
         nodes: each node's ``{"label", "phases"}``.
+        kind: which start it is.
     """
     longest = max(nodes, key=lambda node: sum(node["phases"].values()))
     phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in longest["phases"].items())
-    total = f"{sum(longest['phases'].values()):.1f} s to the first step"
+    total = f"{sum(longest['phases'].values()):.1f} s{kind.since} to the first step"
     if len(nodes) == 1:
-        return f"phalanx: start: {total}: {phases}"
-    last = min(nodes, key=lambda node: node["phases"]["lobby"] + node["phases"]["process group"])
+        return f"phalanx: {kind.title}: {total}: {phases}"
+    last = min(nodes, key=_waiting)
     waited = ", which the other nodes waited for" if last is longest else f" (the nodes waited for {last['label']})"
-    return f"phalanx: start: {total} on {longest['label']}{waited}: {phases}"
+    return f"phalanx: {kind.title}: {total} on {longest['label']}{waited}: {phases}"
+
+
+def _waiting(node: dict[str, Any]) -> float:
+    """How long a node waited for the others: in the lobby (a first start; a node that joined an
+    elastic job later has that kind too) or a later round's rendezvous, and for the process group."""
+    phases = node["phases"]
+    return phases.get("lobby", phases.get("rendezvous", 0.0)) + phases["process group"]
 
 
 class StartReporter:
@@ -155,14 +195,15 @@ class StartReporter:
             that does not hold rank 0.
         report: where the line goes (the console).
         run_dir: the run's log folder.
+        kind: which start it is (``times`` holds its points).
     """
 
     def __init__(
         self, times: dict[str, float], label: str, folders: list[Path], *,
         post: Callable[[dict[str, Any]], None] | None, gather: Callable[[], list[dict[str, Any]] | None] | None,
-        report: Callable[[str], None], run_dir: Path,
+        report: Callable[[str], None], run_dir: Path, kind: StartKind = FIRST_START,
     ) -> None:  # fmt: skip
-        self.times, self.label, self.folders = times, label, folders
+        self.times, self.label, self.folders, self.kind = times, label, folders, kind
         self.post, self.gather, self.report, self.run_dir = post, gather, report, run_dir
         self._mine: dict[str, Any] | None = None
         self._done = False
@@ -218,7 +259,8 @@ class StartReporter:
             records = self._records()
             if records is None and not final:
                 return False
-            self._mine = {"label": self.label, "phases": node_phases(self.times, records) if records else None}
+            phases = node_phases(self.times, records, self.kind.phases) if records else None
+            self._mine = {"label": self.label, "phases": phases}
             if self.post is not None:
                 self.post(self._mine)
         if self.post is None:
@@ -230,9 +272,9 @@ class StartReporter:
             if nodes is None:
                 return False
         if all(node["phases"] is not None for node in nodes):  # else a node's ranks formed no group
-            self.report(start_line(nodes))
+            self.report(start_line(nodes, self.kind))
             with contextlib.suppress(OSError):
-                (self.run_dir / START_RECORD_NAME).write_text(json.dumps({"nodes": nodes}, indent=1) + "\n")
+                (self.run_dir / self.kind.record_name).write_text(json.dumps({"nodes": nodes}, indent=1) + "\n")
         return True
 
     def _records(self) -> list[dict[str, Any]] | None:
