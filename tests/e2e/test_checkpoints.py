@@ -97,15 +97,15 @@ def test_two_failures_in_a_row_each_cost_no_step(workdir):
     assert "rank 1 was killed by SIGKILL" in killed.output and "(restart 2 of 2)" in killed.output
     metrics = json.loads((workdir / "killed.json").read_text())
     assert metrics["params_sha256"] == json.loads((workdir / "reference.json").read_text())["params_sha256"]
-    check_each_start_is_broken_down(killed.output, ["start", "restart", "restart"])
+    check_each_start_is_broken_down(killed.output, ["start", "restart 1", "restart 2"])
 
 
 def check_each_start_is_broken_down(output: str, kinds: list[str]) -> None:
     """A line for each start of the workers, the first and each restart's, whose phases add up to its total."""
     from phalanx.launch.start_report import PHASES, RESTART_PHASES
 
-    said = re.findall(r"phalanx: (start|restart): (\d+\.\d) s(?: from the end of the round before)? to the first "
-                      r"step: (.*)", output)  # fmt: skip
+    said = re.findall(r"phalanx: (start|restart \d+): (\d+\.\d) s(?: from the end of the round before)? to the "
+                      r"first step: (.*)", output)  # fmt: skip
     assert [kind for kind, _, _ in said] == kinds, output
     for kind, total, phases in said:
         parts = [part.rsplit(" ", 2) for part in phases.split(", ")]

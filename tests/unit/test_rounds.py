@@ -71,9 +71,18 @@ class OneNodeRendezvous(RendezvousHandler):
         return True
 
 
-def test_torchs_agent_hands_every_rounds_store_to_phalanx(store, tmp_path):
-    # The hook rides on torch's own agent (torch 2.13): each rendezvous, the round's store.
+def test_torchs_agent_hands_every_rounds_store_to_phalanx(store, tmp_path, monkeypatch):
+    """The hook rides on torch's own agent (torch 2.13): each rendezvous, the round's store and
+    times. A round after the first ended where torch's last look at its workers began (a look
+    that finds one failed also stops the others: here it takes 0.3 s)."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.launcher import api
+
+    def a_slow_look(_agent, _group):
+        time.sleep(0.3)
+        return RunResult(state=WorkerState.HEALTHY)
+
+    monkeypatch.setattr(api.LocalElasticAgent, "_monitor_workers", a_slow_look)  # no workers run here
 
     seen: list[str] = []
     spec = WorkerSpec(role="default", local_world_size=1, rdzv_handler=OneNodeRendezvous(store), entrypoint="true")
@@ -83,10 +92,11 @@ def test_torchs_agent_hands_every_rounds_store_to_phalanx(store, tmp_path):
     group = WorkerGroup(spec)
     before = time.time()
     agent._rendezvous(group)
-    agent.last_look = looked = time.time()  # as torch's monitor loop sets it, looking at the workers
+    looked = time.time()
+    assert agent._monitor_workers(group).state == WorkerState.HEALTHY
     agent._rendezvous(group)
     (first, first_times), (second, second_times) = seen
     assert first != second
     assert group.store.compare_set("phalanx/round", "", "?").decode() == second
     assert first_times.ended is None and before <= first_times.began <= looked, first_times  # the job's first round
-    assert second_times.ended == looked <= second_times.began, second_times
+    assert looked <= second_times.ended < looked + 0.2 and second_times.ended + 0.3 <= second_times.began, second_times

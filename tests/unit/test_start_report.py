@@ -67,24 +67,26 @@ def test_the_line_gives_the_longest_start_and_names_the_node_waited_for():
 
 
 def test_a_later_rounds_start_counts_from_the_end_of_the_round_before():
-    """A restart: the look that found the workers failed at 200, the rendezvous from 200.5 to 201;
-    the node that joined an elastic job in this round has a first start's phases and waited longest
-    in its lobby, but the nodes waited for the one that waited least in its rendezvous."""
+    """A restart: the look that found the workers failed at 200, the rendezvous from 200.5 to 201.
+    node2 joined the job in this round: it counts from its rendezvous (stopping 0), waited in it
+    longest and took longest; the nodes waited for node1, which waited least in its rendezvous."""
     ranks = [{"group_began": 203.0, "group_formed": 203.5, "first_step": 205.0}]
     phases = node_phases({"ended": 200.0, "began": 200.5, "started": 201.0}, ranks, RESTART_PHASES)
     assert list(phases.items()) == [("stopping", 0.5), ("rendezvous", 0.5), ("workers' start", 2.0),
                                     ("process group", 0.5), ("first step", 1.5)]  # fmt: skip
-    kind = restart("7")
+    kind = restart(2)
     assert start_line([{"label": "node0", "phases": phases}], kind) == (
-        "phalanx: restart: 5.0 s from the end of the round before to the first step: stopping 0.5 s, rendezvous 0.5 s, "
-        "workers' start 2.0 s, process group 0.5 s, first step 1.5 s"
+        "phalanx: restart 2: 5.0 s from the end of the round before to the first step: stopping 0.5 s, "
+        "rendezvous 0.5 s, workers' start 2.0 s, process group 0.5 s, first step 1.5 s"
     )
-    joined = {"label": "node2", "phases": {**dict.fromkeys(PHASES, 1.0), "lobby": 2.0}}
+    joined = {"label": "node2", "phases": node_phases({"ended": 196.0, "began": 196.0, "started": 201.0}, ranks,
+                                                      RESTART_PHASES)}  # fmt: skip
     waited = {"label": "node1", "phases": {**phases, "rendezvous": 0.25}}
     line = start_line([{"label": "node0", "phases": phases}, joined, waited], kind)
-    assert line.startswith("phalanx: restart: 7.0 s from the end of the round before to the first step on node2 "
-                           "(the nodes waited for node1): launcher 1.0 s, "), line  # fmt: skip
-    assert kind.record_name == "start-round-7.json" != START_RECORD_NAME
+    assert line.startswith("phalanx: restart 2: 9.0 s from the end of the round before to the first step on node2 "
+                           "(the nodes waited for node1): stopping 0.0 s, rendezvous 5.0 s, "), line  # fmt: skip
+    assert kind.record_name == "attempt_2/start.json"
+    assert restart(0).title == "restart"  # a node's own first round, not the job's: no number of its own
 
 
 def reporters(tmp_path, said: list[str], board: dict[int, dict]) -> tuple[list[StartReporter], list]:

@@ -35,7 +35,7 @@ from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
-from phalanx.launch.reachability import Reachability, interface_variables, workers_interface
+from phalanx.launch.reachability import CHECK_BOUND_S, Reachability, interface_variables, workers_interface
 from phalanx.launch.restarts import RoundTimes, raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
@@ -72,10 +72,10 @@ class NodeAgent:
         self.prefix = f"phalanx/{setup.rdzv_id}/"
         #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
         self.crossnode = CrossNode(None, self.prefix, setup.node_label)
-        #: The rendezvous rounds this node's agent took part in; the latest's name (its nodes agree
-        #: on it) and when it began.
+        #: The rendezvous rounds this node's agent took part in; whether the latest is the job's
+        #: first, and when it began.
         self.rounds = 0
-        self.round_name = ""
+        self.round_is_first = True
         self.round_times = RoundTimes(None, 0.0)
         #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
         self.nodes_in_job = setup.nnodes_min
@@ -124,11 +124,22 @@ class NodeAgent:
             say(error.render())
             return error.exit_code
 
+    def _check_the_rounds_reachability(self, row: dict[str, Any]) -> None:
+        """An elastic job's check, in each round (its nodes in their places of the round). A node
+        of the round that stops answering ends no job here: torch's agent forms a round without
+        it once its workers fail for it."""
+        try:
+            self._check_reachability(row["node"], row["nodes"], self.crossnode.round_prefix)
+        except JoinTimeout:
+            say(f"phalanx: {self.setup.node_label}: not every node of this round checked that its peers reach it "
+                f"within {CHECK_BOUND_S:g} s (a node gone?); starting the workers: torch's agent forms a round without "
+                "a node that is lost")  # fmt: skip
+
     def _check_reachability(self, index: int, count: int, prefix: str) -> None:
         """That the peers reach this node where its workers will listen (:mod:`.reachability`):
         node ``index`` of ``count``, on the store's keys under ``prefix``."""
         interface = workers_interface(self.setup.backend, os.environ)
-        if interface is None:
+        if interface is None and self.rounds <= 1:  # said once (an elastic job checks every round)
             variables = interface_variables(self.setup.backend)
             named = " and ".join(f"{name}={os.environ.get(name, '')!r}" for name in variables)
             say(f"phalanx: {self.setup.node_label}: not checking that the peers reach this node's workers: "
@@ -224,12 +235,23 @@ class NodeAgent:
         self.rounds += 1
         self.round_times = times
         if self.store is None:
-            self.round_name = str(self.rounds)
+            self.round_is_first = self.rounds == 1
             return
         name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.setup.node_label}-{self.rounds}")
-        self.round_name = name
+        self.round_is_first = self._is_the_jobs_first_round(name)
         self.crossnode.enter_round(name)
         self.board = NodeBoard(self.store, self.crossnode.round_prefix, "rank_table")
+
+    def _is_the_jobs_first_round(self, name: str) -> bool:
+        """Whether round ``name`` is the job's first, alike on every node of the round: each
+        proposes its round as the first, and the first round's nodes write it (a node that joined
+        an elastic job later finds another round there). Where the store does not answer, this
+        node's first round is taken for it."""
+        try:
+            return self.store.compare_set(f"{self.prefix}first_round", "", name).decode() == name
+        except Exception as error:
+            raise_if_signal(error)
+            return self.rounds == 1
 
     # -- nodes that are gone ---------------------------------------------------------------
     def _watch_the_other_nodes(self) -> None:
@@ -376,8 +398,8 @@ class NodeAgent:
         if reason is not None:
             say(f"phalanx: {node}: not restarting the workers (--max-restarts {most}): {reason}")
             return False
-        restart = most - remaining + 1
-        say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers (restart {restart} of {most})")
+        number = most - remaining + 1
+        say(f"phalanx: {node}: {failure.in_one_line(found)}; restarting the workers (restart {number} of {most})")
         return True
 
     # -- hooks ---------------------------------------------------------------------------
@@ -388,7 +410,7 @@ class NodeAgent:
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         self.nodes_in_job = row["nodes"]
         if self.setup.nnodes_min != self.setup.nnodes_max and self.store is not None:
-            self._check_reachability(row["node"], row["nodes"], self.crossnode.round_prefix)  # in its places
+            self._check_the_rounds_reachability(row)
         self._show_the_rank_table(row)
         if self.setup.command_name == "phalanx run":
             try:
@@ -416,16 +438,18 @@ class NodeAgent:
         assert self.logs is not None
         if self.start_reporter is not None:
             self.start_reporter.stop()
-        ended, began = self.round_times
-        first = ended is None  # this node's first round: from `phalanx run` on
-        times = self.start_times if first else {"ended": ended, "began": began}
+        if self.round_is_first:  # from `phalanx run` on
+            times, kind = self.start_times, FIRST_START
+        else:  # a node new to the job (it joined an elastic job later) counts from its rendezvous
+            ended, began = self.round_times
+            times, kind = {"ended": began if ended is None else ended, "began": began}, restart(row["attempt"])
         board = None if self.store is None else NodeBoard(self.store, self.crossnode.round_prefix, "start")
         self.start_reporter = StartReporter(
             {**times, "started": time.time()}, self.setup.node_label,
             [self.logs.folder_of_rank[rank] for rank in row["ranks"]],
             post=None if board is None else lambda phases: board.post(row["node"], phases),
             gather=None if board is None or 0 not in row["ranks"] else lambda: board.gather(row["nodes"], timeout=0),
-            report=say, run_dir=Path(self.setup.run_dir), kind=FIRST_START if first else restart(self.round_name),
+            report=say, run_dir=Path(self.setup.run_dir), kind=kind,
         )  # fmt: skip
         self.start_reporter.start()
 

@@ -196,8 +196,7 @@ def _faster_network_note(chosen: str) -> list[str]:
         f"network    {faster.name} ({network.speed_text(faster.speed_mbps)}) is faster than {chosen} "
         f"({network.speed_text(interfaces[chosen].speed_mbps)}), which routes to the endpoint",
         f"           HINT: where every node has that network, start every node with --interface {faster.name}: the "
-        "workers' sockets then use it (in a job of a fixed node count, a check before they start proves that the "
-        "nodes reach each other there)",
+        "workers' sockets then use it (a check before they start proves that the nodes reach each other there)",
     ]
 
 

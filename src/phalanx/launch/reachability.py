@@ -43,8 +43,9 @@ from phalanx.launch.restarts import raise_if_signal
 
 #: How long one connect to a peer's listener may take before it counts as failed.
 CONNECT_TIMEOUT_S = 3.0
-#: The bound of the whole check from its start. The nodes met in the lobby a moment before, so
-#: they post within a fraction of it; only a node that died meanwhile makes the others wait it out.
+#: The bound of the whole check from its start. The nodes met (in the lobby, or in a rendezvous
+#: round) a moment before, so they post within a fraction of it; only a node that died meanwhile
+#: makes the others wait it out.
 CHECK_BOUND_S = 30.0
 #: How long the store's host keeps the store up after a refusal, until every node read it.
 READ_GRACE_S = 5.0
@@ -97,13 +98,15 @@ def neighbours(index: int, count: int) -> list[int]:
 
 
 class Reachability:
-    """One node's side of the check, on the lobby's ``store`` under ``prefix`` (``phalanx/<id>/``).
+    """One node's side of the check, on the lobby's ``store`` under ``prefix``.
 
     Args:
         store: the rendezvous store (a client of it).
-        prefix: the job's keys' prefix.
-        index: this node's place in the lobby's order of joining.
-        count: the job's node count.
+        prefix: the check's keys' prefix: the job's (``phalanx/<id>/``), or an elastic job's
+            round's.
+        index: this node's place among the nodes checked: in the lobby's order of joining, or
+            its node rank (GROUP_RANK) in the round.
+        count: the nodes checked: the job's, or the round's.
         label: this node's label.
         interface: the interface the workers bind (:func:`workers_interface`); None: this node
             takes part, but is not checked.

@@ -14,8 +14,8 @@ asks ``finished`` instead, which tells the other nodes (so that none restarts fo
 
 torch's launcher has no setting for either, so the agent it starts is a subclass of its own
 (:class:`torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent`) that asks
-before each restart and at the exit barrier, and hands each rendezvous round's store to
-``new_round`` (what the nodes tell each other holds for one round: :mod:`.rounds`). Everything
+before each restart and at the exit barrier, and hands each rendezvous round's store and times
+to ``new_round`` (what the nodes tell each other holds for one round: :mod:`.rounds`). Everything
 else (rendezvous, worker processes, logs, signals) is torch's.
 
 The launcher finds the agent class as a name in its own module, which is swapped for the
@@ -61,7 +61,7 @@ def restarts_only_when_they_can_help(
     """Within, torch's launcher (``elastic_launch``) starts an agent that asks ``judge`` about the
     failures of every round that failed while restarts are left, and ends the job instead of
     restarting when it says no; when its workers finished, it asks ``finished``; after each
-    rendezvous, it calls ``new_round`` with the round's store. It swaps the
+    rendezvous, it calls ``new_round`` with the round's store and :class:`RoundTimes`. It swaps the
     agent class that the launcher looks up in its module for the duration: phalanx runs one
     agent per process, so nothing else sees it."""
     from torch.distributed.launcher import api

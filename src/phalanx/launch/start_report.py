@@ -11,9 +11,10 @@ node that holds rank 0 prints one line for the job and writes every node's phase
 ``start.json`` in the run's log folder. Each node's phases are differences of its own clock's
 times: no two machines' clocks are compared.
 
-Every later rendezvous round (a restart after a failure, or an elastic job's change of nodes)
-gets its own line, from the end of the round before to the first step (:data:`RESTART_PHASES`),
-said by the node that holds rank 0 in that round. Each node posts its phases as its workers
+Every later rendezvous round of the job (a restart after a failure, or an elastic job's change
+of nodes) gets its own line, from the end of the round before to the first step
+(:data:`RESTART_PHASES`; a node new to the job counts from its rendezvous), said by the node
+that holds rank 0 in that round and recorded in that round's attempt folder of its logs. Each node posts its phases as its workers
 finish at the latest, before it tells the others so; the node that holds rank 0 gathers them
 once every node finished, while the store's host still waits in torch's exit barrier: a job that
 ends right after its first step gets its line too.
@@ -69,9 +70,13 @@ class StartKind:
 FIRST_START = StartKind("start", PHASES, "", START_RECORD_NAME)
 
 
-def restart(round_name: str) -> StartKind:
-    """The kind of the start of rendezvous round ``round_name`` (as the round's nodes agree on it)."""
-    return StartKind("restart", RESTART_PHASES, " from the end of the round before", f"start-round-{round_name}.json")
+def restart(attempt: int) -> StartKind:
+    """The kind of a later round's start, this node's ``attempt`` (its count of rounds before, as
+    its log folders number them): said as "restart N", recorded in the attempt's log folder."""
+    title = f"restart {attempt}" if attempt else "restart"  # 0: a node's first round, not the job's
+    return StartKind(
+        title, RESTART_PHASES, " from the end of the round before", f"attempt_{attempt}/{START_RECORD_NAME}"
+    )
 
 
 #: How often a node looks for its ranks' records, and the node that holds rank 0 for the nodes'.
@@ -173,8 +178,8 @@ def start_line(nodes: list[dict[str, Any]], kind: StartKind = FIRST_START) -> st
 
 
 def _waiting(node: dict[str, Any]) -> float:
-    """How long a node waited for the others: in the lobby (a first start; a node that joined an
-    elastic job later has that kind too) or a later round's rendezvous, and for the process group."""
+    """How long a node waited for the others: in the lobby (the job's first start) or a later
+    round's rendezvous, and for the process group."""
     phases = node["phases"]
     return phases.get("lobby", phases.get("rendezvous", 0.0)) + phases["process group"]
 
@@ -186,8 +191,8 @@ class StartReporter:
     the last looks before the agent ends (a short job ends soon after its first step).
 
     Args:
-        times: the agent's ``launched``, ``agent`` and ``met`` times, and ``started`` (its
-            workers' start).
+        times: the agent's points of the start (Unix times, in order; :func:`node_phases`),
+            the workers' start, ``started``, last.
         label: this node's name in messages.
         folders: this node's ranks' log folders.
         post: posts this node's ``{"label", "phases"}`` for the others; None for a single node.
