@@ -16,8 +16,9 @@ Beside it, on a store of its own: torch's c10d rendezvous (DynamicRendezvousHand
 simulated node, as every torchrun agent makes one), timed to the moment every node has its rank.
 
 Reported per N: the store operations of the node that made the most, per phase; each phase's
-wall time; the steady load of the beats as a share of what the store served in a tight loop
-here. Workers are not started: they are torch's, and the harness measures what phalanx adds.
+wall time, and the CPU time of the start's phases (where the two are near, the wall time is the
+simulation's CPU: each node's share of it is what a node spends on its own machine); the steady
+load of the beats as a share of what the store served in a tight loop here. Workers are not started: they are torch's, and the harness measures what phalanx adds.
 
 Targets (at the largest N): phalanx's start (lobby, reach and table) adds at most 1 s to torch's
 rendezvous, and the beats load the store with less than 1% of what it can serve.
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -126,6 +128,14 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
     server = master()
     counts: list[dict[str, int]] = [{} for _ in range(nodes)]
     clients: list[Counted | None] = [None] * nodes
+    cpu_s: dict[str, float] = {}
+
+    def phase(count: int, work: Callable[[int], Any], name: str) -> tuple[list[Any], float]:
+        """in_threads, and this process's CPU time during it (every node's and the store's)."""
+        before = time.process_time()
+        outcome = in_threads(count, work, name)
+        cpu_s[name] = time.process_time() - before
+        return outcome
 
     def join(index: int) -> Meeting:
         def connect(host: str, port: int, timeout_s: float) -> Counted:
@@ -135,7 +145,7 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
 
         return Lobby(setup_of(index, nodes, server.port), FINGERPRINT, connect=connect).join(watch=WATCHED)
 
-    meetings, lobby_s = in_threads(nodes, join, "lobby")
+    meetings, lobby_s = phase(nodes, join, "lobby")
     order = {meeting.index: index for index, meeting in enumerate(meetings)}
     for client in clients:
         client.phase = "reach"
@@ -145,7 +155,7 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
         Reachability(clients[index], "phalanx/scale/", meetings[index].index, nodes, setup.node_label,
                      setup.interface).check()  # fmt: skip
 
-    _, reach_s = in_threads(nodes, reach, "reach")
+    _, reach_s = phase(nodes, reach, "reach")
     for client in clients:
         client.phase = "table"
 
@@ -155,7 +165,7 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
         if index == order[0]:  # the node of rank 0 prints the table
             assert board.gather(nodes) is not None
 
-    _, table_s = in_threads(nodes, table, "table")
+    _, table_s = phase(nodes, table, "table")
     for client in clients:
         client.phase = "end"
 
@@ -164,13 +174,14 @@ def phalanx_phases(nodes: int) -> dict[str, Any]:
         crossnode.enter_round("0")
         assert crossnode.workers_finished(600.0, lambda: 0, nodes, is_host=False)
 
-    _, end_s = in_threads(nodes, end, "end")
+    _, end_s = phase(nodes, end, "end")
     phases = ("lobby", "reach", "table", "end")
     return {
         "lobby_s": lobby_s, "reach_s": reach_s, "table_s": table_s, "end_s": end_s,
         "ops_max": {phase: max(c.get(phase, 0) for c in counts) for phase in phases},
         "ops_median": {phase: statistics.median(c.get(phase, 0) for c in counts) for phase in phases},
         "table_gatherer_ops": counts[order[0]].get("table", 0),
+        "start_cpu_s": cpu_s["lobby"] + cpu_s["reach"] + cpu_s["table"],
     }  # fmt: skip
 
 
@@ -331,7 +342,8 @@ def main() -> None:
           f"every {beat_s:g} s per node (--heartbeat-timeout {args.heartbeat_timeout:g})")  # fmt: skip
     rows = []
     header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'reach s':>8} {'table s':>8} {'end s':>7} " \
-             f"{'added s':>8} {'ops lobby':>9} {'ops reach':>9} {'ops table':>9} {'ops end':>8} {'beat load':>9}"  # fmt: skip
+             f"{'added s':>8} {'cpu s':>6} {'ops lobby':>9} {'ops reach':>9} {'ops table':>9} {'ops end':>8} " \
+             f"{'beat load':>9}"  # fmt: skip
     print(header)
     for nodes in sizes:
         torch_s = torch_rendezvous_s(nodes, args.torch_limit)
@@ -343,8 +355,14 @@ def main() -> None:
         ops = row["ops_max"]
         torch_text = f"{torch_s:.2f}" if torch_s is not None else f">{args.torch_limit:g}"
         print(f"{nodes:>6} {torch_text:>12} {ours['lobby_s']:>8.2f} {ours['reach_s']:>8.2f} {ours['table_s']:>8.2f} "
-              f"{ours['end_s']:>7.2f} {added:>8.2f} {ops['lobby']:>9} {ops['reach']:>9} {ops['table']:>9} "
+              f"{ours['end_s']:>7.2f} {added:>8.2f} {ours['start_cpu_s']:>6.2f} {ops['lobby']:>9} {ops['reach']:>9} "
+              f"{ops['table']:>9} "
               f"{ops['end']:>8} {load:>9.2%}", flush=True)  # fmt: skip
+    print(textwrap.fill(
+        f"cpu s: this process's CPU time during the start's phases (lobby, reach, table), every simulated node's and "
+        f"the store's, on {os.cpu_count()} cores. Where it comes near added s (or a multiple of it, up to the cores), "
+        "the wall time is this machine running every node's part, which on a cluster each node runs on its own; the "
+        "ops columns are what the store serves every node.", width=110))  # fmt: skip
     largest = rows[-1]
     targets = [
         Target(f"seconds phalanx's start adds to torch's rendezvous ({largest['nodes']} nodes)", largest["added_s"],
