@@ -92,7 +92,7 @@ compat-venvs: $(COMPAT_VENVS)
 	.venv-torch-$*/bin/python -m pip install --quiet --no-cache-dir -e '.[test]'
 	touch $@
 
-# Every benchmark (about five hours on 2 cores; root for the ones that build network namespaces)
+# Every benchmark (about six hours on 2 cores; root for the ones that build network namespaces)
 # and one table of every target against its limit: benchmarks/results/summary.md. The test
 # suite runs each one's smoke mode (tests/e2e/test_benchmarks.py).
 bench: $(STAMP)

@@ -66,13 +66,13 @@ class Benchmark:
 
 BENCHMARKS = (
     Benchmark("launch_overhead", minutes=15),
-    Benchmark("loop_overhead", minutes=20),
+    Benchmark("loop_overhead", minutes=10),
     Benchmark("checkpoint", minutes=8),
     Benchmark("collectives_vs_torch", needs_root=True, minutes=5),
     Benchmark("auto_compression", needs_root=True, minutes=120, second_stage_smoke=True),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=6),
     Benchmark("control_plane", minutes=25),
-    Benchmark("recovery", needs_root=True, minutes=60, second_stage_smoke=True),
+    Benchmark("recovery", needs_root=True, minutes=115, second_stage_smoke=True),
     Benchmark("detection", needs_root=True, minutes=35, second_stage_smoke=True),
 )
 
