@@ -14,10 +14,11 @@ times: no two machines' clocks are compared.
 Every later rendezvous round of the job (a restart after a failure, or an elastic job's change
 of nodes) gets its own line, from the end of the round before to the first step
 (:data:`RESTART_PHASES`; a node new to the job counts from its rendezvous), said by the node
-that holds rank 0 in that round and recorded in that round's attempt folder of its logs. Each node posts its phases as its workers
-finish at the latest, before it tells the others so; the node that holds rank 0 gathers them
-once every node finished, while the store's host still waits in torch's exit barrier: a job that
-ends right after its first step gets its line too.
+that holds rank 0 in that round and recorded in the round's attempt folder of its logs.
+
+Each node posts its phases as its workers finish at the latest, before it tells the others so;
+the node that holds rank 0 gathers them once every node finished, while the store's host still
+waits in torch's exit barrier: a job that ends right after its first step gets its line too.
 """
 
 from __future__ import annotations
