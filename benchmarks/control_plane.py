@@ -85,7 +85,7 @@ class Counted:
 def setup_of(index: int, nodes: int, port: int) -> NodeSetup:
     return NodeSetup(
         script="train.py", script_args=(), is_module=False, nnodes_min=nodes, nnodes_max=nodes,
-        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="scale", max_restarts=0, join_timeout=900.0, last_call=1.0, heartbeat_timeout=30.0,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="scale", max_restarts=0, heal=0, join_timeout=900.0, last_call=1.0, heartbeat_timeout=30.0,
         nproc_per_node=8, backend="nccl", is_host=False, local_addr="127.0.0.1", interface="lo",
         node_label=f"node{index}", run_dir="unused", all_ranks=False,
     )  # fmt: skip

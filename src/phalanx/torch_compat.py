@@ -144,6 +144,11 @@ PRIVATE_NAMES = (
     PrivateName("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "reading checkpoints"),
     PrivateName("torch.distributed.checkpoint.filesystem", "_StorageInfo", "reading checkpoints"),
     PrivateName("torch.serialization", "_get_layout", "reading checkpoints"),
+    PrivateName(
+        "torch.nn.parallel.distributed",
+        "DistributedDataParallel._update_process_group",
+        "healing: the survivors of a failure keep their processes",
+    ),
 )
 
 
@@ -180,3 +185,9 @@ def missing_names() -> list[tuple[PrivateName, str]]:
 def unsure_features() -> list[str]:
     """The features that rest on private names, in the order listed: unsure outside the range."""
     return list(dict.fromkeys(name.feature for name in PRIVATE_NAMES))
+
+
+def update_ddp_group(ddp: object, group: object) -> None:
+    """Points a DDP model at another process group (after its old one was destroyed): DDP's
+    ``_update_process_group``, in PRIVATE_NAMES."""
+    ddp._update_process_group(group)  # type: ignore[attr-defined]

@@ -16,14 +16,20 @@ from pathlib import Path
 #: ExitCode.STALLED: the watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the
 #: report by it (phalanx.launch.failure), to show it as the root cause.
 STALL_REPORT = "phalanx: stall:"
-#: In each rank's log folder: its keep request (a FIFO it listens on, :attr:`WorkerEnv.keep_request`)
-#: and its keep report (the line that says what it kept after a failure, written once it did).
-KEEP_REQUEST_NAME, KEEP_REPORT_NAME = "keep-request", "keep-report"
+#: In each rank's log folder: its keep request (a FIFO it listens on, :attr:`WorkerEnv.keep_request`),
+#: its keep report (the line that says what it kept after a failure, written once it did), and in
+#: heal mode the mark that phalanx.Run armed healing (a failure before it is not healed).
+KEEP_REQUEST_NAME, KEEP_REPORT_NAME, HEAL_ARMED_NAME = "keep-request", "keep-report", "heal-armed"
 
 
 def keep_report_of(request: str | Path) -> Path:
     """Where the rank that listens on ``request`` writes its keep report: beside it."""
     return Path(request).with_name(KEEP_REPORT_NAME)
+
+
+def heal_armed_of(request: str | Path) -> Path:
+    """Where the rank that listens on ``request`` marks that its training can heal: beside it."""
+    return Path(request).with_name(HEAL_ARMED_NAME)
 
 
 def job_name(rdzv_id: str, endpoint: str) -> str:
@@ -59,12 +65,24 @@ class WorkerEnv:
     #: a node, whose silence leaves this rank's collective waiting): set per rank with
     #: ``attempt``; phalanx.Run listens on it and writes its report beside it (:func:`keep_report_of`).
     keep_request: str | None = None
+    #: Heal mode: how many replacements of a failed rank may join the surviving ranks, which keep
+    #: their processes (:mod:`phalanx.runtime.heal`); 0 or unset: off.
+    heal: int | None = None
+    #: Set in a process that replaces a rank that died: how many replacements of it came before.
+    replacement: int | None = None
+    #: Heal mode: the process that runs the script as its child (:mod:`phalanx.launch.supervisor`).
+    supervisor_pid: int | None = None
+    #: Heal mode: ``host:port`` of the launch's store, where the ranks form each generation of
+    #: their group (the workers' own store can die with a worker).
+    heal_store: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
              "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB",
-             "stopped": "PHALANX_STOPPED", "keep_request": "PHALANX_KEEP_REQUEST"}  # fmt: skip
-    _INTEGERS = ("attempt", "launcher_pid")
+             "stopped": "PHALANX_STOPPED", "keep_request": "PHALANX_KEEP_REQUEST",
+             "heal": "PHALANX_HEAL", "replacement": "PHALANX_REPLACEMENT",
+             "supervisor_pid": "PHALANX_SUPERVISOR_PID", "heal_store": "PHALANX_HEAL_STORE"}  # fmt: skip
+    _INTEGERS = ("attempt", "launcher_pid", "heal", "replacement", "supervisor_pid")
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}

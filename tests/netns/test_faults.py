@@ -307,3 +307,30 @@ def test_a_full_checkpoint_disk_is_said_and_a_relaunch_resumes_from_the_newest_w
         print(f"MEASURED: full disk: {'a rank kept the state after step 40' if kept else 'no rank had room'}")
     finally:
         subprocess.run(["umount", "--lazy", str(tmp_path / "ck")], check=False)
+
+
+def test_a_hosts_training_processes_killed_are_replaced_while_the_other_host_trains_on(bed, reference, tmp_path):
+    """--heal: kill -9 of h2's training process (its supervisor and launcher alive): a replacement
+    joins h1's worker, which keeps its process, and nothing is restarted; the parameters equal the
+    uninterrupted run's, which trained without heal mode."""
+    processes = start_both(bed, tmp_path, "--heal", "1", "--max-restarts", "1")
+    wait_for_a_checkpoint(tmp_path, processes)
+
+    def training(host: str) -> list[int]:  # the scripts' processes, not their supervisors
+        return [
+            pid
+            for pid in bed.processes(host)
+            if b"PHALANX_SUPERVISOR_PID=" in Path(f"/proc/{pid}/environ").read_bytes()
+        ]
+
+    survivors, killed = training("h1"), training("h2")
+    assert survivors and killed, "no training process"
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    outcomes = [ended_within(process, 300) for process in processes]
+    assert [code for code, _, _ in outcomes] == [0, 0], [output[-3000:] for _, output, _ in outcomes]
+    said = outcomes[0][1] + outcomes[1][1]
+    assert "rank(s) 1 replaced" in said and "restarting the workers" not in said, said[-3000:]
+    assert not list(tmp_path.glob("phalanx-logs/*/attempt_1")), "the workers were restarted"
+    finished = json.loads((tmp_path / "h1.json").read_text())
+    assert finished["resumed_from_step"] is None and finished["params_sha256"] == reference["params_sha256"]

@@ -20,7 +20,7 @@ def node(index: int, port: int, **changes) -> NodeSetup:
     """Node ``index`` of a two-node job whose store is at 127.0.0.1:``port`` (node 0 hosts it)."""
     setup = NodeSetup(
         script="train.py", script_args=(), is_module=False, nnodes_min=2, nnodes_max=2,
-        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, join_timeout=5.0, last_call=30.0, heartbeat_timeout=30.0,
+        rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id="lobbytest", max_restarts=0, heal=0, join_timeout=5.0, last_call=30.0, heartbeat_timeout=30.0,
         nproc_per_node=1, backend="gloo", is_host=index == 0, local_addr=f"127.0.0.{101 + index}",
         interface="lo", node_label=f"node{index}", run_dir="unused", all_ranks=False,
     )  # fmt: skip

@@ -136,3 +136,43 @@ def test_a_state_saved_with_another_batch_size_is_refused():
         larger.load_state_dict(first.state_dict())
     assert "resume with the checkpoint's batch size (4)" in refused.value.hint
     assert larger.state_dict()["position"] == 0  # nothing was loaded
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_replayed_step_gives_its_batches_again_and_keeps_the_position(workers):
+    """Heal mode: the step in progress failed; the loop receives its batches once more, then the
+    next ones, and the resume point stays after them (they were counted once)."""
+    expected = batches(loader(0), epochs=1)
+    source = loader(workers)
+    source.keep_step_batches()
+    iterator = iter(source)
+    received = [next(iterator)[0].tolist() for _ in range(3)]
+    source.step_ended()  # a step of three batches completed
+    received += [next(iterator)[0].tolist() for _ in range(2)]  # the next step's two: it fails
+    position = source.state_dict()["position"]
+    source.replay()
+    assert source.state_dict()["position"] == position
+    again = [next(iterator)[0].tolist() for _ in range(2)]
+    assert again == received[3:5]
+    assert source.batch_index == 4  # a replayed batch keeps its index in the pass
+    source.replay()  # the step failed once more: the same two batches again
+    assert [next(iterator)[0].tolist() for _ in range(2)] == received[3:5]
+    source.step_ended()
+    rest = [batch[0].tolist() for batch in iterator]
+    assert source.batch_index == len(expected) - 1
+    assert received + rest == expected
+    assert source.state_dict()["epoch"] == 1
+
+
+def test_a_failed_last_step_of_an_epoch_is_replayed_before_the_pass_ends():
+    source = loader(0)
+    source.keep_step_batches()
+    delivered = [batch[0].tolist() for batch in itertools.islice(iter(source), 12)]
+    source.step_ended()
+    iterator = iter(source)  # the pass continues after what it delivered
+    last = next(iterator)[0].tolist()
+    source.replay()
+    assert next(iterator)[0].tolist() == last
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert last not in delivered

@@ -119,6 +119,9 @@ class NodeAgent:
                 port = self._alone_store.port
                 self.setup = dataclasses.replace(self.setup, rdzv_endpoint=str(Endpoint(endpoint.host, port)))
             self.start_times["met"] = time.time()
+            # Heal mode as set (0: off, whatever this shell's variables say), and the store the healing
+            # ranks meet on: this launch's, which outlives any worker.
+            os.environ.update(WorkerEnv(heal=self.setup.heal, heal_store=self.setup.rdzv_endpoint).to_env())
             return self._launch()
         except PhalanxError as error:
             say(error.render())

@@ -82,7 +82,7 @@ def run(argv: list[str]) -> int | str | None:
     is_module = bool(argv) and argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     worker = WorkerEnv.from_env(os.environ)
-    die_with_parent(worker.launcher_pid)
+    die_with_parent(worker.supervisor_pid or worker.launcher_pid)
     signal.signal(signal.SIGUSR1, _note_early_signal)  # until the script installs its own handler
     guard_the_group()
     # Registered first, so they run last: after the script's own exit handlers.
@@ -116,6 +116,11 @@ def run(argv: list[str]) -> int | str | None:
 
 def main() -> None:
     """``python -m phalanx.launch.bootstrap [-m] TARGET ARGS``: exits with what the script exited with."""
+    worker = WorkerEnv.from_env(os.environ)
+    if worker.heal and worker.supervisor_pid is None:  # heal mode: this process supervises the script
+        from phalanx.launch.supervisor import supervise
+
+        raise SystemExit(supervise(sys.argv[1:]))
     code = run(sys.argv[1:])
     sys.stdout.flush()
     raise SystemExit(code)

@@ -15,7 +15,17 @@ from phalanx.launch.node_setup import NodeSetup
 from phalanx.settings.entrypoint import Entrypoint
 
 #: The settings compared, in the order the mismatch table lists them (extra ones follow, sorted).
-COMPARED = ("nnodes", "nproc-per-node", "backend", "heartbeat-timeout", "script", "script sha256", "phalanx", "torch")
+COMPARED = (
+    "nnodes",
+    "nproc-per-node",
+    "backend",
+    "heartbeat-timeout",
+    "heal",
+    "script",
+    "script sha256",
+    "phalanx",
+    "torch",
+)
 #: What the lobby adds to a fingerprint to say which node it is from: never compared.
 IDENTITY_KEYS = ("address", "label")
 
@@ -44,6 +54,7 @@ def node_fingerprint(setup: NodeSetup) -> dict[str, str]:
         "nproc-per-node": str(setup.nproc_per_node),
         "backend": setup.backend,
         "heartbeat-timeout": f"{setup.heartbeat_timeout:g}",
+        "heal": str(setup.heal),
         "script": ("-m " if setup.is_module else "") + setup.script,
         "script sha256": file_sha256(entrypoint.source_file()),
         "phalanx": __version__,

@@ -47,6 +47,8 @@ class NodeSetup:
     rdzv_id: str
     #: Restarts of the workers after a failure that a restart can mend.
     max_restarts: int
+    #: Replacements of a failed worker per rank while the others keep running (:mod:`.supervisor`).
+    heal: int
     #: Seconds the nodes wait for each other, in the lobby and in torchrun's rendezvous.
     join_timeout: float
     #: Elastic jobs: a round's wait for more nodes once the minimum joined.
@@ -379,6 +381,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "rdzv_endpoint": endpoint,
         "rdzv_id": spec.rdzv_id,
         "max_restarts": spec.max_restarts,
+        "heal": spec.heal,
         "join_timeout": spec.join_timeout,
         "last_call": spec.last_call,
         "heartbeat_timeout": spec.heartbeat_timeout,

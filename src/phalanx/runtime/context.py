@@ -13,11 +13,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from phalanx.errors import SettingsRefused
+from phalanx.exit_codes import ExitCode
 from phalanx.runtime.watchdog import (
     FLIGHT_RECORDER_ENTRIES,
     FLIGHT_RECORDER_VARIABLE,
@@ -27,6 +29,9 @@ from phalanx.runtime.watchdog import (
 )
 from phalanx.settings.values import seconds_problem
 from phalanx.worker_env import WorkerEnv
+
+if TYPE_CHECKING:
+    from phalanx.runtime.heal.healing import Healing
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
 #: How long :func:`destroy_process_group` gives the backend's threads to drop the Python callbacks
@@ -94,6 +99,8 @@ class DistributedContext:
     backend: str
     _owns_group: bool = field(default=False, repr=False)
     _watchdog: StallWatchdog | None = field(default=None, repr=False)
+    #: Heal mode's part of this rank (:mod:`phalanx.runtime.heal`); None outside it.
+    healing: Healing | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -225,7 +232,9 @@ def init(
         rank=env.rank, local_rank=env.local_rank, node_rank=env.node_rank, world_size=env.world_size,
         local_world_size=env.local_world_size, device=device, backend=backend,
     )  # fmt: skip
-    if env.world_size > 1 and not dist.is_initialized():
+    if env.world_size > 1 and not dist.is_initialized() and launched.heal:
+        context.healing = _join_healing(context, launched, seconds)
+    elif env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
         excepthook = sys.excepthook
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=seconds))
@@ -245,3 +254,30 @@ def init(
             print(unavailable, file=sys.stderr, flush=True)
     atexit.register(context.close)
     return context
+
+
+def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: float) -> Healing:
+    """Heal mode: the group of generation 0 formed on the job's store (a replacement: the
+    generation the survivors are forming), with no stall watchdog (a heal's wait is no stall)."""
+    from phalanx.runtime.heal.generations import Generations, job_store
+    from phalanx.runtime.heal.healing import Healing
+
+    if context.backend != "gloo":
+        raise SettingsRefused(f"--heal with the {context.backend} backend",
+                              "heal mode ends the collectives of a failed group by gloo's means; NCCL's abort and shrink "
+                              "are not used yet.", "leave --heal out on GPUs, or use --backend gloo")  # fmt: skip
+    generations = Generations(job_store(launched.heal_store, timeout_s), context.backend, context.rank,
+                              context.world_size, timeout_s)  # fmt: skip
+    healing = Healing(generations, launched.replacement is not None, context.device)
+    if healing.replacement:
+        try:
+            healing.join()
+        except Exception as error:  # no generation opened in time: the launcher's restart takes over
+            print(f"phalanx: this replacement could not join the surviving ranks ({type(error).__name__}: "
+                  f"{str(error).strip()[:200]}); leaving the job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(ExitCode.HEAL_FAILED) from error
+    else:
+        generations.form_first()
+    generations.watch(job_store(launched.heal_store, timeout_s), healing.health)  # from the generation joined
+    context._owns_group = True
+    return healing

@@ -18,6 +18,7 @@ import itertools
 import math
 import operator
 import signal
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -228,6 +229,11 @@ class ResumableLoader(DataLoader):
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
         self._pass: _Pass | None = None  # the pass in progress
         self._real_before = 0  # real samples delivered before that pass
+        # The (index, batch) pairs of the step in progress, kept to replay, and those being replayed.
+        self._step_batches: deque[tuple[int, Any]] | None = None
+        self._replaying: deque[tuple[int, Any]] = deque()
+        #: The index in its pass of the batch the loop received last (a replayed batch keeps its own).
+        self.batch_index = -1
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.sampler
@@ -241,9 +247,34 @@ class ResumableLoader(DataLoader):
             self.generator = torch.Generator().manual_seed(sampler.seed * 1_000_003 + sampler.epoch)
         for batch in super().__iter__():
             progress.delivered += 1  # counted before the loop has the batch: a checkpoint after it includes it
+            self.batch_index = progress.delivered - 1
+            if self._step_batches is not None:
+                self._step_batches.append((self.batch_index, batch))
             yield batch
+            while self._replaying:  # a failed step's batches, again (kept again: the step may fail twice)
+                again = self._replaying.popleft()
+                self._step_batches.append(again)  # type: ignore[union-attr]  # replay() needs it
+                self.batch_index = again[0]
+                yield again[1]
         self._real_before = self.real_delivered
         self._pass = None  # the pass is over: the sampler's own state is exact again
+
+    def keep_step_batches(self, keep: bool = True) -> None:
+        """From now on keeps the batches of the step in progress, for :meth:`replay` (or no
+        longer, with ``keep=False``: the loop ended)."""
+        self._step_batches = deque() if keep else None
+
+    def step_ended(self) -> None:
+        """The step in progress completed: its batches are not needed again."""
+        if self._step_batches is not None:
+            self._step_batches.clear()
+
+    def replay(self) -> None:
+        """The step in progress failed: the loop receives its batches again, then goes on (the
+        position, counted when they were first delivered, stays)."""
+        assert self._step_batches is not None, "keep_step_batches() first"
+        self._replaying.extend(self._step_batches)
+        self._step_batches.clear()
 
     def _delivered_stop(self, progress: _Pass) -> int:
         """The sampler position after the last batch delivered in the pass in progress."""

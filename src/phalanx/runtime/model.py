@@ -51,6 +51,14 @@ def wrap_model(
         raise SettingsRefused(f"powersgd rank {powersgd_rank}", "PowerSGD sends a rank-r approximation, r >= 1",
                               "use 1 (the default) to 4")  # fmt: skip
     model = model.to(context.device)
+    if context.healing is not None:  # only the healing hook talks across ranks
+        if compression != "none":
+            raise SettingsRefused(f"compression {compression!r} in heal mode",
+                                  "healing sends the gradients through its own all-reduce, uncompressed so far",
+                                  "use compression none with --heal")  # fmt: skip
+        ddp = context.healing.wrap(model)
+        setattr(ddp, _ATTRIBUTE, GradientCompression("none", context, []))
+        return ddp
     if not context.is_distributed:
         setattr(model, _ATTRIBUTE, GradientCompression(compression, context, []))  # one process: nothing is sent
         return model

@@ -88,6 +88,12 @@ class PreemptionGuard:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
 
+    def start_votes_over(self) -> None:
+        """The group was formed again (a heal): the votes' schedule starts over, as a new
+        guard's (a replacement rank's) does, and a vote in flight in the old group is dropped."""
+        self._boundary, self._next_vote, self._in_flight = 0, 1, None
+        self._voted_at, self._voted_time = 0, time.perf_counter()
+
     def should_stop(self, shared: SharedReduction | None = None) -> bool:
         """True on every rank, after the same step, once any rank got a preemption signal.
 

@@ -149,6 +149,14 @@ class Reporter:
         logging point. The steps since count in no later report's mean."""
         return {"running": self._logged, "logged": self._logged, "epoch_logged": self._epoch_logged}
 
+    def start_over(self, state: dict[str, tuple[float, float]], boundary: SharedReduction) -> None:
+        """After a heal: a logging point in flight in the old group is dropped, and the sums go
+        on from ``state`` (:meth:`known_state` of the rank the state came from), as a replacement
+        rank's do."""
+        self._pending, self._epoch_ends, self.boundary = None, [], boundary
+        self.totals = GlobalMean(self.context, "loss")
+        self.load_checkpoint_state(state)
+
     def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
         steps since the last ones before the checkpoint."""

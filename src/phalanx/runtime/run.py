@@ -9,15 +9,17 @@ about ten changed lines. Each part stays public for loops that need another shap
 from __future__ import annotations
 
 import atexit
+import copy
 import gc
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
@@ -29,13 +31,15 @@ from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableLoader, ResumableSampler
 from phalanx.runtime.gradients import MicroStep, accumulate, check_max_norm, clip_gradients
+from phalanx.runtime.heal.healing import Healed
+from phalanx.runtime.heal.hook import PeerFailed
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
-from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, agreed_start
-from phalanx.worker_env import WorkerEnv
+from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, StepSeeding, agreed_start
+from phalanx.worker_env import WorkerEnv, heal_armed_of
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
 _LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "worker_init_fn", "generator",
@@ -175,6 +179,11 @@ class Run:
         self._keep_last_step = keep_last_step
         self._carried_seeding: dict[str, Any] | None = None  # the per-step random state's, from a checkpoint
         self._keeper: StepKeeper | None = None
+        #: Whether this process replaces a rank that died, until its restore healed it from a peer.
+        self._replacing = self.context.healing is not None and self.context.healing.replacement
+        self._heal_launch: int | None = None  # a replacement's launch token, from the heal
+        if self.context.healing is not None:
+            _check_heal_mode(self.checkpoints is not None, keep_last_step, async_checkpoints, accumulate)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -223,7 +232,8 @@ class Run:
             model = run.setup_model(torch.nn.Linear(10, 2), compression="fp16")
         """
         self._refuse_after_restore("setup_model")
-        check_consistency(self.context, model=module)
+        if not self._replacing:
+            check_consistency(self.context, model=module)
         self._model = wrap_model(module, self.context, compression=compression)
         self._tracked["model"] = unwrap(self._model)
         return self._model
@@ -281,7 +291,8 @@ class Run:
             loader_options["drop_last"] = drop_last
         if batch_size is None:
             raise ValueError("batch_size: how many samples per batch and process (a Dataset has no batch size)")
-        check_consistency(self.context, dataset=data)
+        if not self._replacing:
+            check_consistency(self.context, dataset=data)
         sampler = ResumableSampler(len(data), rank=self.rank, world_size=self.world_size, seed=seed, shuffle=shuffle,
                                    drop_last=drop_last)  # type: ignore[arg-type]  # fmt: skip
         self._loader = ResumableLoader(data, sampler, batch_size=batch_size, **loader_options)
@@ -308,6 +319,8 @@ class Run:
             if not isinstance(value, Stateful):
                 raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
             self._tracked[name] = value
+            if self.context.healing is not None:
+                self.context.healing.guard(value)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -331,6 +344,8 @@ class Run:
         if self._restored:
             return self.resumed_from
         self._restored = True
+        if self._replacing:
+            return self._restore_from_peer()
         if self.checkpoints is None:
             return None
         state = self._state_to_save()
@@ -385,7 +400,7 @@ class Run:
                                   boundary=self._boundary, **self._files)  # fmt: skip
         if self._carried_reporter is not None:
             self._reporter.load_checkpoint_state(self._carried_reporter)
-        if self.resumed_from is not None:
+        if self.resumed_from is not None and self._resumed_path is not None:  # (a heal said its own line)
             done = (
                 "; the training had finished: nothing is left to train (more epochs train on)" if self._finished else ""
             )
@@ -424,6 +439,8 @@ class Run:
                     run.step()
         """
         _, loader = self._in_loop("accumulate")
+        if self.context.healing is not None:  # a heal replays a step's batches, which the loop's count does not see
+            index = loader.batch_index
         return accumulate(model, index, self.micro_batches, total=_batches(loader, loader.pass_start))
 
     def record(self, loss: torch.Tensor) -> None:
@@ -520,21 +537,31 @@ class Run:
             CheckpointNotSaved: a checkpoint due at this step could not be written.
         """
         reporter, loader = self._in_loop("step")
+        healing = self.context.healing
+        if healing is not None and healing.health.failed and not (self._keeper and self._keeper.optimizer_stepped):
+            self._heal()  # the step failed before its optimizer step: trained again after the heal
+            return
         if loss is not None:
             self.record(loss)
         self.global_step += 1
         step = self.global_step
         if self._keeper is not None:
-            self._keeper.mark(step, loader.state_dict())
+            self._keeper.mark(step, loader.state_dict(), self._other_states() if healing is not None else None)
+        if healing is not None:
+            loader.step_ended()
         self.context.mark_step(step)
-        reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
-        if loader.resume_point[0] > self._epoch:
-            reporter.end_epoch(self._epoch, step)
-        if step % self.log_every == 0 or step == self.total_steps:
-            reporter.start(step, self._epoch, self._values)
-            self._values = {}
-        # A stop agreed on after the last step finds the training complete: it ends as a finished run does.
-        self._stop = self._preemption.should_stop(self._boundary)
+        try:
+            reporter.finish()  # the previous boundary's logging point: its all-reduce ran during this step
+            if loader.resume_point[0] > self._epoch:
+                reporter.end_epoch(self._epoch, step)
+            if step % self.log_every == 0 or step == self.total_steps:
+                reporter.start(step, self._epoch, self._values)
+                self._values = {}
+            # A stop agreed on after the last step finds the training complete: it ends as a finished run does.
+            self._stop = self._preemption.should_stop(self._boundary)
+        except PeerFailed:  # heal mode: a peer failed after this step completed here
+            self._heal()
+            return
         self._boundary.start()  # the logging point's all-reduce and the vote run during the next step
         preempted = self._stop and not self._finished
         if self.checkpoints and (preempted or step % self.checkpoint_every == 0):
@@ -688,15 +715,29 @@ class Run:
         compression = compression_of(self._model).mode if self._model is not None else "none"
         if not (self._keep_last_step and self.checkpoints is not None and compression in STATELESS_COMPRESSIONS):
             return None
-        seeding, launch = agreed_start(self.context, self._carried_seeding)
+        if self._heal_launch is not None:  # a replacement: its peers agreed long ago
+            assert self._carried_seeding is not None
+            seeding = StepSeeding(
+                int(self._carried_seeding["seed"]), bool(self._carried_seeding["per_rank"]), self.rank
+            )
+            launch = self._heal_launch
+        else:
+            seeding, launch = agreed_start(self.context, self._carried_seeding)
         keeper = StepKeeper(self.checkpoints, self.context, self._state_of_step, seeding, launch)
         optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
         module = unwrap(self._model) if self._model is not None else None
         keeper.watch(module, self._model if self._model is not module else None, optimizers)
         assert self._loader is not None
-        keeper.mark(self.global_step, self._loader.state_dict())
+        keeper.mark(self.global_step, self._loader.state_dict(),
+                    self._other_states() if self.context.healing is not None else None)  # fmt: skip
         keeper.listen(WorkerEnv.from_env(os.environ).keep_request)  # with a mark to keep
         seeding.after(self.global_step)
+        if self.context.healing is not None:
+            self._loader.keep_step_batches()
+            self.context.healing.generations.stopping = lambda: self._preemption.received is not None
+            request = WorkerEnv.from_env(os.environ).keep_request
+            if request is not None:  # for its supervisor: a failure from now on is healed
+                heal_armed_of(request).touch()
         return keeper
 
     def _state_of_step(self, mark: StepMark) -> dict[str, Any]:
@@ -705,6 +746,12 @@ class Run:
         state = self._tracked_state()
         if mark.data is not None:
             state["data"] = mark.data
+        for name, marked in (mark.others or {}).items():
+            if isinstance(self._tracked[name], torch.optim.Optimizer):  # the marked hyperparameters
+                groups = [{**group, **hyper} for group, hyper in zip(state[name]["param_groups"], marked, strict=True)]
+                state[name] = {**state[name], "param_groups": groups}
+            else:
+                state[name] = marked
         if "model" in state:
             state["model"] = {**state["model"], **{name: copy for name, copy in mark.buffers.items()
                                                     if name in state["model"]}}  # fmt: skip
@@ -714,10 +761,104 @@ class Run:
             state["buffers_rank"] = mark.buffers_rank
         return state
 
+    def _other_states(self) -> dict[str, Any]:
+        """What heal mode rolls back after a failed step, copied: the states of the tracked objects
+        other than the model, the optimizers and the data (an LR scheduler, a scaler), and the
+        optimizers' hyperparameters (a scheduler's step in the failed step changed the rate)."""
+        others: dict[str, Any] = {}
+        for name, target in self._tracked.items():
+            if isinstance(target, torch.optim.Optimizer):
+                others[name] = [copy.deepcopy({key: value for key, value in group.items() if key != "params"})
+                                for group in target.param_groups]  # fmt: skip
+            elif name not in ("model", "data"):
+                others[name] = copy.deepcopy(target.state_dict())
+        return others
+
+    def _heal(self) -> None:
+        """A survivor after a failure: the next generation of the group, every rank on the state
+        after the last step a survivor completed, and the failed step's batches again (the loop
+        trains that step once more, as the uninterrupted run did)."""
+        healing, keeper, (reporter, loader) = self.context.healing, self._keeper, self._in_loop("step")
+        assert healing is not None and keeper is not None
+        mark = keeper.last_mark
+        assert mark is not None
+        assert self.checkpoints is not None
+        node_local = self.checkpoints.node_local
+        try:
+            payload, healed = healing.heal(
+                lambda: {"state": self._state_of_step(mark), "launch": keeper.launch, "node_local": node_local},
+                mark.step,
+            )
+        except Exception as error:  # RuntimeError, DistError: the state is kept, the launcher restarts all
+            self._heal_failed(error)
+        state = payload["state"]
+        if healed.behind:  # the source completed this rank's step in progress: its state, no step again
+            for name, target in self._tracked.items():
+                if name != "data" and name in state:
+                    target.load_state_dict(state[name])
+            loader.step_ended()  # its batches were trained (their all-reduce completed on the source)
+            self.global_step = healed.step
+            keeper.mark(healed.step, loader.state_dict(), self._other_states())
+        else:
+            for name, target in self._tracked.items():
+                # The parameters are the source's already; the buffers go back to this rank's own at
+                # the mark (the next forward shares rank 0's); the data position stays: the loop replays.
+                if name not in ("model", "data") and name in state:
+                    target.load_state_dict(state[name])
+            keeper.restore_buffers(mark)
+            loader.replay()
+        self._boundary = SharedReduction(self.context)
+        reporter.start_over(state["reporter"], self._boundary)
+        self._preemption.start_votes_over()
+        self._values = {}
+        keeper.seeding.after(healed.step)
+        self._say_healed(healed)
+
+    def _restore_from_peer(self) -> int:
+        """A replacement's restore: the state after the survivors' last completed step, sent by one
+        of them over the group it formed with them (:meth:`_heal` on their side)."""
+        healing = self.context.healing
+        assert healing is not None
+        try:
+            payload, healed = healing.heal(lambda: None, -1)
+        except Exception as error:
+            self._heal_failed(error)
+        state = payload["state"]
+        for name, target in self._tracked.items():
+            if name in state:
+                target.load_state_dict(state[name])
+        self._carried_reporter = state.get("reporter")
+        self._carried_seeding = state.get("step_seed")
+        self._heal_launch = int(payload["launch"])
+        assert self.checkpoints is not None
+        self.checkpoints.joined(bool(payload["node_local"]))
+        self._replacing = False
+        self.global_step = self.resumed_from = healed.step
+        self._say_healed(healed)
+        return healed.step
+
+    def _heal_failed(self, error: Exception) -> NoReturn:
+        """The ranks could not heal: a survivor keeps the state after the last step (inside the
+        ``except``, as a failure would), and the process ends with HEAL_FAILED, which its
+        supervisor leaves to the launcher's restart of every worker."""
+        print(f"phalanx: the ranks could not heal ({type(error).__name__}: {str(error).strip()[:200]}); leaving the "
+              "job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip
+        if self._keeper is not None:
+            self._keeper.keep_if_failing()
+        raise SystemExit(ExitCode.HEAL_FAILED) from error
+
+    def _say_healed(self, healed: Healed) -> None:
+        replaced = ", ".join(str(rank) for rank in healed.replaced) or "none"
+        self.print(f"phalanx: healed in {healed.seconds:.1f} s (generation {healed.generation}): rank(s) {replaced} "
+                   f"replaced, {healed.bytes_sent / 2**20:.1f} MiB of state from rank {healed.source}; going on after "
+                   f"step {healed.step}")  # fmt: skip
+
     def _end(self) -> None:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
         if self.checkpoints and (self._saved_step or 0) != self.global_step:
             self.save()
+        if self.context.healing is not None:
+            self._loader.keep_step_batches(False)  # type: ignore[union-attr]
         if self._keeper is not None:
             self._keeper.release()
         self._preemption.release_interrupt()
@@ -728,6 +869,22 @@ class Run:
         assert self._reporter is not None
         self._reporter.close()  # before the script's own final lines
         self._reporter = None
+
+
+def _check_heal_mode(checkpoints: bool, keep_last_step: bool, async_checkpoints: bool, accumulate: int) -> None:
+    """Refuses the settings heal mode does not handle yet, before the first step."""
+    if not (checkpoints and keep_last_step):
+        raise SettingsRefused("--heal without a checkpoint folder and keep_last_step",
+                              "a heal that cannot finish falls back to a restart, which resumes from them.",
+                              "give phalanx.Run a checkpoint_dir (and keep keep_last_step=True)")  # fmt: skip
+    if async_checkpoints:
+        raise SettingsRefused("--heal with async_checkpoints=True",
+                              "a save in the background would still use the group that a heal replaces.",
+                              "leave async_checkpoints out with --heal")  # fmt: skip
+    if accumulate > 1:
+        raise SettingsRefused(f"--heal with accumulate={accumulate}",
+                              "a failed step is trained again from its first micro-batch, which the loop's own "
+                              "count of micro-batches does not follow yet.", "use accumulate=1 with --heal")  # fmt: skip
 
 
 def _batches(loader: ResumableLoader, start: int) -> int:

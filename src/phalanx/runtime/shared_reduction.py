@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.heal.hook import PeerFailed, StepHealth
 
 
 class SharedReduction:
@@ -69,7 +70,8 @@ class SharedReduction:
         during the next step; a part read before its start starts it then, on every rank alike."""
         batch, self._batch = self._batch, None
         if batch is not None:
-            batch.start(self.context.is_distributed and dist.is_initialized())
+            healing = self.context.healing
+            batch.start(self.context.is_distributed and dist.is_initialized(), healing.health if healing else None)
 
 
 class ReducedPart:
@@ -95,6 +97,7 @@ class _Batch:
         self._size = 0
         self.summed: torch.Tensor | None = None  # the concatenated parts, reduced in place once started
         self._work: Any = None
+        self._health: StepHealth | None = None
 
     def append(self, vector: torch.Tensor) -> int:
         """Queues ``vector``; returns where it starts in the summed vector."""
@@ -103,10 +106,12 @@ class _Batch:
         self._size += vector.numel()
         return offset
 
-    def start(self, distributed: bool) -> None:
-        """Concatenates the parts and starts their all-reduce (or keeps them as they are, alone)."""
+    def start(self, distributed: bool, health: StepHealth | None = None) -> None:
+        """Concatenates the parts and starts their all-reduce (or keeps them as they are, alone).
+        With ``health`` (heal mode), a failure ends the wait with :class:`PeerFailed`."""
         self.summed = torch.cat(self._parts)  # (a copy even of one part: the caller's tensor stays as it was)
         self._parts = []
+        self._health = health
         if distributed:
             self._work = dist.all_reduce(self.summed, async_op=True)
 
@@ -114,6 +119,9 @@ class _Batch:
         """The summed vector, once its all-reduce is done."""
         assert self.summed is not None  # started: ReducedPart.wait sees to it
         if self._work is not None:
-            self._work.wait()
+            if self._health is None:
+                self._work.wait()
+            elif not self._health.wait([self._work]):
+                raise PeerFailed(f"the step boundary's all-reduce failed: {self._health.failure}")
             self._work = None
         return self.summed

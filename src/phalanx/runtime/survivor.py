@@ -59,6 +59,9 @@ class StepMark:
     data: dict[str, Any] | None
     buffers: dict[str, torch.Tensor]
     buffers_rank: int
+    #: In heal mode, the states of the tracked objects besides the model, optimizers and data
+    #: (an LR scheduler...), copied: a failed step that went on to step them is rolled back.
+    others: dict[str, Any] | None = None
 
 
 class StepKeeper:
@@ -106,12 +109,32 @@ class StepKeeper:
             self._hooks.append(module.register_forward_pre_hook(self._on_forward))
         self._previous_hook, sys.excepthook = sys.excepthook, self._on_uncaught
 
-    def mark(self, step: int, data: dict[str, Any] | None) -> None:
-        """Step ``step`` is complete: its data position and buffers are what a failure keeps."""
+    def mark(self, step: int, data: dict[str, Any] | None, others: dict[str, Any] | None = None) -> None:
+        """Step ``step`` is complete: its data position and buffers are what a failure keeps
+        (and ``others``, copies of other objects' states, in heal mode)."""
         with self._lock:
             self._copy_buffers()
-            self._mark = StepMark(step, data, self._buffers, self.context.rank)
+            self._mark = StepMark(step, data, self._buffers, self.context.rank, others)
             self._optimizer_moved = self._through_ddp = False
+
+    @property
+    def optimizer_stepped(self) -> bool:
+        """Whether an optimizer stepped since the last mark (the step in progress is past it)."""
+        return self._optimizer_moved
+
+    def restore_buffers(self, mark: StepMark) -> None:
+        """Puts the module's buffers back to those of ``mark`` (heal mode, after a failed step)."""
+        if self._module is None:
+            return
+        with torch.no_grad():
+            for name, live in self._module.named_buffers():
+                if name in mark.buffers:
+                    live.copy_(mark.buffers[name])
+
+    @property
+    def last_mark(self) -> StepMark | None:
+        """The mark of the last completed step (None once released or kept)."""
+        return self._mark
 
     def listen(self, request: str | None) -> None:
         """Keeps the state when the launcher asks on ``request``; the launcher stops the process.
@@ -158,7 +181,7 @@ class StepKeeper:
         ``finally``, which would release the keeper before ``sys.excepthook`` runs)."""
         error = sys.exc_info()[1]
         if isinstance(error, Exception):
-            self._keep_and_say(_described(error))
+            self._keep_and_say(described(error))
 
     def keep(self, why: str) -> str:
         """Writes the state after the marked step; returns the line that says where it is.
@@ -178,7 +201,7 @@ class StepKeeper:
             preferred = bool(mark.buffers) and mark.buffers_rank == 0  # other copies' buffers differ
             path, kept = self.checkpoints.save_last_step(mark.step, self.launch, self._state(mark), preferred)
         except Exception as unwritten:  # said, and the error that ended the script is shown as ever
-            why = unwritten.strerror if isinstance(unwritten, OSError) and unwritten.strerror else _described(unwritten)
+            why = unwritten.strerror if isinstance(unwritten, OSError) and unwritten.strerror else described(unwritten)
             return f"the state after step {mark.step} could not be kept ({why}): {self._fallback(mark.step)}"
         who = "this rank kept" if kept else "another rank had kept"
         return f"{who} the state after step {mark.step} in {path}: a restart resumes there"
@@ -193,7 +216,7 @@ class StepKeeper:
             try:
                 line = self.keep(why)
             except Exception as error:  # a folder that cannot be read: said all the same
-                line = f"the state after step {step} could not be kept ({_described(error)})"
+                line = f"the state after step {step} could not be kept ({described(error)})"
             finally:
                 self._mark = None  # once
             print(f"phalanx: {line}", file=sys.stderr, flush=True)
@@ -273,7 +296,7 @@ class StepKeeper:
         """``sys.excepthook``: keeps the state, says so, then shows the error as before."""
         try:
             if isinstance(error, Exception):
-                self._keep_and_say(_described(error))
+                self._keep_and_say(described(error))
         finally:
             (self._previous_hook or sys.__excepthook__)(kind, error, trace)
 
@@ -323,6 +346,7 @@ def agreed_start(context: DistributedContext, carried: dict[str, Any] | None) ->
     return StepSeeding(int(seed), per_rank, context.rank), int(launch)
 
 
-def _described(error: BaseException) -> str:
+def described(error: BaseException) -> str:
+    """An error in one line: its type and the first line of its message (for "failed (...)")."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:200] if text else 'no message'}"

@@ -115,6 +115,15 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         kind="count",
     ),
     Option(
+        "heal",
+        _int_option("heal", 0),
+        "replace a failed process up to N times per rank while the other ranks keep theirs: the new one gets the "
+        "state from a peer and the failed step is trained again (default 0: off; needs phalanx.Run with a "
+        "checkpoint folder, which a heal that cannot finish falls back to)",
+        "N",
+        kind="count",
+    ),
+    Option(
         "log-dir",
         lambda value: Path(str(value)),
         "folder for per-rank logs (default ./phalanx-logs)",

@@ -7,12 +7,18 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 --every), as DCP starts writing its files: the other ranks are then inside the save's collectives;
 --fail-where wait: it prints "waiting in step N + 1" and then waits for ever in the backward of
 step N + 1, as a rank whose collective waits for a peer that went silent;
---kill-step N: rank --fail-rank SIGKILLs itself right after step N.
+--kill-step N: rank --fail-rank SIGKILLs itself right after step N;
+--kill-replacement-step N: so does the process that --heal started in its place.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
 
 --out: rank 0 writes run.summary() there, with the SHA-256 of the parameters alone (without
 the buffers) as parameters_only_sha256.
+--pids DIR: each rank writes its PID to DIR/rankR-first once its first step ended (a replacement
+finds it there and leaves it) and to DIR/rankR-last at the end.
+
+The first attempt is the first start of the workers, and not a replacement that ``--heal``
+started in place of a rank that died.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ parser.add_argument("--fail-rank", type=int, default=0)
 parser.add_argument("--fail-step", type=int, default=None)
 parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "wait"], default="backward")
 parser.add_argument("--kill-step", type=int, default=None)
+parser.add_argument("--kill-replacement-step", type=int, default=None)
 parser.add_argument("--close-in-finally", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--pids", type=Path, default=None)
 args = parser.parse_args()
 
-first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and "PHALANX_REPLACEMENT" not in os.environ
 run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.every, log_every=1000)
 torch.manual_seed(0)
 model = run.setup_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
@@ -90,7 +98,12 @@ def train() -> None:
             if failing_now("optimizer"):
                 raise Injected(f"injected failure after the optimizer step of step {run.global_step + 1}")
             run.step(loss)
+            if args.pids is not None and not (args.pids / f"rank{run.rank}-first").exists():
+                (args.pids / f"rank{run.rank}-first").write_text(str(os.getpid()))
             if first_attempt and run.rank == args.fail_rank and run.global_step == args.kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            replacing = "PHALANX_REPLACEMENT" in os.environ
+            if replacing and run.rank == args.fail_rank and run.global_step == args.kill_replacement_step:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -102,6 +115,8 @@ if args.close_in_finally:
 else:
     train()
 summary = run.summary()  # a collective, or with --close-in-finally one process's figures
+if args.pids is not None:
+    (args.pids / f"rank{run.rank}-last").write_text(str(os.getpid()))
 if run.is_main:
     parameters = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     args.out.write_text(json.dumps({**summary, "parameters_only_sha256": parameters}))

@@ -104,16 +104,25 @@ class CheckpointManager:
         # Checkpoint collectives run in a group of their own: an async save's thread uses it
         # while the training uses the default group (and gloo works for CPU and CUDA tensors).
         self._group = dist.new_group(backend="gloo") if self._distributed else None
+        healing = context.healing
+        # A rank that replaces one that died joins peers in the middle of a step: it compares
+        # nothing with them (they checked the folder at the job's start) and learns from its heal
+        # whether the folders are node-local (:meth:`joined`).
+        joining = healing is not None and healing.replacement
         # Before anything in the folder is touched: another job's saves in progress are left alone.
         refusal = (self._check_folder() or FolderLock(self.directory).take()) if context.local_rank == 0 else None
-        refused = next((r for r in self._all(refusal) if r is not None), None)
+        refused = refusal if joining else next((r for r in self._all(refusal) if r is not None), None)
         if refused is not None:  # on every rank: the one that found it says why
             raise SettingsRefused(*(refusal or refused)) from None
-        self.node_local = self._distributed and context.local_world_size < context.world_size and not self._one_folder()
-        if self._writes_files:
+        self.node_local = (self._distributed and not joining and context.local_world_size < context.world_size
+                           and not self._one_folder())  # fmt: skip
+        if self._writes_files and not joining:
             folder.remove_staging(self.directory)
             last_step.remove_temporaries(self.directory)
-        self._barrier()
+        if not joining:
+            self._barrier()
+        if healing is not None:
+            healing.on_new_group(self._regroup)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint") if async_save else None
         self._pending: Future[None] | None = None
 
@@ -485,6 +494,14 @@ class CheckpointManager:
         if self.context.rank == 0:
             probe.unlink(missing_ok=True)
         return all(seen)
+
+    def _regroup(self) -> None:
+        """The job's group was formed again (a heal): the checkpoint group too, on every rank."""
+        self._group = dist.new_group(backend="gloo")
+
+    def joined(self, node_local: bool) -> None:
+        """A replacement rank healed: whether the folders are node-local, as its peers found."""
+        self.node_local = node_local
 
     def _all(self, value: Any) -> list[Any]:
         """``value`` of every rank, in rank order (over the checkpoint group)."""

@@ -1,0 +1,104 @@
+"""Heal mode's worker: the script runs in a child process, which is replaced when it fails.
+
+torchrun's agent restarts every worker of every node when one fails. In heal mode the process
+the agent started supervises the script instead: when its child dies of a failure, it starts a
+replacement (``WorkerEnv.replacement``), which joins the surviving ranks at their next step
+(:mod:`phalanx.runtime.heal`), and the agent sees nothing fail. It passes the launcher's signals
+on, and a child that ends after one, or once the replacements allowed (``WorkerEnv.heal``) are
+spent, ends the supervisor with the child's exit code: then torchrun's own restart path runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+
+from phalanx.exit_codes import ExitCode, exit_code_of
+from phalanx.launch.signals import die_with_parent
+from phalanx.worker_env import WorkerEnv, heal_armed_of
+
+#: What the supervisor passes on to its child: the launcher's stop, interrupt and notices.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+#: Exit codes a replacement cannot mend: the child stopped as asked (a preemption, an interrupt),
+#: its settings were refused (a replacement would be too), or the ranks could not heal and leave
+#: the job to the launcher's restart.
+NOT_REPLACED = (ExitCode.OK, ExitCode.REFUSED, ExitCode.PREEMPTED, ExitCode.INTERRUPTED, ExitCode.HEAL_FAILED)
+
+
+class Supervisor:
+    """Runs ``python -m phalanx.launch.bootstrap ARGV`` as a child, replacing it when it fails.
+
+    Args:
+        argv: the script and its arguments (or ``-m MODULE ARGS``).
+        allowed: how many replacements of this rank may start.
+        armed: the file whose existence says the script's loop can heal (None: replace any failure).
+    """
+
+    def __init__(self, argv: list[str], allowed: int, armed: Path | None = None) -> None:
+        self.argv, self.allowed = argv, allowed
+        #: The file phalanx.Run writes once its loop can heal; a failure before it is not healed.
+        self.armed = armed
+        self.signalled: int | None = None
+        #: The signal the last child died of, if it died of one.
+        self.died_of: int | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        """Supervises until the script ends for good; returns the exit code to end with."""
+        for signum in FORWARDED:
+            signal.signal(signum, self._pass_on)
+        replacements = 0
+        while True:
+            code = self._run_child(None if replacements == 0 else replacements - 1)
+            if code in NOT_REPLACED or self.signalled is not None:
+                return code
+            if self.armed is not None and not self.armed.exists():
+                print(f"phalanx: the script failed (exit code {code}) before its phalanx.Run could heal (it never "
+                      "started its loop in heal mode): leaving it to the launcher's restart", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                return code
+            if replacements >= self.allowed:
+                print(f"phalanx: the script failed (exit code {code}) and this rank was replaced {replacements} "
+                      "time(s) already, as many as allowed: leaving it to the launcher's restart",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                return code
+            replacements += 1
+            print(f"phalanx: the script failed (exit code {code}); starting replacement {replacements} of this rank, "
+                  "which joins the surviving ranks", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _run_child(self, before: int | None) -> int:
+        env = {**os.environ, **WorkerEnv(supervisor_pid=os.getpid()).to_env()}
+        if before is not None:
+            env.update(WorkerEnv(replacement=before).to_env())
+        # In a session of its own: the launcher's signals to this process's group reach it once,
+        # passed on by this process, and it leads its own group (which its entry point guards).
+        self._child = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.bootstrap", *self.argv], env=env,
+                                       start_new_session=True)  # fmt: skip
+        returncode = self._child.wait()
+        self.died_of = -returncode if returncode < 0 else None
+        return exit_code_of(returncode)
+
+    def _pass_on(self, signum: int, _frame: FrameType | None) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self.signalled = signum
+        if self._child is not None and self._child.poll() is None:
+            self._child.send_signal(signum)
+
+
+def supervise(argv: list[str]) -> int:
+    """The supervisor's entry: dies with its launcher, then supervises the script."""
+    worker = WorkerEnv.from_env(os.environ)
+    die_with_parent(worker.launcher_pid)
+    armed = heal_armed_of(worker.keep_request) if worker.keep_request else None
+    supervisor = Supervisor(argv, worker.heal or 0, armed)
+    code = supervisor.run()
+    if supervisor.died_of is not None:  # the launcher reads a death by signal as one (not as exit 128+N)
+        sys.stdout.flush()
+        if supervisor.died_of not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to reset)
+            signal.signal(supervisor.died_of, signal.SIG_DFL)
+        os.kill(os.getpid(), supervisor.died_of)
+    return code

@@ -1,0 +1,147 @@
+"""A rank's part in healing: its generations of the group, its step's health, its role."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from phalanx.runtime.heal.generations import Generations
+from phalanx.runtime.heal.hook import PeerFailed, StepHealth, all_reduce_or_note, share_buffers, skip_failed_steps
+from phalanx.runtime.heal.transfer import broadcast_state
+from phalanx.runtime.survivor import described
+from phalanx.torch_compat import update_ddp_group
+
+
+@dataclass(frozen=True)
+class Healed:
+    """One heal as this rank saw it."""
+
+    #: The group's generation it formed.
+    generation: int
+    #: The step every rank goes on from: the last one that a survivor completed.
+    step: int
+    #: The rank whose state every rank took.
+    source: int
+    replaced: tuple[int, ...]
+    bytes_sent: int
+    seconds: float
+    #: Whether this rank had completed one step fewer (its step's all-reduce failed where the
+    #: source's completed): it takes the source's whole state, and trains nothing again.
+    behind: bool
+
+
+class Healing:
+    """This rank's healing: the generations of the job's group, the health of the step in
+    progress, and whether this process replaces a rank that died.
+
+    Args:
+        generations: the job's group, generation by generation.
+        replacement: whether this process replaces a rank that died (its launcher started it).
+        device: this rank's device.
+    """
+
+    def __init__(self, generations: Generations, replacement: bool, device: torch.device) -> None:
+        self.generations, self.replacement, self.device = generations, replacement, device
+        self.health = StepHealth()
+        self._ddp: DistributedDataParallel | None = None
+        self._regroups: list[Callable[[], None]] = []
+
+    def on_new_group(self, regroup: Callable[[], None]) -> None:
+        """Calls ``regroup`` on every rank once a generation formed, before the state is sent
+        (a replacement calls it itself when it makes what ``regroup`` makes again)."""
+        self._regroups.append(regroup)
+
+    def wrap(self, module: torch.nn.Module) -> DistributedDataParallel:
+        """DDP over a group of this rank alone, its gradients averaged by the healing hook; the
+        parameters and buffers start as rank 0's (a replacement receives them at its heal), and
+        each forward starts with rank 0's buffers, as DDP's own broadcast would give them."""
+        if not self.replacement:
+            for tensor in (*module.parameters(), *module.buffers()):
+                dist.broadcast(tensor.data, src=0)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(module, device_ids=device_ids, process_group=_solo_group(),
+                                      find_unused_parameters=True)  # fmt: skip
+        ddp.register_comm_hook(self.health, all_reduce_or_note)
+        if any(True for _ in module.buffers()):  # where DDP would broadcast them (not in no_sync, not in eval)
+            ddp.register_forward_pre_hook(
+                lambda *_: share_buffers(module, self.health) if ddp.will_sync_module_buffers() else None
+            )
+        self._ddp = ddp
+        return ddp
+
+    def guard(self, stateful: Any) -> None:
+        """An optimizer: its ``step()`` does nothing in a failed step. (Other objects a failed
+        step changes, an LR scheduler, are rolled back to their state at the last mark.)"""
+        if isinstance(stateful, torch.optim.Optimizer):
+            skip_failed_steps(stateful, self.health)
+
+    def join(self) -> None:
+        """A replacement: forms the generation the survivors are forming."""
+        self.generations.join_as_replacement()
+        self._new_solo_group()
+
+    def heal(self, state_of_step: Any, step: int) -> tuple[dict[str, Any], Healed]:
+        """After a failure (a survivor) or at the restore (a replacement): the next generation
+        formed, then the state after the last step a survivor completed, from the lowest rank
+        that completed it (survivors' steps differ by one where a step's all-reduce completed on
+        some ranks only).
+
+        Args:
+            state_of_step: builds this rank's state after its last completed step (a survivor).
+            step: that step (a replacement: -1, it has none).
+
+        Returns:
+            The source's state, and what the heal did.
+
+        Raises:
+            PeerFailed: a rank failed during the heal.
+            RuntimeError: no rank survived to heal from.
+        """
+        began = time.monotonic()
+        if not self.replacement:
+            print(f"phalanx: a peer failed after step {step} ({described(self.health.failure)}); "
+                  "keeping this process and healing", file=sys.stderr, flush=True)  # fmt: skip
+            self.generations.next_after_failure()
+            self._new_solo_group()
+            for regroup in self._regroups:
+                regroup()
+        self.health.clear()  # from here on, a failure is one of the new generation's
+        roles = torch.tensor([1 if self.replacement else 0, step], dtype=torch.int64, device=self.device)
+        gathered = [torch.zeros_like(roles) for _ in range(dist.get_world_size())]
+        self._wait([dist.all_gather(gathered, roles, async_op=True)])
+        table = [(int(role[0].item()), int(role[1].item())) for role in gathered]
+        survivors = [rank for rank, (replacing, _) in enumerate(table) if not replacing]
+        if not survivors:
+            raise RuntimeError("every rank is a replacement: no rank holds the state to heal from")
+        target = max(table[rank][1] for rank in survivors)
+        source = min(rank for rank in survivors if table[rank][1] == target)
+        # The source's wait so far rides along: a replacement's own wait began only at its start.
+        own = {"payload": state_of_step(), "waited_s": time.monotonic() - began} if dist.get_rank() == source else None
+        sent_state, sent = broadcast_state(own, source, self.device, self._wait)
+        if self.replacement:
+            began -= float(sent_state["waited_s"])
+        replaced = tuple(rank for rank, (replacing, _) in enumerate(table) if replacing)
+        behind = not self.replacement and step < target
+        healed = Healed(self.generations.current, target, source, replaced, sent, time.monotonic() - began, behind)
+        self.replacement = False  # a survivor from now on
+        return sent_state["payload"], healed
+
+    def _wait(self, works: list[Any]) -> None:
+        if not self.health.wait(works):
+            raise PeerFailed(f"a rank failed during the heal: {described(self.health.failure)}")
+
+    def _new_solo_group(self) -> None:
+        if self._ddp is not None:
+            update_ddp_group(self._ddp, _solo_group())
+
+
+def _solo_group() -> dist.ProcessGroup:
+    """A group of this rank alone: DDP's own collectives over it never fail."""
+    return dist.new_group([dist.get_rank()], use_local_synchronization=True)
