@@ -115,8 +115,9 @@ class Generations:
         with self._formed:
             self.current = generation
             self._formed.notify_all()
-        if self.rank == 0:
-            self.store.set(_LIVE, str(generation))
+        # Every rank says it, whichever of them dies next: no rank writes generation g + 1 before
+        # every rank formed it, which each does only after writing g.
+        self.store.set(_LIVE, str(generation))
 
     def watch(self, store: dist.Store, health: StepHealth) -> None:
         """Starts this rank's :class:`OpenedWatch` on ``store`` (a client of its own: a wait
