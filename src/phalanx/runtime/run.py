@@ -9,7 +9,6 @@ about ten changed lines. Each part stays public for loops that need another shap
 from __future__ import annotations
 
 import atexit
-import copy
 import gc
 import math
 import os
@@ -31,8 +30,8 @@ from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableLoader, ResumableSampler
 from phalanx.runtime.gradients import MicroStep, accumulate, check_max_norm, clip_gradients
-from phalanx.runtime.heal.healing import Healed
 from phalanx.runtime.heal.hook import PeerFailed
+from phalanx.runtime.heal.rollback import check_settings, rollback_states
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
@@ -183,7 +182,7 @@ class Run:
         self._replacing = self.context.healing is not None and self.context.healing.replacement
         self._heal_launch: int | None = None  # a replacement's launch token, from the heal
         if self.context.healing is not None:
-            _check_heal_mode(self.checkpoints is not None, keep_last_step, async_checkpoints, accumulate)
+            check_settings(self.checkpoints is not None, keep_last_step, async_checkpoints, accumulate)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -546,7 +545,9 @@ class Run:
         self.global_step += 1
         step = self.global_step
         if self._keeper is not None:
-            self._keeper.mark(step, loader.state_dict(), self._other_states() if healing is not None else None)
+            self._keeper.mark(
+                step, loader.state_dict(), rollback_states(self._tracked) if healing is not None else None
+            )
         if healing is not None:
             loader.step_ended()
         self.context.mark_step(step)
@@ -729,7 +730,7 @@ class Run:
         keeper.watch(module, self._model if self._model is not module else None, optimizers)
         assert self._loader is not None
         keeper.mark(self.global_step, self._loader.state_dict(),
-                    self._other_states() if self.context.healing is not None else None)  # fmt: skip
+                    rollback_states(self._tracked) if self.context.healing is not None else None)  # fmt: skip
         keeper.listen(WorkerEnv.from_env(os.environ).keep_request)  # with a mark to keep
         seeding.after(self.global_step)
         if self.context.healing is not None:
@@ -761,19 +762,6 @@ class Run:
             state["buffers_rank"] = mark.buffers_rank
         return state
 
-    def _other_states(self) -> dict[str, Any]:
-        """What heal mode rolls back after a failed step, copied: the states of the tracked objects
-        other than the model, the optimizers and the data (an LR scheduler, a scaler), and the
-        optimizers' hyperparameters (a scheduler's step in the failed step changed the rate)."""
-        others: dict[str, Any] = {}
-        for name, target in self._tracked.items():
-            if isinstance(target, torch.optim.Optimizer):
-                others[name] = [copy.deepcopy({key: value for key, value in group.items() if key != "params"})
-                                for group in target.param_groups]  # fmt: skip
-            elif name not in ("model", "data"):
-                others[name] = copy.deepcopy(target.state_dict())
-        return others
-
     def _heal(self) -> None:
         """A survivor after a failure: the next generation of the group, every rank on the state
         after the last step a survivor completed, and the failed step's batches again (the loop
@@ -798,7 +786,7 @@ class Run:
                     target.load_state_dict(state[name])
             loader.step_ended()  # its batches were trained (their all-reduce completed on the source)
             self.global_step = healed.step
-            keeper.mark(healed.step, loader.state_dict(), self._other_states())
+            keeper.mark(healed.step, loader.state_dict(), rollback_states(self._tracked))
         else:
             for name, target in self._tracked.items():
                 # The parameters are the source's already; the buffers go back to this rank's own at
@@ -812,7 +800,7 @@ class Run:
         self._preemption.start_votes_over()
         self._values = {}
         keeper.seeding.after(healed.step)
-        self._say_healed(healed)
+        self.print(healed.line())
 
     def _restore_from_peer(self) -> int:
         """A replacement's restore: the state after the survivors' last completed step, sent by one
@@ -834,7 +822,7 @@ class Run:
         self.checkpoints.joined(bool(payload["node_local"]))
         self._replacing = False
         self.global_step = self.resumed_from = healed.step
-        self._say_healed(healed)
+        self.print(healed.line())
         return healed.step
 
     def _heal_failed(self, error: Exception) -> NoReturn:
@@ -846,12 +834,6 @@ class Run:
         if self._keeper is not None:
             self._keeper.keep_if_failing()
         raise SystemExit(ExitCode.HEAL_FAILED) from error
-
-    def _say_healed(self, healed: Healed) -> None:
-        replaced = ", ".join(str(rank) for rank in healed.replaced) or "none"
-        self.print(f"phalanx: healed in {healed.seconds:.1f} s (generation {healed.generation}): rank(s) {replaced} "
-                   f"replaced, {healed.bytes_sent / 2**20:.1f} MiB of state from rank {healed.source}; going on after "
-                   f"step {healed.step}")  # fmt: skip
 
     def _end(self) -> None:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
@@ -869,22 +851,6 @@ class Run:
         assert self._reporter is not None
         self._reporter.close()  # before the script's own final lines
         self._reporter = None
-
-
-def _check_heal_mode(checkpoints: bool, keep_last_step: bool, async_checkpoints: bool, accumulate: int) -> None:
-    """Refuses the settings heal mode does not handle yet, before the first step."""
-    if not (checkpoints and keep_last_step):
-        raise SettingsRefused("--heal without a checkpoint folder and keep_last_step",
-                              "a heal that cannot finish falls back to a restart, which resumes from them.",
-                              "give phalanx.Run a checkpoint_dir (and keep keep_last_step=True)")  # fmt: skip
-    if async_checkpoints:
-        raise SettingsRefused("--heal with async_checkpoints=True",
-                              "a save in the background would still use the group that a heal replaces.",
-                              "leave async_checkpoints out with --heal")  # fmt: skip
-    if accumulate > 1:
-        raise SettingsRefused(f"--heal with accumulate={accumulate}",
-                              "a failed step is trained again from its first micro-batch, which the loop's own "
-                              "count of micro-batches does not follow yet.", "use accumulate=1 with --heal")  # fmt: skip
 
 
 def _batches(loader: ResumableLoader, start: int) -> int:

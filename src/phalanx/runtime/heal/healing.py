@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from phalanx.runtime.heal.generations import Generations
 from phalanx.runtime.heal.hook import PeerFailed, StepHealth, all_reduce_or_note, share_buffers, skip_failed_steps
-from phalanx.runtime.heal.transfer import broadcast_state
+from phalanx.runtime.heal.transfer import receive_state, send_state
 from phalanx.runtime.survivor import described
 from phalanx.torch_compat import update_ddp_group
 
@@ -30,11 +30,23 @@ class Healed:
     #: The rank whose state every rank took.
     source: int
     replaced: tuple[int, ...]
+    #: The ranks the source sent its state to: the replacements, and survivors one step behind.
+    receivers: tuple[int, ...]
+    #: The bytes of tensors in the state (sent to each receiver).
     bytes_sent: int
     seconds: float
     #: Whether this rank had completed one step fewer (its step's all-reduce failed where the
     #: source's completed): it takes the source's whole state, and trains nothing again.
     behind: bool
+
+    def line(self) -> str:
+        """What the heal did, for the run's log."""
+        replaced = ", ".join(str(rank) for rank in self.replaced) or "none"
+        return (
+            f"phalanx: healed in {self.seconds:.1f} s (generation {self.generation}): rank(s) {replaced} replaced, "
+            f"{self.bytes_sent / 2**20:.1f} MiB of state from rank {self.source} to rank(s) "
+            f"{', '.join(str(rank) for rank in self.receivers)}; going on after step {self.step}"
+        )
 
 
 class Healing:
@@ -122,16 +134,26 @@ class Healing:
             raise RuntimeError("every rank is a replacement: no rank holds the state to heal from")
         target = max(table[rank][1] for rank in survivors)
         source = min(rank for rank in survivors if table[rank][1] == target)
+        # The replacements, and the survivors one step behind; the others hold the source's state.
+        receivers = [rank for rank, (replacing, done) in enumerate(table) if replacing or done < target]
+        me = dist.get_rank()
         # The source's wait so far rides along: a replacement's own wait began only at its start.
-        own = {"payload": state_of_step(), "waited_s": time.monotonic() - began} if dist.get_rank() == source else None
-        sent_state, sent = broadcast_state(own, source, self.device, self._wait)
+        sent = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if me == source:
+            box = {"payload": state_of_step(), "waited_s": time.monotonic() - began}
+            sent += send_state(box, receivers, self.device, self._wait)
+        elif me in receivers:
+            box = receive_state(source, self.device, self._wait)
+        else:
+            box = {"payload": state_of_step()}
+        self._wait([dist.broadcast(sent, src=source, async_op=True)])  # for every rank's line
         if self.replacement:
-            began -= float(sent_state["waited_s"])
+            began -= float(box["waited_s"])
         replaced = tuple(rank for rank, (replacing, _) in enumerate(table) if replacing)
-        behind = not self.replacement and step < target
-        healed = Healed(self.generations.current, target, source, replaced, sent, time.monotonic() - began, behind)
+        healed = Healed(self.generations.current, target, source, replaced, tuple(receivers), int(sent.item()),
+                        time.monotonic() - began, behind=not self.replacement and step < target)  # fmt: skip
         self.replacement = False  # a survivor from now on
-        return sent_state["payload"], healed
+        return box["payload"], healed
 
     def _wait(self, works: list[Any]) -> None:
         if not self.health.wait(works):

@@ -72,7 +72,7 @@ class StepHealth:
         if token is None:
             return False
         for work in works:
-            work.get_future().add_done_callback(one_done)
+            _future_of(work).add_done_callback(one_done)
         if works:
             done.wait()
         self._forget(token)
@@ -166,3 +166,23 @@ def skip_failed_steps(optimizer: torch.optim.Optimizer, health: StepHealth) -> N
         return step(*args, **kwargs)
 
     optimizer.step = types.MethodType(guarded, optimizer)  # type: ignore[method-assign]
+
+
+def _future_of(work: Any) -> torch.futures.Future[Any]:
+    """A work's future. Gloo's sends and receives have none (torch 2.13): a thread waits for
+    one instead (one that never ends, its peer dead, ends with the process: a failed heal exits)."""
+    try:
+        return work.get_future()
+    except RuntimeError:
+        future: torch.futures.Future[Any] = torch.futures.Future()
+
+        def wait_for_it() -> None:
+            try:
+                work.wait()
+            except Exception as error:
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+        threading.Thread(target=wait_for_it, name="phalanx-heal-transfer", daemon=True).start()
+        return future

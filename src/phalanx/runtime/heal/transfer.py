@@ -1,11 +1,11 @@
-"""The state after the last completed step, sent from a surviving rank to the replacements.
+"""The state after the last completed step, sent from a surviving rank to the ranks that need it.
 
 The state is a nested structure of dicts, lists and tuples with tensors and plain values (what
 a checkpoint holds). Its skeleton, with each tensor's shape and dtype in place of the tensor,
 goes pickled (a peer of the same job sends it, as the store's keys come from one); the tensors go
-packed, one flat buffer per dtype. Every rank of the group takes part; the source's state comes
-back on each. The broadcasts are asynchronous and waited on through ``wait``, which a failure of
-a peer ends (:meth:`.hook.StepHealth.wait`).
+packed, one flat buffer per dtype. It goes point to point, to the receivers only: a survivor that
+holds the same state already receives nothing. The sends and receives are asynchronous and waited
+on through ``wait``, which a failure of a peer ends (:meth:`.hook.StepHealth.wait`).
 """
 
 from __future__ import annotations
@@ -29,38 +29,44 @@ class _Slot:
     offset: int
 
 
-def broadcast_state(state: dict[str, Any] | None, source: int, device: torch.device,
-                    wait: Callable[[list[Any]], None]) -> tuple[dict[str, Any], int]:  # fmt: skip
-    """Sends ``state`` from rank ``source`` to every rank of the current default group.
+def send_state(state: dict[str, Any], receivers: list[int], device: torch.device,
+               wait: Callable[[list[Any]], None]) -> int:  # fmt: skip
+    """Sends ``state`` to each of ``receivers`` (:func:`receive_state` on their side).
 
     Args:
-        state: the state on the source (what :meth:`Run._state_of_step` built); ignored elsewhere.
-        source: the sending rank.
-        device: where the tensors travel and land (the rank's device).
+        state: the state to send (what :meth:`Run._state_of_step` built, and more).
+        receivers: the ranks of the current default group that take it.
+        device: where the tensors travel from (the rank's device).
         wait: waits for a list of asynchronous works (raises when a peer failed).
 
     Returns:
-        The source's state on every rank (the source's own object on the source), and the bytes
-        of tensors sent.
+        The bytes of tensors in the state (sent to each receiver).
     """
-    sending = dist.get_rank() == source
     tensors: list[torch.Tensor] = []
-    skeleton = _strip(state, tensors, {}) if sending else None
-    pickled = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8) if sending else None
-    size = torch.tensor([pickled.numel() if pickled is not None else 0], dtype=torch.int64, device=device)
-    wait([dist.broadcast(size, src=source, async_op=True)])
-    message = (
-        pickled.to(device) if pickled is not None else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    )
-    wait([dist.broadcast(message, src=source, async_op=True)])
-    if not sending:
-        skeleton = pickle.loads(message.cpu().numpy().tobytes())  # a peer of this job sent it
-    buffers = _pack(tensors, device) if sending else {
-        dtype: torch.empty(count, dtype=dtype, device=device) for dtype, count in _sizes(skeleton, {}).items()
-    }  # fmt: skip
-    wait([dist.broadcast(buffer, src=source, async_op=True) for buffer in buffers.values()])
-    sent = sum(buffer.numel() * buffer.element_size() for buffer in buffers.values())
-    return (state if sending else _fill(skeleton, buffers)), sent  # type: ignore[return-value]
+    skeleton = _strip(state, tensors, {})
+    message = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8).to(device)
+    size = torch.tensor([message.numel()], dtype=torch.int64, device=device)
+    buffers = list(_pack(tensors, device).values())
+    wait([dist.isend(tensor, receiver) for receiver in receivers for tensor in (size, message, *buffers)])
+    return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
+
+
+def receive_state(source: int, device: torch.device, wait: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """The state that rank ``source`` sends with :func:`send_state`, its tensors on ``device``.
+
+    Args:
+        source: the sending rank.
+        device: where the tensors land.
+        wait: waits for a list of asynchronous works (raises when a peer failed).
+    """
+    size = torch.zeros(1, dtype=torch.int64, device=device)
+    wait([dist.irecv(size, source)])
+    message = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    wait([dist.irecv(message, source)])
+    skeleton = pickle.loads(message.cpu().numpy().tobytes())  # a peer of this job sent it
+    buffers = {dtype: torch.empty(count, dtype=dtype, device=device) for dtype, count in _sizes(skeleton, {}).items()}
+    wait([dist.irecv(buffer, source) for buffer in buffers.values()])
+    return _fill(skeleton, buffers)
 
 
 def _strip(value: Any, tensors: list[torch.Tensor], offsets: dict[torch.dtype, int]) -> Any:
