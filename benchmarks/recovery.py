@@ -7,14 +7,16 @@ parameters and Adam's two moments come to about --state-mb; a checkpoint every
 --checkpoint-every steps.
 
 Each trial draws a step K between the first checkpoint and the second (uniformly, seeded by
---seed: on average half a checkpoint interval after the first) and runs both sides with
---max-restarts 1, one after the other in an order that alternates:
-  phalanx   `phalanx run`, the loop on phalanx.Run (keep_last_step on, the default)
-  torchrun  `torchrun --rdzv-backend c10d`, the loop in plain DDP; dcp.save every
-            --checkpoint-every steps, and dcp.load of the newest at the start
-Once rank 0 (on the first host) has completed step K, every worker of the last host is
-SIGKILLed; its launcher lives and restarts the workers on every host, which train to step
-K + 5. From rank 0's timeline:
+--seed: on average half a checkpoint interval after the first) and runs each side (--sides)
+with --max-restarts 1, one after the other in an order that rotates:
+  phalanx-heal  `phalanx run --heal 1`: the same loop; the killed workers are replaced and heal
+                from a live peer, the other hosts' workers keep their processes
+  phalanx       `phalanx run`, the loop on phalanx.Run (keep_last_step on, the default)
+  torchrun      `torchrun --rdzv-backend c10d`, the loop in plain DDP; dcp.save every
+                --checkpoint-every steps, and dcp.load of the newest at the start
+Once rank 0 (on the first host) has completed step K, every training process of the last host is
+SIGKILLed (under --heal the worker that supervises it lives); its launcher lives and restarts the workers on every host (phalanx-heal: its own
+workers), which train to step K + 5. From rank 0's timeline:
   steps trained again  the newest step the first attempt completed (rank 0 may complete one
                        after the kill: the killed rank had done its part of it), minus the
                        step the restart resumed from (the first step it completed, minus one);
@@ -23,17 +25,24 @@ K + 5. From rank 0's timeline:
   seconds to train     from the kill to the first step completed after it
   seconds to regain    from the kill to the first step completed past the newest step the first
                        attempt completed: the progress is back (the steps again included)
+phalanx-heal's rank 0 keeps its process: its timeline goes on, and its log's line "healed in ..."
+names the step it went on after (the one resumed from). Also for phalanx-heal:
+  replacement's start  from the kill to the moment the replacement's imports are done (its own
+                       start: the launcher noticing, the process, the imports)
+  survivors' idle      rank 0's longest gap between steps, less its median step before the kill
+  heal's seconds, MiB  from rank 0's line: from its noticing the failure to the state sent
 A job whose launchers have not exited a minute after its last step is killed and counted as
 hung at its exit; what it trained counts all the same.
 Steady state: --steady-steps steps without a fault, phalanx with keep_last_step on and off,
 --steady-runs runs each, interleaved; the median step time of each run (after its first 5
 steps), the ratio of the medians on/off.
 
-Targets (issue 35): phalanx trains at most 1 step again after any kill (the largest over the
-trials); keeping the last step costs at most 3% of the steady-state step time.
+Targets: phalanx trains at most 1 step again after any kill (the largest over the trials);
+keeping the last step costs at most 3% of the steady-state step time; phalanx-heal trains its next
+step at most 3 s after its replacement's own start (the median over the trials).
 
 Usage: sudo python benchmarks/recovery.py [--trials 10] [--hosts 3] [--rate 1gbit] [--state-mb 200]
-       [--checkpoint-every 100] [--smoke] [--json PATH]
+       [--checkpoint-every 100] [--sides phalanx-heal,phalanx,torchrun] [--smoke] [--json PATH]
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -63,7 +73,11 @@ WORKER = HERE / "recovery_worker.py"
 FIRST_PORT = 29400
 #: Adam holds two moments per parameter: parameters and state are 3 float32 per parameter.
 BYTES_PER_PARAMETER = 12
-TARGET_STEPS_AGAIN, TARGET_STEADY_COST = 1, 1.03
+TARGET_STEPS_AGAIN, TARGET_STEADY_COST, TARGET_HEAL_S = 1, 1.03, 3.0
+SIDES = ("phalanx-heal", "phalanx", "torchrun")
+#: Rank 0's line after a heal (phalanx.Run's): its seconds, the state's size, the step resumed from.
+HEALED = re.compile(r"healed in (?P<seconds>[\d.]+) s .*?(?P<mib>[\d.]+) MiB of state from rank .*?; "
+                    r"going on after step (?P<step>\d+)")  # fmt: skip
 #: Steps of each steady run left out of its median (the first ones build DDP's buckets).
 WARM_STEPS = 5
 #: Seconds a job may take to exit after its last step, before its processes are killed (and the
@@ -81,8 +95,9 @@ def launch_line(side: str, bed, host, args: argparse.Namespace, folder: Path, st
                 port: int) -> list[str]:  # fmt: skip
     endpoint = f"{bed.hosts[0].address}:{port}"
     nodes = str(len(bed.hosts))
-    worker = [str(WORKER), "--mode", side, "--width", str(args.width), "--steps", str(steps), "--checkpoint-every",
-              str(args.checkpoint_every), "--checkpoint-dir", str(folder / "ck"), "--timeline", str(folder / "timeline")]  # fmt: skip
+    worker = [str(WORKER), "--mode", "phalanx" if side == "phalanx-heal" else side, "--width", str(args.width), "--steps", str(steps), "--checkpoint-every",
+              str(args.checkpoint_every), "--checkpoint-dir", str(folder / "ck"), "--timeline", str(folder / "timeline"),
+              "--starts", str(folder / "starts")]  # fmt: skip
     env = [f"GLOO_SOCKET_IFNAME={host.device}"]
     if side == "torchrun":  # a test-bed host is not its own hostname: which one holds the store is said
         # torchrun's workers share the agent's store across restarts (torch >= 2.4): a restarted
@@ -96,7 +111,8 @@ def launch_line(side: str, bed, host, args: argparse.Namespace, folder: Path, st
                     "--max-restarts", str(restarts)]  # fmt: skip
     else:
         launcher = [sys.executable, "-m", "phalanx", "run", "--nnodes", nodes, "--rdzv-endpoint", endpoint,
-                    "--max-restarts", str(restarts), "--log-dir", str(folder / f"logs-{host.name}")]  # fmt: skip
+                    "--max-restarts", str(restarts), "--log-dir", str(folder / f"logs-{host.name}"),
+                    *(["--heal", "1"] if side == "phalanx-heal" else [])]  # fmt: skip
     return host.command(["env", *env, *launcher, *worker])
 
 
@@ -126,7 +142,7 @@ def run_job(
         while kill_after is not None and killed_at is None:
             done = [row for row in timeline(folder) if row[0] == 0]
             if done and done[-1][1] >= kill_after:
-                victims = [pid for pid in bed.processes(bed.hosts[-1].name) if _is_worker(pid)]
+                victims = _training_processes(bed.processes(bed.hosts[-1].name))
                 for pid in victims:
                     os.kill(pid, signal.SIGKILL)
                 killed_at = time.time()
@@ -153,6 +169,10 @@ def run_job(
     if not hung_at_exit and any(p.returncode != 0 for p in processes):
         raise SystemExit(f"{side} failed:\n{_outputs(bed, folder)}")
     rows = timeline(folder)
+    if side == "phalanx-heal" and killed_at is not None:
+        result = {"hung_at_exit": hung_at_exit, **_healed(bed, folder, rows, killed_at)}
+        shutil.rmtree(folder / "ck", ignore_errors=True)
+        return result
     if kill_after is not None and not any(attempt == 1 for attempt, _, _ in rows):
         raise SystemExit(f"{side}: no step after the kill (did it land after the last step?):\n{_outputs(bed, folder)}")
     result: dict = {"step_times_s": [b[2] - a[2] for a, b in zip(rows, rows[1:]) if a[0] == b[0]],
@@ -169,6 +189,37 @@ def run_job(
     return result
 
 
+def _healed(bed, folder: Path, rows: list[tuple[int, int, float]], killed_at: float) -> dict:
+    """A heal side's trial, from rank 0's timeline and line and the replacement's start."""
+    found = HEALED.search((folder / f"{bed.hosts[0].name}.log").read_text(errors="replace"))
+    if found is None:
+        raise SystemExit(f"phalanx-heal: no heal was said:\n{_outputs(bed, folder)}")
+    healed = int(found["step"])
+    first = next((t for _, step, t in rows if step == healed + 1), None)
+    if first is None:
+        raise SystemExit(f"phalanx-heal: no step after the heal:\n{_outputs(bed, folder)}")
+    last, last_at = max((step, t) for _, step, t in rows if t < first)
+    before = [b - a for (_, _, a), (_, _, b) in zip(rows, rows[1:]) if b <= killed_at]
+    starts = [line.split() for line in (folder / "starts").read_text().splitlines()]
+    ready = [float(row[3]) - killed_at for row in starts if len(row) == 4 and float(row[2]) > killed_at]
+    return {"last_step_before": last, "resumed_from": healed, "steps_again": max(0, last - healed),
+            "seconds_to_train": first - killed_at, "seconds_to_regain": first - killed_at,
+            "replacement_start_s": min(ready) if ready else None,
+            "survivors_idle_s": first - last_at - (statistics.median(before) if before else 0.0),
+            "heal_s": float(found["seconds"]), "heal_mib": float(found["mib"]),
+            "step_times_s": []}  # fmt: skip
+
+
+def _heal_figures(trial: dict) -> str:
+    """A heal side's own figures, for its trial's line."""
+    if "heal_s" not in trial:
+        return ""
+    return (
+        f"; the replacement started in {_seconds(trial['replacement_start_s'])}, the survivors idle "
+        f"{trial['survivors_idle_s']:.1f} s, the heal {trial['heal_s']:.1f} s for {trial['heal_mib']:.1f} MiB"
+    )
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -176,6 +227,21 @@ def _seconds(value: float | None) -> str:
 def _median_of(values: list[float | None]) -> float | None:
     known = [value for value in values if value is not None]
     return statistics.median(known) if known else None
+
+
+def _training_processes(pids: list[int]) -> list[int]:
+    """The workers that train: under --heal, a worker supervises the process that trains (its
+    child, which a fault such as an out-of-memory kill or a crash ends), elsewhere it trains."""
+    workers = [pid for pid in pids if _is_worker(pid)]
+    parents = {_parent(pid) for pid in workers}
+    return [pid for pid in workers if pid not in parents]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _is_worker(pid: int) -> bool:
@@ -210,6 +276,7 @@ def main() -> None:
     parser.add_argument("--rate", default="1gbit", help="each host's link, as tc writes it ('' for unshaped)")
     parser.add_argument("--state-mb", type=float, default=200.0)
     parser.add_argument("--checkpoint-every", type=int, default=100)
+    parser.add_argument("--sides", default=",".join(SIDES), help="the sides of each trial, of " + ", ".join(SIDES))
     parser.add_argument("--steps-after-kill", type=int, default=5, help="steps the job trains past the kill's")
     parser.add_argument("--steady-steps", type=int, default=60)
     parser.add_argument("--steady-runs", type=int, default=3)
@@ -221,6 +288,9 @@ def main() -> None:
     if args.smoke:
         args.trials, args.hosts, args.rate, args.state_mb, args.steps_after_kill = 1, 2, "", 1.0, 300
         args.checkpoint_every, args.steady_steps, args.steady_runs, args.timeout = 10, 12, 1, 120.0
+    args.sides = tuple(side for side in args.sides.split(",") if side)
+    if not args.sides or set(args.sides) - set(SIDES):
+        parser.error(f"--sides {','.join(args.sides)}: a comma-separated list of {', '.join(SIDES)}")
     if os.geteuid() != 0:
         raise SystemExit("recovery.py builds test-bed hosts (network namespaces): run it as root")
     # The bed comes down on a kill too: as on Ctrl-C (a SystemExit would count as one job's failure).
@@ -243,7 +313,8 @@ def main() -> None:
             first = args.checkpoint_every + 1
             kill_after = first if args.smoke else draw.randint(first, 2 * args.checkpoint_every - 1)
             steps = kill_after + args.steps_after_kill  # the restart's first steps are all a trial needs
-            sides = ("phalanx", "torchrun") if trial % 2 == 0 else ("torchrun", "phalanx")
+            shift = trial % len(args.sides)
+            sides = args.sides[shift:] + args.sides[:shift]
             row: dict = {"kill_after_step": kill_after}
             for side in sides:
                 try:
@@ -258,6 +329,7 @@ def main() -> None:
                       f"resumed from {row[side]['resumed_from']}: {row[side]['steps_again']} step(s) again, "
                       f"{row[side]['seconds_to_train']:.1f} s to train again, "
                       f"{_seconds(row[side]['seconds_to_regain'])} to pass the step reached before the kill"
+                      f"{_heal_figures(row[side])}"
                       f"{'; hung at its exit, killed' if row[side]['hung_at_exit'] else ''}", flush=True)  # fmt: skip
                 del row[side]["step_times_s"]
             trials.append(row)
@@ -271,9 +343,12 @@ def main() -> None:
                     f"steady {run_index + 1}/{args.steady_runs} {side}: {steady[side][-1] * 1e3:.1f} ms/step",
                     flush=True,
                 )
-    recovered = {side: [row[side] for row in trials if "failed" not in row[side]] for side in ("phalanx", "torchrun")}
+    recovered = {side: [row[side] for row in trials if "failed" not in row[side]] for side in args.sides}
     again = {side: [trial["steps_again"] for trial in done] for side, done in recovered.items()}
-    cost = statistics.median(steady["phalanx"]) / statistics.median(steady["phalanx-off"])
+    cost = statistics.median(steady["phalanx"]) / statistics.median(steady["phalanx-off"]) if args.steady_runs else None
+    heals = recovered.get("phalanx-heal", [])
+    over_start = [trial["seconds_to_train"] - trial["replacement_start_s"] for trial in heals
+                  if trial["replacement_start_s"] is not None]  # fmt: skip
     results = {
         "setup": {"hosts": args.hosts, "rate": args.rate or "unshaped", "state_mb": args.state_mb, "width": args.width,
                   "checkpoint_every": args.checkpoint_every, "trials": args.trials},
@@ -286,7 +361,10 @@ def main() -> None:
                              for side, done in recovered.items()},
         "seconds_to_regain": {side: _median_of([trial["seconds_to_regain"] for trial in done])
                              for side, done in recovered.items()},
-        "steady_step_s": {side: statistics.median(times) for side, times in steady.items()},
+        "heal": {name: _median_of([trial[name] for trial in heals]) for name in
+                 ("replacement_start_s", "survivors_idle_s", "heal_s", "heal_mib")} if heals else None,
+        "heal_over_replacement_start_s": statistics.median(over_start) if over_start else None,
+        "steady_step_s": {side: statistics.median(times) for side, times in steady.items() if times},
         "steady_cost": cost,
     }  # fmt: skip
     shown = (
@@ -295,15 +373,21 @@ def main() -> None:
         "steps_again",
         "seconds_to_train",
         "seconds_to_regain",
+        "heal",
+        "heal_over_replacement_start_s",
         "steady_step_s",
         "steady_cost",
     )
     print(json.dumps({key: results[key] for key in shown}, indent=1))
-    worst = max(again["phalanx"]) if again["phalanx"] and not results["failed"]["phalanx"] else None
+    worst = max(again["phalanx"]) if again.get("phalanx") and not results["failed"]["phalanx"] else None
+    heal_failed = results["failed"].get("phalanx-heal", 0)
     targets = [
         Target("steps trained again after a host's workers were killed, phalanx (largest of the trials)",
                worst, TARGET_STEPS_AGAIN, at_least=False, unit="steps"),
         Target("steady-state step time, keep_last_step on / off", cost, TARGET_STEADY_COST, at_least=False),
+        Target("seconds from the kill to the next step, phalanx-heal, past its replacement's own start (median)",
+               None if heal_failed else results["heal_over_replacement_start_s"], TARGET_HEAL_S, at_least=False,
+               unit="s"),
     ]  # fmt: skip
     if args.json:
         write_report(args.json, results, targets, smoke=args.smoke)

@@ -3,6 +3,7 @@ torch.distributed.checkpoint, writing a timeline of its completed steps.
 
   --mode phalanx       phalanx.Run (checkpoints every --checkpoint-every steps; keep_last_step on)
   --mode phalanx-off   the same with keep_last_step=False: the steady-state baseline
+  (recovery.py's heal side runs --mode phalanx under `phalanx run --heal 1`)
   --mode torchrun      plain DDP under torchrun: dcp.save of get_state_dict every
                        --checkpoint-every steps (a marker file names the newest complete one,
                        written by rank 0 after every rank saved), and at the start dcp.load of it
@@ -11,7 +12,9 @@ The model: an MLP of width --width (inputs of 1024, 10 classes) with Adam. Each 
 batch of --batch samples per rank, drawn from a generator seeded by (step, rank): the data
 position is the step, in every mode. Rank 0 appends "pid step unix_time" to --timeline after
 every step it completes: the process id tells the attempts apart (TORCHELASTIC_RESTART_COUNT does
-not: an agent that restarts its workers because another node's failed does not count it).
+not: an agent that restarts its workers because another node's failed does not count it). With
+--starts, every phalanx process appends "pid rank started ready" (unix times): its start, and the
+moment its imports are done and it creates phalanx.Run (a replacement's heal begins there).
 """
 
 from __future__ import annotations
@@ -39,6 +42,12 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(size, FEATURES, generator=generator), torch.randint(0, CLASSES, (size,), generator=generator)
 
 
+def started() -> float:
+    """This process's start (unix time), from the kernel: its imports count in its start."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: since boot
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 class Timeline:
     """Rank 0's record of the steps it completed."""
 
@@ -55,6 +64,9 @@ class Timeline:
 def train_phalanx(args: argparse.Namespace) -> None:
     import phalanx
 
+    if args.starts is not None:
+        with args.starts.open("a") as starts:
+            starts.write(f"{os.getpid()} {os.environ['RANK']} {started():.6f} {time.time():.6f}\n")
     run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.checkpoint_every, log_every=10**9,
                       keep_last_step=args.mode == "phalanx")  # fmt: skip
     model = run.setup_model(model_of(args.width))
@@ -64,6 +76,7 @@ def train_phalanx(args: argparse.Namespace) -> None:
     steps = torch.arange(args.steps * run.world_size)
     loader = run.setup_dataloader(TensorDataset(steps), batch_size=1, shuffle=False)
     timeline = Timeline(args.timeline, run.rank)
+    done = run.restore() or 0
     for _ in run.epochs(1):
         for _index in loader:
             inputs, labels = batch(run.global_step + 1, run.rank, args.batch)
@@ -71,7 +84,9 @@ def train_phalanx(args: argparse.Namespace) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             run.step()
-            timeline.completed(run.global_step)
+            if run.global_step > done:  # (a step that healed instead goes on from a completed one)
+                done = run.global_step
+                timeline.completed(done)
     run.close()
 
 
@@ -118,6 +133,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, required=True)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--timeline", type=Path, required=True)
+    parser.add_argument("--starts", type=Path, default=None)
     args = parser.parse_args()
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     (train_torchrun if args.mode == "torchrun" else train_phalanx)(args)

@@ -72,7 +72,7 @@ BENCHMARKS = (
     Benchmark("auto_compression", needs_root=True, minutes=120, second_stage_smoke=True),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=6),
     Benchmark("control_plane", minutes=25),
-    Benchmark("recovery", needs_root=True, minutes=115, second_stage_smoke=True),
+    Benchmark("recovery", needs_root=True, minutes=160, second_stage_smoke=True),
     Benchmark("detection", needs_root=True, minutes=35, second_stage_smoke=True),
 )
 

@@ -22,8 +22,8 @@ import summary
 #: Scripts that other benchmarks run or import, and this runner itself.
 HELPERS = {"auto_compression_worker", "detection_worker", "fabric_script", "plain_collective_loop", "recovery_worker",
            "turns", "targets", "summary"}  # fmt: skip
-#: A smoke run takes seconds to a minute here; the bound leaves room for a loaded machine.
-SMOKE_TIMEOUT_S = 300
+#: A smoke run takes seconds to three minutes here; the bound leaves room for a loaded machine.
+SMOKE_TIMEOUT_S = 420
 CHECKPOINT_METHODS = ("phalanx", "phalanx-async", "rank0-old", "torch-save", "dcp")
 
 
@@ -65,12 +65,15 @@ def check_control_plane_report(written: dict, _stdout: str) -> None:
 def check_recovery_report(written: dict, _stdout: str) -> None:
     """The smoke trial's kill: phalanx resumed after the step the survivor kept; torchrun, with a
     fresh worker store per restart, at a checkpoint (the first, unless a loaded machine let the
-    kill land after the second)."""
+    kill land after the second); phalanx-heal healed the replacement from rank 0's process."""
     (trial,) = written["results"]["trials"]
     every = written["results"]["setup"]["checkpoint_every"]
     assert trial["phalanx"]["steps_again"] <= 1, trial
     resumed = trial["torchrun"].get("resumed_from")
     assert resumed is not None and resumed >= every and resumed % every == 0, trial
+    heal = trial["phalanx-heal"]  # the survivor's rank 0 went on after a step it had completed
+    assert heal["steps_again"] == 0 and heal["resumed_from"] >= every, trial
+    assert heal["heal_mib"] > 0 and 0 < heal["replacement_start_s"] < heal["seconds_to_train"], trial
 
 
 def check_launch_overhead_report(written: dict, _stdout: str) -> None:
