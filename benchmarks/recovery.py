@@ -27,9 +27,10 @@ workers), which train to step K + 5. From rank 0's timeline:
                        attempt completed: the progress is back (the steps again included)
 phalanx-heal's rank 0 keeps its process: its timeline goes on, and its log's line "healed in ..."
 names the step it went on after (the one resumed from). Also for phalanx-heal:
-  replacement's start  from the kill to the moment the replacement's imports are done (its own
-                       start: the launcher noticing, the process, the imports)
-  survivors' idle      rank 0's longest gap between steps, less its median step before the kill
+  replacement's start  from the kill to the moment the last replacement's imports are done (its
+                       own start: the worker noticing, the process, the imports)
+  survivors' idle      from rank 0's last step before the kill to its first after the heal, less
+                       its median step before the kill for each step trained in between
   heal's seconds, MiB  from rank 0's line: from its noticing the failure to the state sent
 A job whose launchers have not exited a minute after its last step is killed and counted as
 hung at its exit; what it trained counts all the same.
@@ -198,14 +199,16 @@ def _healed(bed, folder: Path, rows: list[tuple[int, int, float]], killed_at: fl
     first = next((t for _, step, t in rows if step == healed + 1), None)
     if first is None:
         raise SystemExit(f"phalanx-heal: no step after the heal:\n{_outputs(bed, folder)}")
-    last, last_at = max((step, t) for _, step, t in rows if t < first)
+    last = max(step for _, step, t in rows if t < first)  # (a step rank 0 was behind on is written at the heal)
+    done, done_at = max((step, t) for _, step, t in rows if t <= killed_at)
     before = [b - a for (_, _, a), (_, _, b) in zip(rows, rows[1:]) if b <= killed_at]
     starts = [line.split() for line in (folder / "starts").read_text().splitlines()]
     ready = [float(row[3]) - killed_at for row in starts if len(row) == 4 and float(row[2]) > killed_at]
+    # From rank 0's last step before the kill to its first after the heal, less the steps in it.
+    trained = (healed + 1 - done) * (statistics.median(before) if before else 0.0)
     return {"last_step_before": last, "resumed_from": healed, "steps_again": max(0, last - healed),
             "seconds_to_train": first - killed_at, "seconds_to_regain": first - killed_at,
-            "replacement_start_s": min(ready) if ready else None,
-            "survivors_idle_s": first - last_at - (statistics.median(before) if before else 0.0),
+            "replacement_start_s": max(ready) if ready else None, "survivors_idle_s": first - done_at - trained,
             "heal_s": float(found["seconds"]), "heal_mib": float(found["mib"]),
             "step_times_s": []}  # fmt: skip
 

@@ -1,5 +1,5 @@
 """Heal mode's state transfer: the skeleton of a state and its tensors packed per dtype come
-back as the same nested state (the broadcasts themselves run in tests/e2e/test_heal.py)."""
+back as the same nested state (the sends and receives themselves run in tests/e2e/test_heal.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_a_state_comes_back_whole_from_its_skeleton_and_packed_tensors():
     }
     tensors: list[torch.Tensor] = []
     skeleton = _strip(state, tensors, {})
-    packed = _pack(tensors, torch.device("cpu"))
+    packed = _pack(tensors)
     assert set(packed) == {torch.float32, torch.int64, torch.int32}
     assert {dtype: buffer.numel() for dtype, buffer in packed.items()} == _sizes(skeleton, {})
     back = _fill(skeleton, packed)

@@ -151,8 +151,9 @@ class Reporter:
 
     def start_over(self, state: dict[str, tuple[float, float]], boundary: SharedReduction) -> None:
         """After a heal: a logging point in flight in the old group is dropped, and the sums go
-        on from ``state`` (:meth:`known_state` of the rank the state came from), as a replacement
-        rank's do."""
+        on from ``state`` (:meth:`known_state` of the rank the state came from, or this rank's
+        own where it held the same step: rank 0, which reports, is the source or receives), as
+        a replacement rank's do."""
         self._pending, self._epoch_ends, self.boundary = None, [], boundary
         self.totals = GlobalMean(self.context, "loss")
         self.load_checkpoint_state(state)

@@ -27,7 +27,7 @@ class Healed:
     generation: int
     #: The step every rank goes on from: the last one that a survivor completed.
     step: int
-    #: The rank whose state every rank took.
+    #: The rank whose state the receivers took (the others hold the same state already).
     source: int
     replaced: tuple[int, ...]
     #: The ranks the source sent its state to: the replacements, and survivors one step behind.
@@ -45,7 +45,7 @@ class Healed:
         return (
             f"phalanx: healed in {self.seconds:.1f} s (generation {self.generation}): rank(s) {replaced} replaced, "
             f"{self.bytes_sent / 2**20:.1f} MiB of state from rank {self.source} to rank(s) "
-            f"{', '.join(str(rank) for rank in self.receivers)}; going on after step {self.step}"
+            f"{', '.join(str(rank) for rank in self.receivers) or 'none'}; going on after step {self.step}"
         )
 
 
@@ -110,7 +110,8 @@ class Healing:
             step: that step (a replacement: -1, it has none).
 
         Returns:
-            The source's state, and what the heal did.
+            The source's state (on a survivor that was not behind, its own: the same), and
+            what the heal did.
 
         Raises:
             PeerFailed: a rank failed during the heal.
@@ -141,9 +142,9 @@ class Healing:
         sent = torch.zeros(1, dtype=torch.int64, device=self.device)
         if me == source:
             box = {"payload": state_of_step(), "waited_s": time.monotonic() - began}
-            sent += send_state(box, receivers, self.device, self._wait)
+            sent += send_state(box, receivers, self._wait)
         elif me in receivers:
-            box = receive_state(source, self.device, self._wait)
+            box = receive_state(source, self._wait)
         else:
             box = {"payload": state_of_step()}
         self._wait([dist.broadcast(sent, src=source, async_op=True)])  # for every rank's line

@@ -170,7 +170,8 @@ def skip_failed_steps(optimizer: torch.optim.Optimizer, health: StepHealth) -> N
 
 def _future_of(work: Any) -> torch.futures.Future[Any]:
     """A work's future. Gloo's sends and receives have none (torch 2.13): a thread waits for
-    one instead (one that never ends, its peer dead, ends with the process: a failed heal exits)."""
+    one instead (one whose peer died waits until the group's timeout, or ends with the process:
+    a failed heal exits)."""
     try:
         return work.get_future()
     except RuntimeError:

@@ -4,8 +4,10 @@ The state is a nested structure of dicts, lists and tuples with tensors and plai
 a checkpoint holds). Its skeleton, with each tensor's shape and dtype in place of the tensor,
 goes pickled (a peer of the same job sends it, as the store's keys come from one); the tensors go
 packed, one flat buffer per dtype. It goes point to point, to the receivers only: a survivor that
-holds the same state already receives nothing. The sends and receives are asynchronous and waited
-on through ``wait``, which a failure of a peer ends (:meth:`.hook.StepHealth.wait`).
+holds the same state already receives nothing. It travels in CPU memory (gloo's sends and
+receives take CPU tensors only); ``load_state_dict`` moves each tensor to its place. The sends
+and receives are asynchronous and waited on through ``wait``, which a failure of a peer ends
+(:meth:`.hook.StepHealth.wait`).
 """
 
 from __future__ import annotations
@@ -29,14 +31,12 @@ class _Slot:
     offset: int
 
 
-def send_state(state: dict[str, Any], receivers: list[int], device: torch.device,
-               wait: Callable[[list[Any]], None]) -> int:  # fmt: skip
+def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list[Any]], None]) -> int:
     """Sends ``state`` to each of ``receivers`` (:func:`receive_state` on their side).
 
     Args:
         state: the state to send (what :meth:`Run._state_of_step` built, and more).
         receivers: the ranks of the current default group that take it.
-        device: where the tensors travel from (the rank's device).
         wait: waits for a list of asynchronous works (raises when a peer failed).
 
     Returns:
@@ -44,27 +44,26 @@ def send_state(state: dict[str, Any], receivers: list[int], device: torch.device
     """
     tensors: list[torch.Tensor] = []
     skeleton = _strip(state, tensors, {})
-    message = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8).to(device)
-    size = torch.tensor([message.numel()], dtype=torch.int64, device=device)
-    buffers = list(_pack(tensors, device).values())
+    message = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8)
+    size = torch.tensor([message.numel()], dtype=torch.int64)
+    buffers = list(_pack(tensors).values())
     wait([dist.isend(tensor, receiver) for receiver in receivers for tensor in (size, message, *buffers)])
     return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
 
 
-def receive_state(source: int, device: torch.device, wait: Callable[[list[Any]], None]) -> dict[str, Any]:
-    """The state that rank ``source`` sends with :func:`send_state`, its tensors on ``device``.
+def receive_state(source: int, wait: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """The state that rank ``source`` sends with :func:`send_state`, its tensors in CPU memory.
 
     Args:
         source: the sending rank.
-        device: where the tensors land.
         wait: waits for a list of asynchronous works (raises when a peer failed).
     """
-    size = torch.zeros(1, dtype=torch.int64, device=device)
+    size = torch.zeros(1, dtype=torch.int64)
     wait([dist.irecv(size, source)])
-    message = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    message = torch.empty(int(size.item()), dtype=torch.uint8)
     wait([dist.irecv(message, source)])
-    skeleton = pickle.loads(message.cpu().numpy().tobytes())  # a peer of this job sent it
-    buffers = {dtype: torch.empty(count, dtype=dtype, device=device) for dtype, count in _sizes(skeleton, {}).items()}
+    skeleton = pickle.loads(message.numpy().tobytes())  # a peer of this job sent it
+    buffers = {dtype: torch.empty(count, dtype=dtype) for dtype, count in _sizes(skeleton, {}).items()}
     wait([dist.irecv(buffer, source) for buffer in buffers.values()])
     return _fill(skeleton, buffers)
 
@@ -84,10 +83,10 @@ def _strip(value: Any, tensors: list[torch.Tensor], offsets: dict[torch.dtype, i
     return value
 
 
-def _pack(tensors: list[torch.Tensor], device: torch.device) -> dict[torch.dtype, torch.Tensor]:
+def _pack(tensors: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for tensor in tensors:
-        by_dtype.setdefault(tensor.dtype, []).append(tensor.detach().reshape(-1).to(device))
+        by_dtype.setdefault(tensor.dtype, []).append(tensor.detach().reshape(-1).cpu())
     return {dtype: torch.cat(parts) for dtype, parts in by_dtype.items()}
 
 
