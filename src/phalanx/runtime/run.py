@@ -528,6 +528,10 @@ class Run:
         to any rank) every rank saves after the same step and the process exits with code 75
         (PREEMPTED), which ``phalanx run`` reports as a stop to relaunch, not a failure.
 
+        Under ``phalanx run --heal``, a step that a peer's failure broke is not completed: the
+        ranks heal, ``run.global_step`` (the steps completed) does not move, and the loader
+        gives the step's batches again: count steps with ``run.global_step``, not with calls.
+
         Args:
             loss: the last batch's loss, recorded as by :meth:`record` (leave it out when you
                 call :meth:`record` for each micro-batch yourself).
