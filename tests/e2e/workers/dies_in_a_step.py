@@ -9,6 +9,8 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 step N + 1, as a rank whose collective waits for a peer that went silent;
 --kill-step N: rank --fail-rank SIGKILLs itself right after step N;
 --kill-replacement-step N: so does the process that --heal started in its place.
+--source-dies: rank 0, serving the heal of rank --fail-rank (not 0), SIGKILLs itself once it
+started sending the state.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
 
@@ -46,6 +48,7 @@ parser.add_argument("--fail-step", type=int, default=None)
 parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "wait"], default="backward")
 parser.add_argument("--kill-step", type=int, default=None)
 parser.add_argument("--kill-replacement-step", type=int, default=None)
+parser.add_argument("--source-dies", action="store_true")
 parser.add_argument("--close-in-finally", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--pids", type=Path, default=None)
@@ -72,6 +75,16 @@ if first_attempt and run.rank == args.fail_rank and args.fail_where == "save" an
         return write_data(writer, plan, planner)
 
     torch.distributed.checkpoint.FileSystemWriter.write_data = dies_in_the_save
+
+
+if args.source_dies and first_attempt and run.rank == 0:
+    # Fault injection (test only): the heal's send of the state, its first wait a SIGKILL.
+    import phalanx.runtime.heal.healing as healing
+
+    send_state = healing.send_state
+    healing.send_state = lambda state, receivers, wait: send_state(
+        state, receivers, lambda works: os.kill(os.getpid(), signal.SIGKILL)
+    )
 
 
 class Injected(RuntimeError):

@@ -103,7 +103,9 @@ class Healing:
         """After a failure (a survivor) or at the restore (a replacement): the next generation
         formed, then the state after the last step a survivor completed, from the lowest rank
         that completed it (survivors' steps differ by one where a step's all-reduce completed on
-        some ranks only).
+        some ranks only). A rank that fails during the heal (the one serving it too) ends it on
+        every rank, which heal again in the generation after (with that rank's replacement, if
+        its launcher starts one), for as long as a generation may take to form.
 
         Args:
             state_of_step: builds this rank's state after its last completed step (a survivor).
@@ -114,18 +116,33 @@ class Healing:
             what the heal did.
 
         Raises:
-            PeerFailed: a rank failed during the heal.
+            PeerFailed: the ranks did not heal within a generation's timeout.
             RuntimeError: no rank survived to heal from.
         """
         began = time.monotonic()
         if not self.replacement:
             print(f"phalanx: a peer failed after step {step} ({described(self.health.failure)}); "
                   "keeping this process and healing", file=sys.stderr, flush=True)  # fmt: skip
-            self.generations.next_after_failure()
-            self._new_solo_group()
-            for regroup in self._regroups:
-                regroup()
-        self.health.clear()  # from here on, a failure is one of the new generation's
+        formed = self.replacement  # a replacement formed its generation as it joined
+        while True:
+            if not formed:
+                self.generations.next_after_failure()
+                for regroup in self._regroups:  # first: see _new_solo_group
+                    regroup()
+                self._new_solo_group()
+            formed = False
+            self.health.clear()  # from here on, a failure is one of the new generation's
+            try:
+                return self._exchange(state_of_step, step, began)
+            except PeerFailed:
+                if time.monotonic() - began > self.generations.timeout.total_seconds():
+                    raise
+                print(f"phalanx: a rank failed during the heal ({described(self.health.failure)}); healing again "
+                      "in the next generation of the group", file=sys.stderr, flush=True)  # fmt: skip
+
+    def _exchange(self, state_of_step: Any, step: int, began: float) -> tuple[dict[str, Any], Healed]:
+        """The heal in the generation just formed: each rank's role, then the source's state to
+        the ranks that need it."""
         roles = torch.tensor([1 if self.replacement else 0, step], dtype=torch.int64, device=self.device)
         gathered = [torch.zeros_like(roles) for _ in range(dist.get_world_size())]
         self._wait([dist.all_gather(gathered, roles, async_op=True)])
@@ -161,6 +178,10 @@ class Healing:
             raise PeerFailed(f"a rank failed during the heal: {described(self.health.failure)}")
 
     def _new_solo_group(self) -> None:
+        """DDP's group, made after the generation's shared groups: torch names a group that is
+        not local by a count of the groups made before it on that rank (the local ones count too
+        since torch 2.14), so every rank makes its shared groups first and in one order, the
+        order a replacement makes them in (the default group, then each ``regroup``)."""
         if self._ddp is not None:
             update_ddp_group(self._ddp, _solo_group())
 
