@@ -147,6 +147,29 @@ def test_a_run_resumed_from_a_checkpoint_reports_what_an_uninterrupted_run_repor
     assert epoch_line.findall(console) == epoch_line.findall(shown(uninterrupted))
 
 
+def test_a_heal_after_an_epoch_end_that_a_checkpoint_settled_reports_what_an_uninterrupted_run_reports(
+    new_reporter, tmp_path
+):
+    """A survivor's heal (Run._heal) goes on from known_state(): the sums of the newest
+    reduction, here the checkpoint's at step 3, which settled epoch 1 after the logging point
+    at step 2 (a heal going on from step 2's sums showed the next epoch's loss as nan)."""
+    uninterrupted = new_reporter(name="uninterrupted.jsonl")
+    train_steps(uninterrupted, 1, 9, LOSSES)
+    uninterrupted.close()
+    healed = new_reporter(name="healed.jsonl")
+    train_steps(healed, 1, 3, LOSSES)
+    healed.checkpoint_state(3)
+    healed.start_over(healed.known_state(), phalanx.SharedReduction(healed.context))
+    train_steps(healed, 4, 9, LOSSES)
+    healed.close()
+
+    expected, got = records(tmp_path / "uninterrupted.jsonl"), records(tmp_path / "healed.jsonl")
+    assert [(r["step"], r["samples"]) for r in got] == [(r["step"], r["samples"]) for r in expected]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-12)
+    epoch_line = re.compile(r"epoch \d/3  step \d  loss .*")
+    assert epoch_line.findall(shown(healed)) == epoch_line.findall(shown(uninterrupted))
+
+
 def test_the_first_rate_after_a_resume_counts_only_the_samples_trained_since(new_reporter, tmp_path):
     """Stopped at step 5, between the logging points 4 and 6: the report at step 6 covers steps 5
     and 6 (11 samples), but the resumed run trained only step 6 (6 samples) in its first second."""
