@@ -72,7 +72,7 @@ cluster-deps:
 
 # The compatibility suite (the tests marked compat: launch, simulated nodes, two hosts, a foreign
 # script, the check that ranks communicated, checkpoints and resume, preemption, the stall
-# watchdog, compression, and the private-name canary) on each release of TORCH_COMPAT. The
+# watchdog, compression, a heal, and the private-name canary) on each release of TORCH_COMPAT. The
 # main suite (make test) covers TORCH_SPEC's. Each release's venv takes 6 to 8 GB (CUDA builds);
 # COMPAT_KEEP=0 removes each one after its run, so that only one is on disk at a time (CI).
 COMPAT_KEEP ?= 1

@@ -183,6 +183,8 @@ class Run:
         self._heal_launch: int | None = None  # a replacement's launch token, from the heal
         if self.context.healing is not None:
             check_settings(self.checkpoints is not None, keep_last_step, async_checkpoints, accumulate)
+            # A signal ends a wait for a generation (a replacement's restore may heal again too).
+            self.context.healing.generations.stopping = lambda: self._preemption.received is not None
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -739,7 +741,6 @@ class Run:
         seeding.after(self.global_step)
         if self.context.healing is not None:
             self._loader.keep_step_batches()
-            self.context.healing.generations.stopping = lambda: self._preemption.received is not None
             request = WorkerEnv.from_env(os.environ).keep_request
             if request is not None:  # for its supervisor: a failure from now on is healed
                 heal_armed_of(request).touch()

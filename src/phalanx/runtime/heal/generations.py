@@ -124,6 +124,13 @@ class Generations:
         blocks the client it runs on)."""
         threading.Thread(target=OpenedWatch(self, store, health).run, name="phalanx-heal-watch", daemon=True).start()
 
+    def note_if_next_opened(self, health: StepHealth) -> None:
+        """Notes a failure in ``health`` if another rank opened the generation after this rank's
+        already (its watch may have noted it before this rank's step was cleared)."""
+        key = f"{_OPENED}{self.current + 1}"
+        if self.store.check([key]):
+            health.note(_opened(self.store.get(key).decode(), self.current + 1))
+
     def formed_after(self, generation: int) -> None:
         """Waits until this rank formed a generation after ``generation``."""
         with self._formed:
@@ -150,8 +157,10 @@ class OpenedWatch:
             except Exception:
                 return  # the store is gone (the launch ended): nothing to watch
             if self.generations.current == current:
-                opener = self.store.get(key).decode()
-                self.health.note(
-                    PeerFailed(f"rank {opener} opened generation {current + 1} of the group: a peer failed")
-                )
+                self.health.note(_opened(self.store.get(key).decode(), current + 1))
             self.generations.formed_after(current)
+
+
+def _opened(opener: str, generation: int) -> PeerFailed:
+    """The failure that rank ``opener`` opening ``generation`` tells the other ranks of."""
+    return PeerFailed(f"rank {opener} opened generation {generation} of the group: a peer failed")

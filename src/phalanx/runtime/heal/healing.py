@@ -66,8 +66,9 @@ class Healing:
         self._regroups: list[Callable[[], None]] = []
 
     def on_new_group(self, regroup: Callable[[], None]) -> None:
-        """Calls ``regroup`` on every rank once a generation formed, before the state is sent
-        (a replacement calls it itself when it makes what ``regroup`` makes again)."""
+        """Calls ``regroup`` once this rank formed a generation for a heal, before the state is
+        sent (the generation a replacement joins at its start is the exception: it makes what
+        ``regroup`` makes itself, after it joined)."""
         self._regroups.append(regroup)
 
     def wrap(self, module: torch.nn.Module) -> DistributedDataParallel:
@@ -97,15 +98,14 @@ class Healing:
     def join(self) -> None:
         """A replacement: forms the generation the survivors are forming."""
         self.generations.join_as_replacement()
-        self._new_solo_group()
 
     def heal(self, state_of_step: Any, step: int) -> tuple[dict[str, Any], Healed]:
         """After a failure (a survivor) or at the restore (a replacement): the next generation
         formed, then the state after the last step a survivor completed, from the lowest rank
         that completed it (survivors' steps differ by one where a step's all-reduce completed on
-        some ranks only). A rank that fails during the heal (the one serving it too) ends it on
-        every rank, which heal again in the generation after (with that rank's replacement, if
-        its launcher starts one), for as long as a generation may take to form.
+        some ranks only). A rank that fails in the exchange of the state (the one serving it
+        too) ends it on every rank, which heal again in the generation after (with that rank's
+        replacement, if its launcher starts one), for as long as a generation may take to form.
 
         Args:
             state_of_step: builds this rank's state after its last completed step (a survivor).
@@ -123,22 +123,26 @@ class Healing:
         if not self.replacement:
             print(f"phalanx: a peer failed after step {step} ({described(self.health.failure)}); "
                   "keeping this process and healing", file=sys.stderr, flush=True)  # fmt: skip
-        formed = self.replacement  # a replacement formed its generation as it joined
+        # A replacement formed its generation as it joined: what its watch noted since is news.
+        formed, attempt = self.replacement, 1
         while True:
             if not formed:
                 self.generations.next_after_failure()
                 for regroup in self._regroups:  # first: see _new_solo_group
                     regroup()
                 self._new_solo_group()
+                self.health.clear()  # from here on, a failure is one of the new generation's...
+                self.generations.note_if_next_opened(self.health)  # ...which the watch may have noted
             formed = False
-            self.health.clear()  # from here on, a failure is one of the new generation's
             try:
                 return self._exchange(state_of_step, step, began)
-            except PeerFailed:
+            except PeerFailed as error:
                 if time.monotonic() - began > self.generations.timeout.total_seconds():
-                    raise
-                print(f"phalanx: a rank failed during the heal ({described(self.health.failure)}); healing again "
-                      "in the next generation of the group", file=sys.stderr, flush=True)  # fmt: skip
+                    raise PeerFailed(f"{error} (heal attempt {attempt}, {time.monotonic() - began:.0f} s)") from error
+                print(f"phalanx: a rank failed during the heal ({described(self.health.failure)}); forming the "
+                      f"process group again and healing again (attempt {attempt + 1})", file=sys.stderr,
+                      flush=True)  # fmt: skip
+                attempt += 1
 
     def _exchange(self, state_of_step: Any, step: int, began: float) -> tuple[dict[str, Any], Healed]:
         """The heal in the generation just formed: each rank's role, then the source's state to
