@@ -147,12 +147,14 @@ def test_a_run_resumed_from_a_checkpoint_reports_what_an_uninterrupted_run_repor
     assert epoch_line.findall(console) == epoch_line.findall(shown(uninterrupted))
 
 
-def test_a_heal_after_an_epoch_end_that_a_checkpoint_settled_reports_what_an_uninterrupted_run_reports(
+def test_a_heal_after_an_epoch_end_that_a_checkpoint_settled_shows_the_next_epochs_as_an_uninterrupted_run(
     new_reporter, tmp_path
 ):
-    """A survivor's heal (Run._heal) goes on from known_state(): the sums of the newest
-    reduction, here the checkpoint's at step 3, which settled epoch 1 after the logging point
-    at step 2 (a heal going on from step 2's sums showed the next epoch's loss as nan)."""
+    """A survivor's heal (Run._heal) goes on from known_state(), up to the last logging point
+    (step 2), while the checkpoint at step 3 settled epoch 1 after it. The next epochs' lines
+    are the uninterrupted run's (a heal going on from step 2's sums and step 3's epoch end showed
+    the next epoch's loss as nan), and so is every report but the first after the heal, which
+    covers the steps since the heal only."""
     uninterrupted = new_reporter(name="uninterrupted.jsonl")
     train_steps(uninterrupted, 1, 9, LOSSES)
     uninterrupted.close()
@@ -163,11 +165,13 @@ def test_a_heal_after_an_epoch_end_that_a_checkpoint_settled_reports_what_an_uni
     train_steps(healed, 4, 9, LOSSES)
     healed.close()
 
-    expected, got = records(tmp_path / "uninterrupted.jsonl"), records(tmp_path / "healed.jsonl")
-    assert [(r["step"], r["samples"]) for r in got] == [(r["step"], r["samples"]) for r in expected]
-    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-12)
     epoch_line = re.compile(r"epoch \d/3  step \d  loss .*")
     assert epoch_line.findall(shown(healed)) == epoch_line.findall(shown(uninterrupted))
+    expected, got = records(tmp_path / "uninterrupted.jsonl"), records(tmp_path / "healed.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [2, 4, 6, 8, 9]
+    assert (got[1]["samples"], expected[1]["samples"]) == (4, 3 + 4)  # step 4: step 3 went with the failure
+    assert [r["samples"] for r in got[2:]] == [r["samples"] for r in expected[2:]]
+    assert [r["loss"] for r in got[2:]] == pytest.approx([r["loss"] for r in expected[2:]], rel=1e-12)
 
 
 def test_the_first_rate_after_a_resume_counts_only_the_samples_trained_since(new_reporter, tmp_path):

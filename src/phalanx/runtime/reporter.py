@@ -64,7 +64,6 @@ class Reporter:
         self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
         self._logged_step: int | None = None
         self._carried: tuple[float, float] | None = None  # the running sums of the run resumed from, when it stopped
-        self._known = (0.0, 0.0)  # the newest global running sums reduced: a point's, an epoch end's, a settling's
         self._measured = 0.0  # the running sample count at the meter's last reading
         self._pending: LoggingPoint | None = None
         self._epoch_ends: list[EpochEnd] = []
@@ -97,7 +96,7 @@ class Reporter:
         for end, totals in zip(point.epoch_ends, point.totals.snapshot_results()):
             running = self._running(totals)
             epoch_loss, _ = mean_between(self._epoch_logged, running)
-            self._epoch_logged = self._known = running
+            self._epoch_logged = running
             self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}")
         if point.step is None:
             return
@@ -105,7 +104,7 @@ class Reporter:
         grad_norm = values.pop("grad_norm", None)
         running = self._running(point.totals.result())
         loss, samples = mean_between(self._logged, running)
-        self._logged, self._logged_step, self._known = running, point.step, running
+        self._logged, self._logged_step = running, point.step
         # the rate counts only the samples this run trained, not those carried from a checkpoint
         rates = self.meter.measure(point.step, running[1] - self._measured, at=point.ended_at)
         self._measured = running[1]
@@ -129,8 +128,7 @@ class Reporter:
             return None
         point = self._pending = self._reduce()
         self.finish()
-        self._known = self._running(point.totals.result())
-        return self._known
+        return self._running(point.totals.result())
 
     def checkpoint_state(self, step: int) -> dict[str, tuple[float, float]]:
         """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
@@ -147,10 +145,13 @@ class Reporter:
 
     def known_state(self) -> dict[str, tuple[float, float]]:
         """The sums of :meth:`checkpoint_state` as far as this rank knows them without a
-        collective (for a survivor of a failure, whose peers may be gone): up to the newest sums
-        reduced (a logging point, an epoch end, a checkpoint's settling). The steps since count
-        in no later report's mean."""
-        return {"running": self._known, "logged": self._logged, "epoch_logged": self._epoch_logged}
+        collective (for a survivor of a failure, whose peers may be gone): up to the last
+        logging point. The steps since count in no later report's mean, nor in the next epoch
+        line's where an epoch end was reduced after that point (a checkpoint settles it): its
+        sums are newer than the point's, and that line covers the steps after the failure."""
+        newer = self._epoch_logged[1] > self._logged[1]  # samples: the running count only grows
+        return {"running": self._logged, "logged": self._logged,
+                "epoch_logged": self._logged if newer else self._epoch_logged}  # fmt: skip
 
     def start_over(self, state: dict[str, tuple[float, float]], boundary: SharedReduction) -> None:
         """After a heal: a logging point in flight in the old group is dropped, and the sums go
@@ -165,7 +166,7 @@ class Reporter:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
         steps since the last ones before the checkpoint."""
         self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
-        self._measured, self._known = self._carried[1], self._carried
+        self._measured = self._carried[1]
 
     def _running(self, totals: dict[str, float]) -> tuple[float, float]:
         """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
