@@ -144,9 +144,9 @@ def run_job(
             done = [row for row in timeline(folder) if row[0] == 0]
             if done and done[-1][1] >= kill_after:
                 victims = _training_processes(bed.processes(bed.hosts[-1].name))
+                killed_at = time.time()  # before: this process may run again after the replacement starts
                 for pid in victims:
                     os.kill(pid, signal.SIGKILL)
-                killed_at = time.time()
                 break
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
                 raise SystemExit(f"{side}: step {kill_after} never came:\n{_outputs(bed, folder)}")
@@ -202,8 +202,7 @@ def _healed(bed, folder: Path, rows: list[tuple[int, int, float]], killed_at: fl
     last = max(step for _, step, t in rows if t < first)  # (a step rank 0 was behind on is written at the heal)
     done, done_at = max((step, t) for _, step, t in rows if t <= killed_at)
     before = [b - a for (_, _, a), (_, _, b) in zip(rows, rows[1:]) if b <= killed_at]
-    starts = [line.split() for line in (folder / "starts").read_text().splitlines()]
-    ready = [float(row[3]) - killed_at for row in starts if len(row) == 4 and float(row[2]) > killed_at]
+    ready = [at - killed_at for at in _replacements_ready(folder / "starts")]
     # From rank 0's last step before the kill to its first after the heal, less the steps in it.
     trained = (healed + 1 - done) * (statistics.median(before) if before else 0.0)
     return {"last_step_before": last, "resumed_from": healed, "steps_again": max(0, last - healed),
@@ -211,6 +210,19 @@ def _healed(bed, folder: Path, rows: list[tuple[int, int, float]], killed_at: fl
             "replacement_start_s": max(ready) if ready else None, "survivors_idle_s": first - done_at - trained,
             "heal_s": float(found["seconds"]), "heal_mib": float(found["mib"]),
             "step_times_s": []}  # fmt: skip
+
+
+def _replacements_ready(starts: Path) -> list[float]:
+    """When each replacement was ready (unix times): a rank's rows after its first one. Told by
+    rank, not by time: a start is known to a clock tick (10 ms) only."""
+    ranks: set[str] = set()
+    ready = []
+    for row in (line.split() for line in starts.read_text().splitlines()):
+        if len(row) == 4:
+            if row[1] in ranks:
+                ready.append(float(row[3]))
+            ranks.add(row[1])
+    return ready
 
 
 def _heal_figures(trial: dict) -> str:

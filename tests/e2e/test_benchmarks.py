@@ -127,9 +127,11 @@ def test_smoke_run_writes_every_target(benchmark: summary.Benchmark, workdir: Pa
     assert done.returncode == 0, done.output
     written = json.loads(report.read_text())
     assert written["smoke"] is True and written["targets"], written
-    for target in written["targets"]:
-        assert target["name"] and math.isfinite(target["limit"]), target
-        assert isinstance(target["value"], (int, float)) and math.isfinite(target["value"]), target
+    for target in written["targets"]:  # a target without a figure: the run's own lines say why
+        assert target["name"] and math.isfinite(target["limit"]), f"{target}\n{done.output[-6000:]}"
+        assert isinstance(target["value"], (int, float)) and math.isfinite(target["value"]), (
+            f"{target}\n{done.output[-6000:]}"
+        )
         assert target["verdict"] == "smoke run: not judged", target
     if benchmark.name in MORE_CHECKS:
         MORE_CHECKS[benchmark.name](written, done.stdout)
