@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.runtime.checkpoint.folder import committed
 from tests.conftest import phalanx_argv, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # fault tests: the second stage
@@ -51,6 +52,12 @@ CASES = {
     # After its optimizer step, before run.step(): the step's all-reduce completed everywhere, so
     # the survivors complete the step, and nothing is trained again.
     "rank-1-raises-after-its-optimizer-step": (1, ["--fail-step", "11", "--fail-where", "optimizer"], "params_sha256"),
+    # In the checkpoint save after step 10: the others fail in the save's collectives, and heal.
+    # As the files are written: every survivor's next collective has rank 2 in it.
+    "rank-2-killed-in-a-save": (2, ["--fail-step", "10", "--fail-where", "save"], "params_sha256"),
+    # As it sends its plan to rank 0: rank 1, which sent its own, waits on rank 0 alone, and learns
+    # of the failure only when rank 0, leaving for the heal, frees that group.
+    "rank-2-killed-in-a-save-s-plan": (2, ["--fail-step", "10", "--fail-where", "plan"], "params_sha256"),
 }
 
 
@@ -68,6 +75,10 @@ def test_a_failed_rank_is_replaced_and_the_survivors_keep_their_processes(workdi
     assert pids[rank][0] != pids[rank][1]
     assert healed[exact] == reference[exact]
     assert "restarting the workers" not in output, output  # the launcher restarted nothing
+    if how[-1] in ("save", "plan"):  # the checkpoint that the failure broke is not kept: the next one is
+        assert f"the checkpoint after step {after} was not saved" in output, output
+        assert [step for step, _ in committed(workdir / "healed")][:1] == [healed["steps"]], healed
+        assert not list((workdir / "healed").glob(".*.staging")), "a staging folder was left"
 
 
 def test_ranks_that_are_not_next_to_the_dead_one_heal_too(workdir):

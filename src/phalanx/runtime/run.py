@@ -23,7 +23,7 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
-from phalanx.errors import SettingsRefused
+from phalanx.errors import CheckpointNotSaved, SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
 from phalanx.runtime.consistency import check_consistency
@@ -37,7 +37,7 @@ from phalanx.runtime.precision import MixedPrecision
 from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
-from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, StepSeeding, agreed_start
+from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, StepSeeding, agreed_start, described
 from phalanx.worker_env import WorkerEnv, heal_armed_of
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
@@ -571,8 +571,9 @@ class Run:
             return
         self._boundary.start()  # the logging point's all-reduce and the vote run during the next step
         preempted = self._stop and not self._finished
-        if self.checkpoints and (preempted or step % self.checkpoint_every == 0):
-            self.save()
+        due = self.checkpoints is not None and (preempted or step % self.checkpoint_every == 0)
+        if due and not self._saved_or_healed(preempted):
+            return  # the ranks healed: the next step follows
         if preempted:
             reporter.settle()
             if self.checkpoints:
@@ -609,6 +610,32 @@ class Run:
                 self._keeper.took_rank_0s_buffers()
         self.checkpoints.save(self.global_step, self._state_to_save(), self._rank_state())
         self._saved_step = self.global_step
+
+    def _saved_or_healed(self, preempted: bool) -> bool:
+        """The checkpoint due after this step; False where a peer failed inside it (heal mode):
+        the ranks healed instead, and the checkpoint waits for the next one due (a replacement
+        joins the others at their next step, where no save is due).
+
+        Raises:
+            CheckpointNotSaved: it could not be written (on every rank: none failed in it).
+        """
+        healing = self.context.healing
+        if healing is None or preempted:  # (the job stops after a preemption's: a failure in it is the restart's)
+            self.save()
+            return True
+        try:
+            self.save()
+            return True
+        except CheckpointNotSaved:
+            raise
+        except RuntimeError as error:  # torch's distributed errors: a peer's failure, as the heal hook takes it
+            failure = PeerFailed(f"in the checkpoint save, {described(error)}")
+        # Healed out of the ``except``: the error's frames hold the save's group, which the heal frees.
+        healing.health.note(failure)
+        self._heal()
+        self.print(f"phalanx: the checkpoint after step {self.global_step} was not saved: a rank failed during it "
+                   f"(the next one is due after step {self.global_step + self.checkpoint_every})")  # fmt: skip
+        return False
 
     def print(self, line: str) -> None:
         """Prints a line on rank 0, above the progress bar on a terminal.

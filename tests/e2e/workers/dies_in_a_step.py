@@ -5,6 +5,8 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 --fail-where optimizer: it raises after the optimizer step of step N + 1, before run.step();
 --fail-where save: it SIGKILLs itself in the checkpoint save after step N (N a multiple of
 --every), as DCP starts writing its files: the other ranks are then inside the save's collectives;
+--fail-where plan: it SIGKILLs itself in the checkpoint save after step N as it sends its part of
+DCP's plan to the coordinator (rank 0): the other ranks, which sent theirs, wait on rank 0 alone;
 --fail-where wait: it prints "waiting in step N + 1" and then waits for ever in the backward of
 step N + 1, as a rank whose collective waits for a peer that went silent;
 --kill-step N: rank --fail-rank SIGKILLs itself right after step N;
@@ -45,7 +47,7 @@ parser.add_argument("--every", type=int, default=10)
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--fail-rank", type=int, default=0)
 parser.add_argument("--fail-step", type=int, default=None)
-parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "wait"], default="backward")
+parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "plan", "wait"], default="backward")
 parser.add_argument("--kill-step", type=int, default=None)
 parser.add_argument("--kill-replacement-step", type=int, default=None)
 parser.add_argument("--source-dies", action="store_true")
@@ -75,6 +77,21 @@ if first_attempt and run.rank == args.fail_rank and args.fail_where == "save" an
         return write_data(writer, plan, planner)
 
     torch.distributed.checkpoint.FileSystemWriter.write_data = dies_in_the_save
+
+
+if first_attempt and run.rank == args.fail_rank and args.fail_where == "plan":
+    # Fault injection (test only): DCP gathers the ranks' plans with gather_object, whose gather
+    # (after an all_gather of their sizes) is the first of a save; nothing else of a step gathers.
+    import torch.distributed.distributed_c10d as c10d
+
+    gather = c10d.gather
+
+    def dies_in_the_plan(*arguments, **options):
+        if run.global_step == args.fail_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return gather(*arguments, **options)
+
+    c10d.gather = dies_in_the_plan
 
 
 if args.source_dies and first_attempt and run.rank == 0:

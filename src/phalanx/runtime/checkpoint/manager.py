@@ -122,7 +122,7 @@ class CheckpointManager:
         if not joining:
             self._barrier()
         if healing is not None:
-            healing.on_new_group(self._regroup)
+            healing.on_new_group(self._regroup, self._release_group)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="phalanx-checkpoint") if async_save else None
         self._pending: Future[None] | None = None
 
@@ -498,6 +498,11 @@ class CheckpointManager:
     def _regroup(self) -> None:
         """The job's group was formed again (a heal): the checkpoint group too, on every rank."""
         self._group = dist.new_group(backend="gloo")
+
+    def _release_group(self) -> None:
+        """A heal leaves the broken group: the checkpoint group of it is freed with it (a peer
+        waiting in a save's collective on this rank then learns that it left)."""
+        self._group = None
 
     def joined(self, node_local: bool) -> None:
         """A replacement rank healed: whether the folders are node-local, as its peers found."""

@@ -64,12 +64,18 @@ class Healing:
         self.health = StepHealth()
         self._ddp: DistributedDataParallel | None = None
         self._regroups: list[Callable[[], None]] = []
+        self._releases: list[Callable[[], None]] = []
 
-    def on_new_group(self, regroup: Callable[[], None]) -> None:
-        """Calls ``regroup`` once this rank formed a generation for a heal, before the state is
-        sent (the generation a replacement joins at its start is the exception: it makes what
-        ``regroup`` makes itself, after it joined)."""
+    def on_new_group(self, regroup: Callable[[], None], release: Callable[[], None]) -> None:
+        """Calls ``release`` as this rank leaves a broken generation, and ``regroup`` once it
+        formed the next one for a heal, before the state is sent (the generation a replacement
+        joins at its start is the exception: it makes what ``regroup`` makes itself).
+
+        ``release`` drops the caller's hold on its group of the broken generation: the group is
+        freed as this rank leaves, and a peer still waiting on it in a collective learns that the
+        connection closed (a wait that no failure of this rank's would end otherwise)."""
         self._regroups.append(regroup)
+        self._releases.append(release)
 
     def wrap(self, module: torch.nn.Module) -> DistributedDataParallel:
         """DDP over a group of this rank alone, its gradients averaged by the healing hook; the
@@ -127,6 +133,8 @@ class Healing:
         formed, attempt = self.replacement, 1
         while True:
             if not formed:
+                for release in self._releases:
+                    release()
                 self.generations.next_after_failure()
                 for regroup in self._regroups:  # first: see _new_solo_group
                     regroup()
