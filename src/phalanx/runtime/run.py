@@ -23,14 +23,14 @@ from typing import Any, NoReturn, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
 
-from phalanx.errors import CheckpointNotSaved, SettingsRefused
+from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.checkpoint import CheckpointManager, restore_rng_state, rng_state
 from phalanx.runtime.consistency import check_consistency
 from phalanx.runtime.context import DistributedContext, init
 from phalanx.runtime.data import ResumableLoader, ResumableSampler
 from phalanx.runtime.gradients import MicroStep, accumulate, check_max_norm, clip_gradients
-from phalanx.runtime.heal.hook import PeerFailed
+from phalanx.runtime.heal.hook import PeerFailed, raised_by_a_collective, share_buffers
 from phalanx.runtime.heal.rollback import check_settings, rollback_states
 from phalanx.runtime.model import compression_of, parameters_sha256, unwrap, wrap_model
 from phalanx.runtime.precision import MixedPrecision
@@ -604,8 +604,14 @@ class Run:
         if self._model is not None and self.context.is_distributed:
             # Buffers (BatchNorm's statistics) differ per rank until DDP broadcasts rank 0's at the
             # next forward; saved now, a replicated buffer could come from any rank.
-            for buffer in unwrap(self._model).buffers():
-                torch.distributed.broadcast(buffer, src=0)
+            healing = self.context.healing
+            if healing is None:
+                for buffer in unwrap(self._model).buffers():
+                    torch.distributed.broadcast(buffer, src=0)
+            else:  # as at a forward: a wait that a peer's failure ends
+                share_buffers(unwrap(self._model), healing.health)
+                if healing.health.failed:
+                    raise PeerFailed(f"before the checkpoint save, {described(healing.health.failure)}")
             if self._keeper is not None:  # a failure in this save keeps them, as the checkpoint would
                 self._keeper.took_rank_0s_buffers()
         self.checkpoints.save(self.global_step, self._state_to_save(), self._rank_state())
@@ -625,16 +631,21 @@ class Run:
             return True
         try:
             self.save()
-            return True
-        except CheckpointNotSaved:
-            raise
-        except RuntimeError as error:  # torch's distributed errors: a peer's failure, as the heal hook takes it
-            failure = PeerFailed(f"in the checkpoint save, {described(error)}")
+            if not healing.health.failed:
+                return True
+            failure = healing.health.failure  # saved here, as another rank opened the next generation
+        except RuntimeError as error:
+            if not raised_by_a_collective(error):
+                raise
+            failure = (
+                error if isinstance(error, PeerFailed) else PeerFailed(f"in the checkpoint save, {described(error)}")
+            )
         # Healed out of the ``except``: the error's frames hold the save's group, which the heal frees.
+        assert failure is not None
         healing.health.note(failure)
         self._heal()
-        self.print(f"phalanx: the checkpoint after step {self.global_step} was not saved: a rank failed during it "
-                   f"(the next one is due after step {self.global_step + self.checkpoint_every})")  # fmt: skip
+        self.print(f"phalanx: a rank failed in the checkpoint save after step {self.global_step}: the ranks healed, "
+                   f"and the next checkpoint is due after step {self.global_step + self.checkpoint_every}")  # fmt: skip
         return False
 
     def print(self, line: str) -> None:

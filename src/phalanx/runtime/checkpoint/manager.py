@@ -34,6 +34,7 @@ from phalanx.runtime.checkpoint import encoding, folder, last_step
 from phalanx.runtime.checkpoint.errors import describe, not_saved
 from phalanx.runtime.checkpoint.lock import FolderLock
 from phalanx.runtime.context import DistributedContext
+from phalanx.runtime.heal.hook import raised_by_a_collective
 
 _SHARED, _SHARED_SKELETON = "state", "skeleton.state"
 # DCP warns at every save and load in one process (or with node-local folders) that it assumes so: it is meant.
@@ -260,6 +261,8 @@ class CheckpointManager:
                 )
         except (Exception, dcp.api.CheckpointException) as caught:
             error = caught
+        if error is not None and self.context.healing is not None and raised_by_a_collective(error):
+            raise error  # a peer failed: the group is broken, and the ranks heal (its own collectives could hang)
         failures = self._all(describe(error, self.directory))
         if not any(failures):
             failures = self._all(describe(self._commit(step, staging), self.directory))

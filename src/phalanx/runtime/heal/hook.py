@@ -25,6 +25,18 @@ class PeerFailed(RuntimeError):
     """A collective of the job's group cannot complete: a rank failed (heal mode heals it)."""
 
 
+def raised_by_a_collective(error: BaseException) -> bool:
+    """Whether ``error`` came out of a torch.distributed collective (gloo says a peer's failure
+    with a plain RuntimeError), rather than from this rank's own code (an out-of-memory error,
+    a bug in a ``state_dict()``), which a heal would not mend."""
+    if isinstance(error, (PeerFailed, dist.DistError)):
+        return True
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    return trace is not None and trace.tb_frame.f_globals.get("__name__") == dist.distributed_c10d.__name__
+
+
 class StepHealth:
     """Whether the step in progress failed, and the waits on the group that a failure ends."""
 
