@@ -213,14 +213,14 @@ def _healed(bed, folder: Path, rows: list[tuple[int, int, float]], killed_at: fl
 
 
 def _replacements_ready(starts: Path) -> list[float]:
-    """When each replacement was ready (unix times): a rank's rows after its first one. Told by
-    rank, not by time: a start is known to a clock tick (10 ms) only."""
+    """When each replacement was ready (unix times): a rank's rows after its first one (told by
+    rank: a process's start is known to a clock tick only, and the kill's time is not exact)."""
     ranks: set[str] = set()
     ready = []
     for row in (line.split() for line in starts.read_text().splitlines()):
-        if len(row) == 4:
+        if len(row) == 3:  # (a last line half-written)
             if row[1] in ranks:
-                ready.append(float(row[3]))
+                ready.append(float(row[2]))
             ranks.add(row[1])
     return ready
 

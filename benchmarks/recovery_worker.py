@@ -13,8 +13,8 @@ batch of --batch samples per rank, drawn from a generator seeded by (step, rank)
 position is the step, in every mode. Rank 0 appends "pid step unix_time" to --timeline after
 every step it completes: the process id tells the attempts apart (TORCHELASTIC_RESTART_COUNT does
 not: an agent that restarts its workers because another node's failed does not count it). With
---starts, every phalanx process appends "pid rank started ready" (unix times): its start, and the
-moment its imports are done and it creates phalanx.Run (a replacement's heal begins there).
+--starts, every phalanx process appends "pid rank ready": the moment (unix time) its imports are
+done and it creates phalanx.Run (a replacement's heal begins there).
 """
 
 from __future__ import annotations
@@ -42,12 +42,6 @@ def batch(step: int, rank: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(size, FEATURES, generator=generator), torch.randint(0, CLASSES, (size,), generator=generator)
 
 
-def started() -> float:
-    """This process's start (unix time), from the kernel: its imports count in its start."""
-    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: since boot
-    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
-
-
 class Timeline:
     """Rank 0's record of the steps it completed."""
 
@@ -66,7 +60,7 @@ def train_phalanx(args: argparse.Namespace) -> None:
 
     if args.starts is not None:
         with args.starts.open("a") as starts:
-            starts.write(f"{os.getpid()} {os.environ['RANK']} {started():.6f} {time.time():.6f}\n")
+            starts.write(f"{os.getpid()} {os.environ['RANK']} {time.time():.6f}\n")
     run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.checkpoint_every, log_every=10**9,
                       keep_last_step=args.mode == "phalanx")  # fmt: skip
     model = run.setup_model(model_of(args.width))

@@ -56,6 +56,14 @@ def reference(references: Callable[[int], dict]) -> dict:
     return references(3)
 
 
+def assert_the_save_was_healed(checkpoints: Path, output: str, healed: dict, step: int) -> None:
+    """A failure in the save after ``step`` was healed: said, the later saves made (the newest
+    checkpoint is the last step's), and no staging folder left."""
+    assert f"a rank failed in the checkpoint save after step {step}: the ranks healed" in output, output
+    assert [saved for saved, _ in committed(checkpoints)][:1] == [healed["steps"]], healed
+    assert not list(checkpoints.glob(".*.staging")), "a staging folder was left"
+
+
 CASES = {
     "rank-1-killed": (1, ["--kill-step", "9"], "params_sha256"),
     "rank-0-raises-in-its-backward": (0, ["--fail-step", "14", "--fail-where", "backward"], "params_sha256"),
@@ -86,10 +94,8 @@ def test_a_failed_rank_is_replaced_and_the_survivors_keep_their_processes(workdi
     assert pids[rank][0] != pids[rank][1]
     assert healed[exact] == reference[exact]
     assert "restarting the workers" not in output, output  # the launcher restarted nothing
-    if "save" in how:  # the checkpoint that the failure broke is not kept: the next one is
-        assert f"a rank failed in the checkpoint save after step {after}: the ranks healed" in output, output
-        assert [step for step, _ in committed(workdir / "healed")][:1] == [healed["steps"]], healed
-        assert not list((workdir / "healed").glob(".*.staging")), "a staging folder was left"
+    if "save" in how:
+        assert_the_save_was_healed(workdir / "healed", output, healed, after)
 
 
 def test_ranks_that_are_not_next_to_the_dead_one_heal_too(workdir, references):
@@ -109,10 +115,9 @@ def test_a_rank_killed_as_a_save_gathers_the_plans_is_healed_too(workdir, refere
     output, healed, pids = train(workdir, "healed", "--fail-rank", "2", "--fail-step", "10", "--fail-where", "plan",
                                  nproc=4)  # fmt: skip
     assert "rank(s) 2 replaced" in output and "going on after step 10" in output, output
-    assert "a rank failed in the checkpoint save after step 10: the ranks healed" in output, output
     assert [pids[rank][0] == pids[rank][1] for rank in range(4)] == [True, True, False, True], pids
     assert healed["params_sha256"] == references(4)["params_sha256"]
-    assert [step for step, _ in committed(workdir / "healed")][:1] == [healed["steps"]], healed
+    assert_the_save_was_healed(workdir / "healed", output, healed, 10)
 
 
 def test_a_rank_that_fails_again_once_its_replacements_are_spent_falls_back_to_the_restart(workdir, reference):

@@ -633,7 +633,7 @@ class Run:
             self.save()
             if not healing.health.failed:
                 return True
-            failure = healing.health.failure  # saved here, as another rank opened the next generation
+            failure = healing.health.failure  # saved here, but another rank failed in it and opened the next generation
         except RuntimeError as error:
             if not raised_by_a_collective(error):
                 raise
