@@ -8,6 +8,7 @@ processes; the rank that fails does so in its first attempt only (its replacemen
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,4 +145,20 @@ def test_the_rank_serving_a_heal_dies_and_the_others_heal_again_from_another(wor
     assert [pids[rank][0] == pids[rank][1] for rank in range(3)] == [False, False, True], pids
     # Rank 0's buffers after its step died with it, as in the case rank-0-killed.
     assert healed["parameters_only_sha256"] == reference["parameters_only_sha256"]
+    assert "restarting the workers" not in output, output
+
+
+def test_a_replacement_that_dies_as_it_receives_the_state_is_replaced_again(workdir, reference):
+    """--heal 2: rank 2 is killed after step 9, and its first replacement dies as it waits for the
+    state. Rank 0, sending it, and rank 1, waiting for the heal's end with rank 0, heal again with
+    the second replacement within seconds: no rank waits out the group's timeout (300 s) on a
+    connection of the broken generation left open."""
+    output, healed, pids = train(workdir, "healed", "--fail-rank", "2", "--kill-step", "9",
+                                 "--replacement-dies-receiving", heal=2)  # fmt: skip
+    assert "a rank failed during the heal" in output and "healing again" in output, output
+    seconds = [float(s) for s in re.findall(r"healed in ([\d.]+) s \(generation 2\)", output)]
+    assert seconds and max(seconds) < 60, output
+    assert "rank(s) 2 replaced" in output and "going on after step 9" in output, output
+    assert [pids[rank][0] == pids[rank][1] for rank in range(3)] == [True, True, False], pids
+    assert healed["params_sha256"] == reference["params_sha256"]
     assert "restarting the workers" not in output, output

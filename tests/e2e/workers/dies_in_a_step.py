@@ -13,6 +13,8 @@ step N + 1, as a rank whose collective waits for a peer that went silent;
 --kill-replacement-step N: so does the process that --heal started in its place.
 --source-dies: rank 0, serving the heal of rank --fail-rank (not 0), SIGKILLs itself once it
 started sending the state.
+--replacement-dies-receiving: the first process that --heal started in place of rank --fail-rank
+SIGKILLs itself as it waits for the state, a failure during the heal.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
 
@@ -51,6 +53,7 @@ parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "p
 parser.add_argument("--kill-step", type=int, default=None)
 parser.add_argument("--kill-replacement-step", type=int, default=None)
 parser.add_argument("--source-dies", action="store_true")
+parser.add_argument("--replacement-dies-receiving", action="store_true")
 parser.add_argument("--close-in-finally", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--pids", type=Path, default=None)
@@ -99,8 +102,18 @@ if args.source_dies and first_attempt and run.rank == 0:
     import phalanx.runtime.heal.healing as healing
 
     send_state = healing.send_state
-    healing.send_state = lambda state, receivers, wait: send_state(
-        state, receivers, lambda works: os.kill(os.getpid(), signal.SIGKILL)
+    healing.send_state = lambda state, receivers, wait, group: send_state(
+        state, receivers, lambda works: os.kill(os.getpid(), signal.SIGKILL), group
+    )
+
+
+if args.replacement_dies_receiving and os.environ.get("PHALANX_REPLACEMENT") == "0":
+    # Fault injection (test only): the heal's receive of the state, its first wait a SIGKILL.
+    import phalanx.runtime.heal.healing as healing
+
+    receive_state = healing.receive_state
+    healing.receive_state = lambda source, wait, group: receive_state(
+        source, lambda works: os.kill(os.getpid(), signal.SIGKILL), group
     )
 
 

@@ -58,6 +58,9 @@ class Generations:
         self.timeout = timedelta(seconds=timeout_s)
         #: The generation this rank belongs to.
         self.current = 0
+        #: The group the state of a heal goes over in the current generation (None in generation
+        #: 0, which has no heal): a group of its own, see :mod:`.transfer`.
+        self.transfer: dist.ProcessGroup | None = None
         #: Whether this rank was asked to stop (a signal): a wait for a generation ends then.
         self.stopping: Callable[[], bool] = lambda: False
         self._formed = threading.Condition()  # notified as each generation forms
@@ -112,6 +115,8 @@ class Generations:
         prefix = dist.PrefixStore(f"g{generation}/", self.store)
         dist.init_process_group(self.backend, store=prefix, rank=self.rank, world_size=self.world_size,
                                 timeout=self.timeout)  # fmt: skip
+        # Made by every rank right after the default group, before any other of the generation's.
+        self.transfer = dist.new_group(backend="gloo", timeout=self.timeout) if generation > 0 else None
         with self._formed:
             self.current = generation
             self._formed.notify_all()

@@ -171,9 +171,9 @@ class Healing:
         sent = torch.zeros(1, dtype=torch.int64, device=self.device)
         if me == source:
             box = {"payload": state_of_step(), "waited_s": time.monotonic() - began}
-            sent += send_state(box, receivers, self._wait)
+            sent += send_state(box, receivers, self._wait, self.generations.transfer)
         elif me in receivers:
-            box = receive_state(source, self._wait)
+            box = receive_state(source, self._wait, self.generations.transfer)
         else:
             box = {"payload": state_of_step()}
         self._wait([dist.broadcast(sent, src=source, async_op=True)])  # for every rank's line

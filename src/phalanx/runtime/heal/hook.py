@@ -51,11 +51,13 @@ class StepHealth:
         return self.failure is not None
 
     def note(self, error: BaseException) -> None:
-        """A failure (from any thread): every wait on the group ends."""
+        """A failure (from any thread): every wait on the group ends. The failure is kept for
+        what it says, without its traceback, whose frames would hold the broken group's works
+        (and through a gloo send's, its connections) after the rank left the group."""
         with self._lock:
             if self.failure is not None:
                 return
-            self.failure = error
+            self.failure = error.with_traceback(None)
             ending, self._on_failure = self._on_failure, {}
         for end in ending.values():
             end()
@@ -193,7 +195,7 @@ def _future_of(work: Any) -> torch.futures.Future[Any]:
             try:
                 work.wait()
             except Exception as error:
-                future.set_exception(error)
+                future.set_exception(error.with_traceback(None))  # (see StepHealth.note)
             else:
                 future.set_result(None)
 

@@ -8,6 +8,11 @@ holds the same state already receives nothing. It travels in CPU memory (gloo's 
 receives take CPU tensors only); ``load_state_dict`` moves each tensor to its place. The sends
 and receives are asynchronous and waited on through ``wait``, which a failure of a peer ends
 (:meth:`.hook.StepHealth.wait`).
+
+It goes over a group of its own, not the default group: a gloo send whose receiver dies keeps
+the sender's connections of its group open after the sender destroyed the group (torch 2.13), and
+a peer still in a collective of that group with the sender would wait until the group's timeout
+as it leaves it. In the transfer's group, no rank waits in a collective.
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ class _Slot:
     offset: int
 
 
-def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list[Any]], None]) -> int:
+def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list[Any]], None],
+               group: dist.ProcessGroup | None = None) -> int:  # fmt: skip
     """Sends ``state`` to each of ``receivers`` (:func:`receive_state` on their side).
 
     Args:
         state: the state to send (what :meth:`Run._state_of_step` built, and more).
         receivers: the ranks of the current default group that take it.
         wait: waits for a list of asynchronous works (raises when a peer failed).
+        group: the group to send it over, of every rank of the default group (None: that one).
 
     Returns:
         The bytes of tensors in the state (sent to each receiver).
@@ -47,24 +54,26 @@ def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list
     message = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8)
     size = torch.tensor([message.numel()], dtype=torch.int64)
     buffers = list(_pack(tensors).values())
-    wait([dist.isend(tensor, receiver) for receiver in receivers for tensor in (size, message, *buffers)])
+    wait([dist.isend(tensor, receiver, group) for receiver in receivers for tensor in (size, message, *buffers)])
     return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
 
 
-def receive_state(source: int, wait: Callable[[list[Any]], None]) -> dict[str, Any]:
+def receive_state(source: int, wait: Callable[[list[Any]], None],
+                  group: dist.ProcessGroup | None = None) -> dict[str, Any]:  # fmt: skip
     """The state that rank ``source`` sends with :func:`send_state`, its tensors in CPU memory.
 
     Args:
         source: the sending rank.
         wait: waits for a list of asynchronous works (raises when a peer failed).
+        group: the group it comes over (as ``send_state``'s).
     """
     size = torch.zeros(1, dtype=torch.int64)
-    wait([dist.irecv(size, source)])
+    wait([dist.irecv(size, source, group)])
     message = torch.empty(int(size.item()), dtype=torch.uint8)
-    wait([dist.irecv(message, source)])
+    wait([dist.irecv(message, source, group)])
     skeleton = pickle.loads(message.numpy().tobytes())  # a peer of this job sent it
     buffers = {dtype: torch.empty(count, dtype=dtype) for dtype, count in _sizes(skeleton, {}).items()}
-    wait([dist.irecv(buffer, source) for buffer in buffers.values()])
+    wait([dist.irecv(buffer, source, group) for buffer in buffers.values()])
     return _fill(skeleton, buffers)
 
 
