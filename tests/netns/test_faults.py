@@ -131,12 +131,14 @@ def test_a_host_killed_outright_is_named_and_a_relaunch_resumes_exactly(bed, ref
     resumed_from_kept_state(*relaunch_resumes_exactly(bed, tmp_path, reference), output)
 
 
-def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, tmp_path):
+@pytest.mark.parametrize("launch", [[], ["--heal", "1", "--max-restarts", "1"]], ids=["restart", "heal"])
+def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, tmp_path, launch):
     """h1 holds rank 0 and the rendezvous store: h2's launcher loses the store, but its worker
     survives the peer long enough to keep the state, and the relaunch resumes there. h2's
-    console, which does not show rank 1's own words, repeats what it kept."""
+    console, which does not show rank 1's own words, repeats what it kept. In heal mode too:
+    the store that the generations form on is lost with h1, so the survivor cannot heal."""
     h1, h2 = bed.hosts
-    processes = start_both(bed, tmp_path)
+    processes = start_both(bed, tmp_path, *launch)
     wait_for_a_checkpoint(tmp_path, processes)
     for pid in bed.processes("h1"):
         os.kill(pid, signal.SIGKILL)
@@ -144,6 +146,10 @@ def test_the_rank_0_host_killed_loses_no_step_after_a_relaunch(bed, reference, t
     processes[0].communicate(timeout=30)
     assert code != 0, output[-3000:]
     print(f"MEASURED: rank 0's host killed: the survivor ended {seconds:.1f} s later")
+    if launch:  # the survivor tried to heal, and said why it could not
+        (log,) = tmp_path.glob("phalanx-logs/*/attempt_0/rank1/stderr.log")
+        said_in_log = log.read_text()
+        assert "the launch's store, which the ranks heal through, is unreachable" in said_in_log, said_in_log[-3000:]
     (kept,) = (tmp_path / "ck" / "last-step").glob("step-*.pt")
     said = f"phalanx: {h2.address}: rank 1: this rank kept the state after step {int(kept.name[5:14])} in "
     assert said in output, output[-3000:]

@@ -9,7 +9,7 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 DCP's plan to the coordinator (rank 0): the other ranks, which sent theirs, wait on rank 0 alone;
 --fail-where wait: it prints "waiting in step N + 1" and then waits for ever in the backward of
 step N + 1, as a rank whose collective waits for a peer that went silent;
---kill-step N: rank --fail-rank SIGKILLs itself right after step N;
+--kill-step N: rank --fail-rank SIGKILLs itself right after step N (--fail-rank 2,3: both do);
 --kill-replacement-step N: so does the process that --heal started in its place.
 --source-dies: rank 0, serving the heal of rank --fail-rank (not 0), SIGKILLs itself once it
 started sending the state.
@@ -47,7 +47,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--checkpoint-dir", type=Path, required=True)
 parser.add_argument("--every", type=int, default=10)
 parser.add_argument("--epochs", type=int, default=3)
-parser.add_argument("--fail-rank", type=int, default=0)
+parser.add_argument("--fail-rank", type=lambda ranks: {int(rank) for rank in ranks.split(",")}, default={0})
 parser.add_argument("--fail-step", type=int, default=None)
 parser.add_argument("--fail-where", choices=["backward", "optimizer", "save", "plan", "wait"], default="backward")
 parser.add_argument("--kill-step", type=int, default=None)
@@ -70,7 +70,7 @@ data = TensorDataset(torch.randn(240, 16, generator=torch.Generator().manual_see
 loader = run.setup_dataloader(data, batch_size=8)
 
 
-if first_attempt and run.rank == args.fail_rank and args.fail_where == "save" and args.fail_step is not None:
+if first_attempt and run.rank in args.fail_rank and args.fail_where == "save" and args.fail_step is not None:
     # Fault injection (test only): the save after step N is this rank's (N / --every)-th.
     saves, write_data = iter(range(1, 10**9)), torch.distributed.checkpoint.FileSystemWriter.write_data
 
@@ -82,7 +82,7 @@ if first_attempt and run.rank == args.fail_rank and args.fail_where == "save" an
     torch.distributed.checkpoint.FileSystemWriter.write_data = dies_in_the_save
 
 
-if first_attempt and run.rank == args.fail_rank and args.fail_where == "plan":
+if first_attempt and run.rank in args.fail_rank and args.fail_where == "plan":
     # Fault injection (test only): DCP gathers the ranks' plans with gather_object, whose gather
     # (after an all_gather of their sizes) is the first of a save; nothing else of a step gathers.
     import torch.distributed.distributed_c10d as c10d
@@ -122,7 +122,7 @@ class Injected(RuntimeError):
 
 
 def failing_now(where: str) -> bool:
-    return (first_attempt and run.rank == args.fail_rank and args.fail_where == where
+    return (first_attempt and run.rank in args.fail_rank and args.fail_where == where
             and run.global_step == args.fail_step)  # fmt: skip
 
 
@@ -143,10 +143,10 @@ def train() -> None:
             run.step(loss)
             if args.pids is not None and not (args.pids / f"rank{run.rank}-first").exists():
                 (args.pids / f"rank{run.rank}-first").write_text(str(os.getpid()))
-            if first_attempt and run.rank == args.fail_rank and run.global_step == args.kill_step:
+            if first_attempt and run.rank in args.fail_rank and run.global_step == args.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
             replacing = "PHALANX_REPLACEMENT" in os.environ
-            if replacing and run.rank == args.fail_rank and run.global_step == args.kill_replacement_step:
+            if replacing and run.rank in args.fail_rank and run.global_step == args.kill_replacement_step:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
