@@ -162,3 +162,15 @@ def test_a_replacement_that_dies_as_it_receives_the_state_is_replaced_again(work
     assert [pids[rank][0] == pids[rank][1] for rank in range(3)] == [True, True, False], pids
     assert healed["params_sha256"] == reference["params_sha256"]
     assert "restarting the workers" not in output, output
+
+
+def test_a_heal_that_cannot_finish_within_the_groups_timeout_falls_back_to_the_restart(workdir, reference):
+    """The process group's timeout is 20 s (phalanx.init's), and rank 1's replacement sleeps 60 s
+    before it joins: the survivors wait for it 20 s, say that the ranks could not heal, keep the
+    state after step 9 and exit HEAL_FAILED; the launcher restarts every worker from that state."""
+    output, healed, _ = train(workdir, "healed", "--fail-rank", "1", "--kill-step", "9", "--timeout", "20",
+                              "--replacement-sleeps", "60")  # fmt: skip
+    said = next(workdir.glob("phalanx-logs/*/attempt_0/rank0/stderr.log")).read_text()
+    assert "the ranks could not heal (PeerFailed: waited 20 s for every rank to reach generation 1" in said, said
+    assert "restarting the workers (restart 1 of 1)" in output and "resumed from step 9" in output, output
+    assert healed["params_sha256"] == reference["params_sha256"]

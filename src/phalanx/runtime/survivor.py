@@ -287,8 +287,12 @@ class StepKeeper:
 
     def _on_forward(self, *_: Any) -> None:
         """A forward through DDP starts with rank 0's buffers (it broadcast them): the first after
-        a mark copies them, and the mark's buffers are rank 0's from then on."""
-        if self._through_ddp and self._mark is not None and self._mark.buffers_rank != 0:
+        a mark copies them, and the mark's buffers are rank 0's from then on. In heal mode,
+        phalanx's own broadcast gives them, which a failure of the step skips: a rank keeps its
+        own then."""
+        healing = self.context.healing
+        shared = healing is None or not healing.health.failed
+        if self._through_ddp and shared and self._mark is not None and self._mark.buffers_rank != 0:
             self.took_rank_0s_buffers()
         self._through_ddp = False
 

@@ -15,6 +15,9 @@ step N + 1, as a rank whose collective waits for a peer that went silent;
 started sending the state.
 --replacement-dies-receiving: the first process that --heal started in place of rank --fail-rank
 SIGKILLs itself as it waits for the state, a failure during the heal.
+--replacement-sleeps S: a process that --heal started sleeps S seconds before it starts its
+phalanx.Run (the surviving ranks wait for it as long as their group's timeout);
+--timeout S: the process group's timeout (phalanx.init's), also how long a heal may take.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
 
@@ -35,6 +38,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -54,13 +58,18 @@ parser.add_argument("--kill-step", type=int, default=None)
 parser.add_argument("--kill-replacement-step", type=int, default=None)
 parser.add_argument("--source-dies", action="store_true")
 parser.add_argument("--replacement-dies-receiving", action="store_true")
+parser.add_argument("--replacement-sleeps", type=float, default=0.0)
+parser.add_argument("--timeout", type=float, default=None)
 parser.add_argument("--close-in-finally", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--pids", type=Path, default=None)
 args = parser.parse_args()
 
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and "PHALANX_REPLACEMENT" not in os.environ
-run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.every, log_every=1000)
+if "PHALANX_REPLACEMENT" in os.environ:
+    time.sleep(args.replacement_sleeps)
+context = phalanx.init(timeout=args.timeout) if args.timeout is not None else None
+run = phalanx.Run(args.checkpoint_dir, checkpoint_every=args.every, log_every=1000, context=context)
 torch.manual_seed(0)
 model = run.setup_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
                                             torch.nn.Dropout(0.3), torch.nn.Linear(32, 4)))  # fmt: skip
