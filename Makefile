@@ -36,8 +36,9 @@ demo: $(STAMP)
 # time is spent waiting (for processes to start, for timeouts), so two pytest-xdist workers share
 # it; the test beds' tests run on one of them, one at a time (tests/conftest.py).
 TEST_WORKERS ?= 2
+# The slowest tests are listed at the end: make test is kept under 15 minutes.
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup --durations 15
 
 # The linter, the formatter's check (pyproject.toml's [tool.ruff]; `ruff format` applies it) and
 # the docstrings' examples as doctests. Part of make test.
@@ -51,7 +52,7 @@ lint: $(STAMP)
 # namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own
 # tests. About 20 minutes, one test at a time. `make cluster-deps` installs SLURM and OpenSSH first.
 test-cluster: $(STAMP) cluster-deps
-	$(BIN)/python -m pytest -q -rP -m cluster
+	$(BIN)/python -m pytest -q -rP -m cluster --durations 15
 
 # What the second stage runs besides Python: SLURM's daemons and client tools, OpenSSH's sshd and
 # client (phalanx launch's tests) and iptables (a blocked port), from Debian's packages, when
