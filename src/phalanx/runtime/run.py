@@ -872,7 +872,7 @@ class Run:
         """The ranks could not heal: a survivor keeps the state after the last step (inside the
         ``except``, as a failure would), and the process ends with HEAL_FAILED, which its
         supervisor leaves to the launcher's restart of every worker."""
-        lost = (": the launch's store, which the ranks heal through, is unreachable (its host lost or cut off)"
+        lost = (": the launch's store, which the ranks heal through, is unreachable (its host may be lost)"
                 if isinstance(error, torch.distributed.DistNetworkError) else "")  # fmt: skip
         print(f"phalanx: the ranks could not heal ({type(error).__name__}: {str(error).strip()[:200]}){lost}; leaving "
               "the job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip

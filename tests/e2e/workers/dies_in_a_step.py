@@ -116,7 +116,7 @@ if args.source_dies and first_attempt and run.rank == 0:
     )
 
 
-if args.replacement_dies_receiving and os.environ.get("PHALANX_REPLACEMENT") == "0":
+if args.replacement_dies_receiving and os.environ.get("PHALANX_REPLACEMENT") == "0" and run.rank in args.fail_rank:
     # Fault injection (test only): the heal's receive of the state, its first wait a SIGKILL.
     import phalanx.runtime.heal.healing as healing
 

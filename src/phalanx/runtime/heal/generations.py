@@ -110,6 +110,7 @@ class Generations:
             from phalanx.runtime.context import destroy_process_group  # (the context imports this module)
 
             destroy_process_group()
+        self.transfer = None
 
     def _form(self, generation: int) -> None:
         prefix = dist.PrefixStore(f"g{generation}/", self.store)

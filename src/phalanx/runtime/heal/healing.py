@@ -193,7 +193,8 @@ class Healing:
         """DDP's group, made after the generation's shared groups: torch names a group that is
         not local by a count of the groups made before it on that rank (the local ones count too
         since torch 2.14), so every rank makes its shared groups first and in one order, the
-        order a replacement makes them in (the default group, then each ``regroup``)."""
+        order a replacement makes them in (the default group and its transfer group, as
+        :meth:`.Generations._form` makes them; then each ``regroup``)."""
         if self._ddp is not None:
             update_ddp_group(self._ddp, _solo_group())
 

@@ -52,8 +52,7 @@ class StepHealth:
 
     def note(self, error: BaseException) -> None:
         """A failure (from any thread): every wait on the group ends. The failure is kept for
-        what it says, without its traceback, whose frames would hold the broken group's works
-        (and through a gloo send's, its connections) after the rank left the group."""
+        what it says, without its traceback, whose frames would hold the broken group's works."""
         with self._lock:
             if self.failure is not None:
                 return

@@ -12,7 +12,10 @@ and receives are asynchronous and waited on through ``wait``, which a failure of
 It goes over a group of its own, not the default group: a gloo send whose receiver dies keeps
 the sender's connections of its group open after the sender destroyed the group (torch 2.13), and
 a peer still in a collective of that group with the sender would wait until the group's timeout
-as it leaves it. In the transfer's group, no rank waits in a collective.
+as it leaves it. In the transfer's group, no rank waits in a collective. The group costs a
+second set of connections between every pair of ranks per generation, made as it forms: a rank
+that dies then leaves the others waiting until the group's timeout, as in the forming of the
+default group (neither can be interrupted).
 """
 
 from __future__ import annotations
@@ -37,14 +40,14 @@ class _Slot:
 
 
 def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list[Any]], None],
-               group: dist.ProcessGroup | None = None) -> int:  # fmt: skip
+               group: dist.ProcessGroup) -> int:  # fmt: skip
     """Sends ``state`` to each of ``receivers`` (:func:`receive_state` on their side).
 
     Args:
         state: the state to send (what :meth:`Run._state_of_step` built, and more).
-        receivers: the ranks of the current default group that take it.
+        receivers: the ranks that take it (global ranks: the group has every rank).
         wait: waits for a list of asynchronous works (raises when a peer failed).
-        group: the group to send it over, of every rank of the default group (None: that one).
+        group: the group to send it over, of every rank (the generation's transfer group).
 
     Returns:
         The bytes of tensors in the state (sent to each receiver).
@@ -58,8 +61,7 @@ def send_state(state: dict[str, Any], receivers: list[int], wait: Callable[[list
     return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
 
 
-def receive_state(source: int, wait: Callable[[list[Any]], None],
-                  group: dist.ProcessGroup | None = None) -> dict[str, Any]:  # fmt: skip
+def receive_state(source: int, wait: Callable[[list[Any]], None], group: dist.ProcessGroup) -> dict[str, Any]:
     """The state that rank ``source`` sends with :func:`send_state`, its tensors in CPU memory.
 
     Args:
