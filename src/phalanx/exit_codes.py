@@ -17,7 +17,8 @@ class ExitCode(enum.IntEnum):
     STALLED = 4
     #: The job had several ranks, but some never joined its process group: each trained alone.
     NOT_DISTRIBUTED = 5
-    #: --heal: a rank could not heal (no replacement joined in time, no survivor held the state):
+    #: --heal: a rank could not heal (no replacement joined in time, no survivor held the state,
+    #: the launch's store lost):
     #: it kept the state after the last step, and its supervisor leaves the job to --max-restarts.
     HEAL_FAILED = 6
     #: A worker stopped for preemption after saving a checkpoint (EX_TEMPFAIL: run it again).

@@ -6,8 +6,8 @@ finish; the optimizer's step is skipped (:func:`.hook.skip_failed_steps`), so th
 hold the state after the last completed step. At :meth:`phalanx.Run.step` they leave the broken
 process group and form the next generation of it on the job's store (:mod:`.generations`) with the
 replacement rank that the dead rank's launcher started; the lowest surviving rank sends that state
-to the replacement over the new generation's transfer group (:mod:`.transfer`), and every rank trains the failed step
-again with the same batches: the result is the uninterrupted run's.
+to the replacement over the new generation's transfer group (:mod:`.transfer`), and every rank
+trains the failed step again with the same batches: the result is the uninterrupted run's.
 
 DDP itself runs over a group of one rank, which never fails, with its buckets never rebuilt
 (``find_unused_parameters=True``): a replacement's buckets are then laid out as the survivors',
