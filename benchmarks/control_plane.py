@@ -14,6 +14,10 @@ TCPStore (as the store's host serves them), and each runs phalanx's code itself,
 
 Beside it, on a store of its own: torch's c10d rendezvous (DynamicRendezvousHandler, one per
 simulated node, as every torchrun agent makes one), timed to the moment every node has its rank.
+Its events are named without ``inspect.stack()`` (see name_events_cheaply; ``--torch-as-shipped``
+keeps it, and torch's keep-alive): a cost that each node of a cluster pays on its own CPU, and
+that here all N would pay on this machine's. Its keep-alive is raised to its join timeout for the
+same reason (see time_torch_rendezvous).
 
 Reported per N: the store operations of the node that made the most, per phase; each phase's
 wall time, and the CPU time of the start's phases (where the two are near, the wall time is the
@@ -59,6 +63,8 @@ from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 REPO = Path(__file__).resolve().parents[1]
 #: What the start may add to torch's rendezvous, in seconds, and the beats' share of the store.
 ADDED_S_LIMIT = 1.0
+#: How long torch's rendezvous may take to have every node join, in seconds.
+JOIN_S = 1800
 LOAD_LIMIT = 0.01
 FINGERPRINT = {"nnodes": "N", "nproc-per-node": "8", "backend": "nccl", "script": "train.py",
                "script sha256": "0" * 64, "phalanx": "0.1.0", "torch": "2.13.0"}  # fmt: skip
@@ -230,37 +236,69 @@ def store_capacity(seconds: float = 2.0, clients: int = 4) -> float:
     return sum(done) / seconds
 
 
-def torch_rendezvous_s(nodes: int, limit_s: float) -> float | None:
-    """Wall time until every one of ``nodes`` DynamicRendezvousHandlers has its rank, in a process
-    of its own (killed after ``limit_s``: None then), so that its threads load no other phase."""
-    argv = [sys.executable, __file__, "--torch-rendezvous", str(nodes)]
+def torch_rendezvous(nodes: int, limit_s: float, as_shipped: bool) -> tuple[float, float, int] | None:
+    """Wall and CPU seconds until every one of ``nodes`` DynamicRendezvousHandlers has its rank, and
+    the most store operations a node made, in a process of its own (killed after ``limit_s``: None
+    then), so that its threads load no other phase."""
+    argv = [sys.executable, __file__, "--torch-rendezvous", str(nodes), *(["--torch-as-shipped"] if as_shipped else [])]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=limit_s, check=True)
     except subprocess.TimeoutExpired:
         return None
-    return float(done.stdout.strip().splitlines()[-1])
+    wall, cpu, ops = done.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu), int(ops)
 
 
-def time_torch_rendezvous(nodes: int) -> float:
-    """The measurement itself (``--torch-rendezvous N``)."""
+def name_events_cheaply() -> None:
+    """Names torch's rendezvous events from the caller's frame instead of ``inspect.stack()``.
+
+    torch's handler names each event it records by the method that recorded it, and takes the
+    name from ``inspect.stack()``, twice: that reads the source file of every frame on the stack.
+    On a cluster each node pays that on its own CPU. Here every node shares this machine's, and
+    the CAS retries of N nodes record O(N) events each, so at 256 nodes nearly every thread sat in
+    ``inspect`` and the rendezvous took more than 600 s. The name is the same; the rendezvous's
+    protocol and store operations are untouched. ``--torch-as-shipped`` measures without this.
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:  # the frame ``inspect.stack()[depth]`` names
+        frame = sys._getframe(depth)  # 0: this function, 1: the event's recorder, 2: its caller
+        return frame.f_code.co_name
+
+    if hasattr(dynamic_rendezvous, "get_method_name"):  # torch 2.13; elsewhere, where it exists
+        dynamic_rendezvous.get_method_name = get_method_name
+
+
+def time_torch_rendezvous(nodes: int, as_shipped: bool) -> tuple[float, float, int]:
+    """The measurement itself (``--torch-rendezvous N``): its wall time, this process's CPU time in
+    it (every node's and the store's), and the store operations of the node that made the most."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 
+    # torchrun's keep-alive (5 s) counts a node dead after 15 s without one. Here a node's turn at
+    # the store waits behind every other node's Python on this machine's cores: from 384 nodes on,
+    # nodes were dropped and joined again without end. As shipped it keeps torch's 5 s.
+    keep_alive = 5 if as_shipped else JOIN_S
+    if not as_shipped:
+        name_events_cheaply()
     server = master()
-    timeout = RendezvousTimeout(join=timedelta(seconds=900), last_call=timedelta(seconds=1))
+    timeout = RendezvousTimeout(join=timedelta(seconds=JOIN_S), last_call=timedelta(seconds=1))
+    counts: list[dict[str, int]] = [{} for _ in range(nodes)]
 
     def rendezvous(index: int) -> tuple[int, Any]:
-        client = store_client("127.0.0.1", server.port, 900.0)
-        backend = C10dRendezvousBackend(client, "scale")
+        client = store_client("127.0.0.1", server.port, float(JOIN_S))
+        backend = C10dRendezvousBackend(Counted(client, counts[index]), "scale")  # type: ignore[arg-type]
         handler = DynamicRendezvousHandler.from_backend("scale", client, backend, nodes, nodes, "127.0.0.1",
-                                                        timeout=timeout)  # fmt: skip
+                                                        timeout=timeout, keep_alive_interval=keep_alive)  # fmt: skip
         return handler.next_rendezvous().rank, handler
 
+    cpu = time.process_time()
     done, seconds = in_threads(nodes, rendezvous, "torch-rdzv")
+    cpu = time.process_time() - cpu
     assert sorted(rank for rank, _ in done) == list(range(nodes)), done
     for _, handler in done:  # once every node has its rank: the first to shut down closes the rendezvous
         handler.shutdown()
-    return seconds
+    return seconds, cpu, max(count.get("lobby", 0) for count in counts)
 
 
 def reverse_lookup_s() -> float:
@@ -326,13 +364,24 @@ def main() -> None:
         f"(default {DEFAULT_HEARTBEAT_TIMEOUT_S:g})",
     )
     parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "control_plane.json")
+    parser.add_argument(
+        "--torch-as-shipped",
+        action="store_true",
+        help="time torch's rendezvous with its inspect.stack() event names and 5 s keep-alive (every node's CPU on "
+        "this machine's cores)",
+    )
     parser.add_argument("--torch-rendezvous", type=int, help=argparse.SUPPRESS)  # the child's measurement
     args = parser.parse_args()
     if args.torch_rendezvous:
         raise_open_files(args.torch_rendezvous)
-        print(time_torch_rendezvous(args.torch_rendezvous))
+        print(*time_torch_rendezvous(args.torch_rendezvous, args.torch_as_shipped))
         return
     sizes = [8, 16] if args.smoke else args.nodes
+    if min(sizes) < 2:
+        parser.error(f"--nodes {min(sizes)}: a job of simulated nodes has at least 2")
+    for flag, seconds in (("--torch-limit", args.torch_limit), ("--heartbeat-timeout", args.heartbeat_timeout)):
+        if not seconds > 0:  # (nan too)
+            parser.error(f"{flag} {seconds:g}: a number of seconds, above 0")
     if not raise_open_files(max(sizes)):
         parser.error(f"--nodes {max(sizes)} needs more open files than this machine allows (ulimit -Hn)")
 
@@ -341,28 +390,33 @@ def main() -> None:
     print(f"store capacity here: {capacity:.0f} operations/s (4 clients, adds); a beat: {per_beat:.1f} operations "
           f"every {beat_s:g} s per node (--heartbeat-timeout {args.heartbeat_timeout:g})")  # fmt: skip
     rows = []
-    header = f"{'nodes':>6} {'torch rdzv s':>12} {'lobby s':>8} {'reach s':>8} {'table s':>8} {'end s':>7} " \
-             f"{'added s':>8} {'cpu s':>6} {'ops lobby':>9} {'ops reach':>9} {'ops table':>9} {'ops end':>8} " \
+    print(f"{'':>6} {'torch rendezvous':^24} | {'phalanx: start (wall), cpu s, end':^46} | "
+          f"{'phalanx: ops per node (most)':^30} |")  # fmt: skip
+    header = f"{'nodes':>6} {'wall s':>7} {'cpu s':>7} {'ops':>8} | {'lobby s':>7} {'reach s':>7} {'table s':>7} " \
+             f"{'added s':>7} {'cpu s':>6} {'end s':>6} | {'lobby':>6} {'reach':>6} {'table':>6} {'end':>6} | " \
              f"{'beat load':>9}"  # fmt: skip
     print(header)
     for nodes in sizes:
-        torch_s = torch_rendezvous_s(nodes, args.torch_limit)
+        timed = torch_rendezvous(nodes, args.torch_limit, args.torch_as_shipped)
+        torch_s, torch_cpu, torch_ops = timed if timed is not None else (None, None, None)
         ours = phalanx_phases(nodes)
         load = nodes * per_beat / beat_s / capacity
         added = ours["lobby_s"] + ours["reach_s"] + ours["table_s"]
-        row = {"nodes": nodes, "torch_rendezvous_s": torch_s, **ours, "added_s": added, "beat_load": load}
+        row = {"nodes": nodes, "torch_rendezvous_s": torch_s, "torch_cpu_s": torch_cpu, "torch_ops_max": torch_ops,
+               **ours, "added_s": added, "beat_load": load}  # fmt: skip
         rows.append(row)
         ops = row["ops_max"]
-        torch_text = f"{torch_s:.2f}" if torch_s is not None else f">{args.torch_limit:g}"
-        print(f"{nodes:>6} {torch_text:>12} {ours['lobby_s']:>8.2f} {ours['reach_s']:>8.2f} {ours['table_s']:>8.2f} "
-              f"{ours['end_s']:>7.2f} {added:>8.2f} {ours['start_cpu_s']:>6.2f} {ops['lobby']:>9} {ops['reach']:>9} "
-              f"{ops['table']:>9} "
-              f"{ops['end']:>8} {load:>9.2%}", flush=True)  # fmt: skip
+        torch_text = (f"{torch_s:>7.2f} {torch_cpu:>7.2f} {torch_ops:>8}" if timed is not None else
+                      f"{'>' + format(args.torch_limit, 'g'):>7} {'-':>7} {'-':>8}")  # fmt: skip
+        print(f"{nodes:>6} {torch_text} | {ours['lobby_s']:>7.2f} {ours['reach_s']:>7.2f} {ours['table_s']:>7.2f} "
+              f"{added:>7.2f} {ours['start_cpu_s']:>6.2f} {ours['end_s']:>6.2f} | {ops['lobby']:>6} {ops['reach']:>6} "
+              f"{ops['table']:>6} {ops['end']:>6} | {load:>9.2%}", flush=True)  # fmt: skip
     print(textwrap.fill(
-        f"cpu s: this process's CPU time during the start's phases (lobby, reach, table), every simulated node's and "
-        f"the store's, on {os.cpu_count()} cores. Where it comes near added s (or a multiple of it, up to the cores), "
-        "the wall time is this machine running every node's part, which on a cluster each node runs on its own; the "
-        "ops columns are what the store serves every node.", width=110))  # fmt: skip
+        f"cpu s: the process's CPU time (every simulated node's and the store's, on {os.cpu_count()} cores): torch's "
+        "for its whole rendezvous, phalanx's for the start's phases (lobby, reach, table). Where it comes near the "
+        "wall time (or a multiple of it, up to the cores), the wall time is this machine running every node's part, "
+        "which on a cluster each node runs on its own. ops: the store operations of the node that made the most.",
+        width=110))  # fmt: skip
     largest = rows[-1]
     targets = [
         Target(f"seconds phalanx's start adds to torch's rendezvous ({largest['nodes']} nodes)", largest["added_s"],

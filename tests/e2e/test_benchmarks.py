@@ -59,6 +59,9 @@ def check_control_plane_report(written: dict, _stdout: str) -> None:
     assert [row["nodes"] for row in rows] == [8, 16], rows
     assert rows[0]["ops_max"]["lobby"] == rows[1]["ops_max"]["lobby"] <= 11, rows
     assert rows[0]["ops_max"]["reach"] == rows[1]["ops_max"]["reach"] <= 7, rows
+    for row in rows:  # torch's rendezvous beside it: every node joined, its figures measured
+        assert finite(row["torch_rendezvous_s"]) and finite(row["torch_cpu_s"]), row
+        assert row["torch_ops_max"] >= 3, row  # at least a read, a write and the read of the completed round
     assert written["results"]["beat_ops"] <= 4.5, written["results"]
 
 
@@ -165,3 +168,21 @@ def test_the_table_of_reports_measured_on_several_days_names_each_ones_day(tmp_p
     assert measured[-4:] == ["<=", "1.050x", "met", json.loads((tmp_path / "launch_overhead.json").read_text())[
         "measured"]["date"]], measured  # fmt: skip
     assert any(line.startswith("checkpoint") and "not run" in line for line in shown.stdout.splitlines()), shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--nodes", "8", "1"], "--nodes 1: a job of simulated nodes has at least 2"),
+        (["--torch-limit", "0"], "--torch-limit 0: a number of seconds, above 0"),
+        (["--heartbeat-timeout", "nan"], "--heartbeat-timeout nan: a number of seconds, above 0"),
+    ],
+)
+def test_the_control_plane_harness_refuses_what_it_cannot_run(argv: list[str], said: str, workdir: Path) -> None:
+    """Exit 2 and the value named, before a store or a node starts: nothing is left running."""
+    report = workdir / "control_plane.json"
+    done = run_command([sys.executable, str(REPO / "benchmarks" / "control_plane.py"), *argv, "--json", str(report)],
+                       timeout=120, cwd=workdir)  # fmt: skip
+    assert done.returncode == 2, done.output
+    assert said in done.stderr, done.output
+    assert not report.exists()
