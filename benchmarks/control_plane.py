@@ -14,20 +14,23 @@ TCPStore (as the store's host serves them), and each runs phalanx's code itself,
 
 Beside it, on a store of its own: torch's c10d rendezvous (DynamicRendezvousHandler, one per
 simulated node, as every torchrun agent makes one), timed to the moment every node has its rank.
-Its events are named without ``inspect.stack()`` (see name_events_cheaply; ``--torch-as-shipped``
-keeps it, and torch's keep-alive): a cost that each node of a cluster pays on its own CPU, and
-that here all N would pay on this machine's. Its keep-alive is raised to its join timeout for the
-same reason (see time_torch_rendezvous).
+Two of its costs are relaxed, because one machine runs every node here where a cluster gives each
+its own CPU: the names of its events come from the caller's frame, not ``inspect.stack()`` (see
+name_events_cheaply), and its keep-alive interval is its join timeout (see
+time_torch_rendezvous). ``--torch-as-shipped`` keeps torch's naming and keep-alive.
 
-Reported per N: the store operations of the node that made the most, per phase; each phase's
-wall time, and the CPU time of the start's phases (where the two are near, the wall time is the
-simulation's CPU: each node's share of it is what a node spends on its own machine); the steady
-load of the beats as a share of what the store served in a tight loop here. Workers are not started: they are torch's, and the harness measures what phalanx adds.
+Reported per N: for torch, the wall and CPU time of its rendezvous and the store operations of
+its busiest node; for phalanx, the store operations of the node that made the most, per phase;
+each phase's wall time, and the CPU time of the start's phases (where the two are near, the wall
+time is the simulation's CPU: each node's share of it is what a node spends on its own machine);
+the steady load of the beats as a share of what the store served in a tight loop here. Workers
+are not started: they are torch's, and the harness measures what phalanx adds.
 
 Targets (at the largest N): phalanx's start (lobby, reach and table) adds at most 1 s to torch's
 rendezvous, and the beats load the store with less than 1% of what it can serve.
 
-Usage: python benchmarks/control_plane.py [--nodes 8 64 256 1024] [--smoke] [--json PATH]
+Usage: python benchmarks/control_plane.py [--nodes 8 64 256 1024] [--smoke] [--torch-limit SECONDS]
+       [--torch-as-shipped] [--json PATH]
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 REPO = Path(__file__).resolve().parents[1]
 #: What the start may add to torch's rendezvous, in seconds, and the beats' share of the store.
 ADDED_S_LIMIT = 1.0
-#: How long torch's rendezvous may take to have every node join, in seconds.
-JOIN_S = 1800
 LOAD_LIMIT = 0.01
+#: torch's rendezvous here, in seconds: its join timeout, its keep-alive interval (unless as
+#: shipped) and its store clients' timeout.
+JOIN_S = 1800
 FINGERPRINT = {"nnodes": "N", "nproc-per-node": "8", "backend": "nccl", "script": "train.py",
                "script sha256": "0" * 64, "phalanx": "0.1.0", "torch": "2.13.0"}  # fmt: skip
 
@@ -73,17 +77,17 @@ FINGERPRINT = {"nnodes": "N", "nproc-per-node": "8", "backend": "nccl", "script"
 class Counted:
     """A store client that counts its operations in ``counts[phase]``."""
 
-    def __init__(self, store: Any, counts: dict[str, int]) -> None:
-        self.store, self.counts, self.phase = store, counts, "lobby"
+    def __init__(self, store: Any, counts: dict[str, int], phase: str = "lobby") -> None:
+        self.store, self.counts, self.phase = store, counts, phase
 
     def __getattr__(self, name: str) -> Any:
         operation = getattr(self.store, name)
         if not callable(operation):
             return operation
 
-        def counted(*args: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             self.counts[self.phase] = self.counts.get(self.phase, 0) + 1
-            return operation(*args)
+            return operation(*args, **kwargs)
 
         return counted
 
@@ -249,56 +253,66 @@ def torch_rendezvous(nodes: int, limit_s: float, as_shipped: bool) -> tuple[floa
     return float(wall), float(cpu), int(ops)
 
 
-def name_events_cheaply() -> None:
-    """Names torch's rendezvous events from the caller's frame instead of ``inspect.stack()``.
+def name_events_cheaply() -> bool:
+    """Names torch's rendezvous events from the caller's frame instead of ``inspect.stack()``;
+    False where this torch has no such helper (then nothing changed).
 
-    torch's handler names each event it records by the method that recorded it, and takes the
-    name from ``inspect.stack()``, twice: that reads the source file of every frame on the stack.
-    On a cluster each node pays that on its own CPU. Here every node shares this machine's, and
-    the CAS retries of N nodes record O(N) events each, so at 256 nodes nearly every thread sat in
-    ``inspect`` and the rendezvous took more than 600 s. The name is the same; the rendezvous's
-    protocol and store operations are untouched. ``--torch-as-shipped`` measures without this.
+    torch's handler names each event by the method that recorded it, and takes the name from
+    ``inspect.stack()``, twice: that reads the source file of every frame on the stack. It builds
+    the name even when no event handler is set, which is the default. On a cluster each node pays
+    that on its own CPU. Here every node shares this machine's, and the compare-and-set retries of
+    N nodes record O(N) events each, so at 256 nodes nearly every thread sat in ``inspect`` and
+    the rendezvous took more than 600 s. The name is the same; the rendezvous's protocol and store
+    operations are untouched. ``--torch-as-shipped`` measures without this.
     """
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     def get_method_name(depth: int = 2) -> str:  # the frame ``inspect.stack()[depth]`` names
-        frame = sys._getframe(depth)  # 0: this function, 1: the event's recorder, 2: its caller
+        try:
+            frame = sys._getframe(depth)  # 0: this function, 1: the event's recorder, 2: its caller
+        except ValueError:
+            return "no_method_name"
         return frame.f_code.co_name
 
-    if hasattr(dynamic_rendezvous, "get_method_name"):  # torch 2.13; elsewhere, where it exists
-        dynamic_rendezvous.get_method_name = get_method_name
+    if not hasattr(dynamic_rendezvous, "get_method_name"):  # (torch 2.13 has it)
+        return False
+    dynamic_rendezvous.get_method_name = get_method_name
+    return True
 
 
 def time_torch_rendezvous(nodes: int, as_shipped: bool) -> tuple[float, float, int]:
     """The measurement itself (``--torch-rendezvous N``): its wall time, this process's CPU time in
-    it (every node's and the store's), and the store operations of the node that made the most."""
+    it (every node's and the store's), and the store operations of the node that made the most
+    until then: the reads and compare-and-sets of the rendezvous state (not the two reads of the
+    master's address that follow, through the handler's own client)."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 
-    # torchrun's keep-alive (5 s) counts a node dead after 15 s without one. Here a node's turn at
+    # torch's keep-alive (5 s in 2.13) counts a node dead after three missed. Here a node's turn at
     # the store waits behind every other node's Python on this machine's cores: from 384 nodes on,
-    # nodes were dropped and joined again without end. As shipped it keeps torch's 5 s.
-    keep_alive = 5 if as_shipped else JOIN_S
-    if not as_shipped:
-        name_events_cheaply()
+    # nodes were dropped and joined again without end. As shipped it keeps torch's default.
+    keep_alive = {} if as_shipped else {"keep_alive_interval": JOIN_S}
+    if not as_shipped and not name_events_cheaply():
+        print("this torch names its rendezvous events another way: measured as it names them", file=sys.stderr)
     server = master()
     timeout = RendezvousTimeout(join=timedelta(seconds=JOIN_S), last_call=timedelta(seconds=1))
     counts: list[dict[str, int]] = [{} for _ in range(nodes)]
 
     def rendezvous(index: int) -> tuple[int, Any]:
         client = store_client("127.0.0.1", server.port, float(JOIN_S))
-        backend = C10dRendezvousBackend(Counted(client, counts[index]), "scale")  # type: ignore[arg-type]
+        backend = C10dRendezvousBackend(Counted(client, counts[index], "torch"), "scale")  # type: ignore[arg-type]
         handler = DynamicRendezvousHandler.from_backend("scale", client, backend, nodes, nodes, "127.0.0.1",
-                                                        timeout=timeout, keep_alive_interval=keep_alive)  # fmt: skip
+                                                        timeout=timeout, **keep_alive)  # fmt: skip
         return handler.next_rendezvous().rank, handler
 
     cpu = time.process_time()
     done, seconds = in_threads(nodes, rendezvous, "torch-rdzv")
     cpu = time.process_time() - cpu
+    ops = max(count["torch"] for count in counts)  # before the shutdown's own
     assert sorted(rank for rank, _ in done) == list(range(nodes)), done
     for _, handler in done:  # once every node has its rank: the first to shut down closes the rendezvous
         handler.shutdown()
-    return seconds, cpu, max(count.get("lobby", 0) for count in counts)
+    return seconds, cpu, ops
 
 
 def reverse_lookup_s() -> float:
@@ -367,8 +381,8 @@ def main() -> None:
     parser.add_argument(
         "--torch-as-shipped",
         action="store_true",
-        help="time torch's rendezvous with its inspect.stack() event names and 5 s keep-alive (every node's CPU on "
-        "this machine's cores)",
+        help="time torch's rendezvous with its own event naming (inspect.stack()) and keep-alive, which cost every "
+        "node's CPU on this machine's cores",
     )
     parser.add_argument("--torch-rendezvous", type=int, help=argparse.SUPPRESS)  # the child's measurement
     args = parser.parse_args()
@@ -390,8 +404,8 @@ def main() -> None:
     print(f"store capacity here: {capacity:.0f} operations/s (4 clients, adds); a beat: {per_beat:.1f} operations "
           f"every {beat_s:g} s per node (--heartbeat-timeout {args.heartbeat_timeout:g})")  # fmt: skip
     rows = []
-    print(f"{'':>6} {'torch rendezvous':^24} | {'phalanx: start (wall), cpu s, end':^46} | "
-          f"{'phalanx: ops per node (most)':^30} |")  # fmt: skip
+    print(f"{'':>6} {'torch rendezvous':^24} | {'phalanx: start (wall), cpu s, end':^45} | "
+          f"{'phalanx: ops per node':^27} |")  # fmt: skip
     header = f"{'nodes':>6} {'wall s':>7} {'cpu s':>7} {'ops':>8} | {'lobby s':>7} {'reach s':>7} {'table s':>7} " \
              f"{'added s':>7} {'cpu s':>6} {'end s':>6} | {'lobby':>6} {'reach':>6} {'table':>6} {'end':>6} | " \
              f"{'beat load':>9}"  # fmt: skip
@@ -425,7 +439,7 @@ def main() -> None:
                100 * LOAD_LIMIT, at_least=False, unit="%"),
     ]  # fmt: skip
     results = {"capacity_ops_s": capacity, "beat_ops": per_beat, "heartbeat_timeout_s": args.heartbeat_timeout,
-               "rows": rows}  # fmt: skip
+               "torch_limit_s": args.torch_limit, "torch_as_shipped": args.torch_as_shipped, "rows": rows}  # fmt: skip
     write_report(args.json, results, targets,
                  smoke=args.smoke)  # fmt: skip
     print(f"report: {args.json}")

@@ -71,7 +71,7 @@ BENCHMARKS = (
     Benchmark("collectives_vs_torch", needs_root=True, minutes=5),
     Benchmark("auto_compression", needs_root=True, minutes=120, second_stage_smoke=True),
     Benchmark("fabric_exits", needs_root=True, needs=("lightning",), minutes=6),
-    Benchmark("control_plane", minutes=30),
+    Benchmark("control_plane", minutes=15),
     Benchmark("recovery", needs_root=True, minutes=160, second_stage_smoke=True),
     Benchmark("detection", needs_root=True, minutes=35, second_stage_smoke=True),
 )
