@@ -292,8 +292,8 @@ def time_torch_rendezvous(nodes: int, as_shipped: bool) -> tuple[float, float, i
     # the store waits behind every other node's Python on this machine's cores: from 384 nodes on,
     # nodes were dropped and joined again without end. As shipped it keeps torch's default.
     keep_alive = {} if as_shipped else {"keep_alive_interval": JOIN_S}
-    if not as_shipped and not name_events_cheaply():
-        print("this torch names its rendezvous events another way: measured as it names them", file=sys.stderr)
+    if not as_shipped:
+        name_events_cheaply()  # (main() says where it cannot)
     server = master()
     timeout = RendezvousTimeout(join=timedelta(seconds=JOIN_S), last_call=timedelta(seconds=1))
     counts: list[dict[str, int]] = [{} for _ in range(nodes)]
@@ -396,6 +396,8 @@ def main() -> None:
     for flag, seconds in (("--torch-limit", args.torch_limit), ("--heartbeat-timeout", args.heartbeat_timeout)):
         if not seconds > 0:  # (nan too)
             parser.error(f"{flag} {seconds:g}: a number of seconds, above 0")
+    if not args.torch_as_shipped and not name_events_cheaply():  # (the children rename their own)
+        print("this torch names its rendezvous events another way: torch's rendezvous is measured as it names them")
     if not raise_open_files(max(sizes)):
         parser.error(f"--nodes {max(sizes)} needs more open files than this machine allows (ulimit -Hn)")
 
