@@ -17,6 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+#: The small training programs the tests run as workers.
+WORKERS = REPO / "tests" / "e2e" / "workers"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
-from tests.conftest import EXAMPLES, kill_group, phalanx_argv, run_command
+from tests.conftest import EXAMPLES, WORKERS, kill_group, phalanx_argv, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # fault tests: the second stage
-WORKER = str(Path(__file__).parent / "workers" / "run_checkpoints.py")
-SIGNAL_AT_STEP = str(Path(__file__).parent / "workers" / "signal_at_step.py")
-DIES_IN_A_STEP = str(Path(__file__).parent / "workers" / "dies_in_a_step.py")
+WORKER = str(WORKERS / "run_checkpoints.py")
+SIGNAL_AT_STEP = str(WORKERS / "signal_at_step.py")
+DIES_IN_A_STEP = str(WORKERS / "dies_in_a_step.py")
 
 
 def launch(*args: str, nodes: int = 2, nproc: int = 1) -> list[str]:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from phalanx.runtime.compression import AutoTrial, choose
-from tests.conftest import EXAMPLES, phalanx_argv, run_command
+from tests.conftest import EXAMPLES, WORKERS, phalanx_argv, run_command
 
 pytestmark = pytest.mark.slow
 TRAIN = str(EXAMPLES / "train.py")
-WORKER = str(Path(__file__).parent / "workers" / "compression_worker.py")
+WORKER = str(WORKERS / "compression_worker.py")
 DECISION = re.compile(
     r"phalanx: compression auto chose (\w+)(?: \(([^)]*)\))?: (.+) ms/step \(medians? of (.+) trial steps(?: each)?, slowest rank\)"
 )

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from phalanx.runtime.checkpoint.folder import committed
-from tests.conftest import phalanx_argv, run_command
+from tests.conftest import WORKERS, phalanx_argv, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # fault tests: the second stage
-DIES_IN_A_STEP = str(Path(__file__).parent / "workers" / "dies_in_a_step.py")
+DIES_IN_A_STEP = str(WORKERS / "dies_in_a_step.py")
 
 
 def train(

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from phalanx.runtime.checkpoint.lock import LOCK_NAME
-from tests.conftest import EXAMPLES, Completed, kill_group, phalanx_argv, run_command
+from tests.conftest import EXAMPLES, WORKERS, Completed, kill_group, phalanx_argv, run_command
 
 pytestmark = pytest.mark.slow
 TRAIN = str(EXAMPLES / "train.py")
@@ -91,7 +91,7 @@ def test_accumulated_micro_batches_give_the_same_model(workdir, single_process):
 
 def test_accumulation_all_reduces_only_at_the_end_of_a_window(phalanx, workdir):
     script = workdir / "accumulate.py"
-    script.write_text((Path(__file__).parent / "workers" / "accumulate.py").read_text())
+    script.write_text((WORKERS / "accumulate.py").read_text())
     result = phalanx("run", "--nproc-per-node", "2", str(script), str(workdir))
     assert result.returncode == 0, result.output
     ranks = [json.loads((workdir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -363,7 +363,7 @@ def epoch_lines(output: str) -> list[tuple[int, int, str, str]]:
 
 def test_ranks_that_disagree_are_named_on_every_rank(phalanx, workdir):
     script = workdir / "mismatch.py"
-    script.write_text((Path(__file__).parent / "workers" / "mismatch.py").read_text())
+    script.write_text((WORKERS / "mismatch.py").read_text())
     result = phalanx("run", "--nproc-per-node", "2", str(script))
     assert result.returncode == 2, result.output  # ExitCode.REFUSED: the ranks were not started alike
     assert "consistent" not in result.stdout
@@ -415,7 +415,7 @@ def test_uneven_shards_neither_hang_nor_count_padding(workdir):
 @pytest.mark.compat
 def test_a_stalled_rank_is_named_within_the_bound(phalanx, workdir):
     script = workdir / "stall.py"
-    script.write_text((Path(__file__).parent / "workers" / "stall.py").read_text())
+    script.write_text((WORKERS / "stall.py").read_text())
     timeout = 4
     result = phalanx("run", "--simulate-nodes", "2", "--nproc-per-node", "2", str(script), "2",
                      env={"PHALANX_STALL_TIMEOUT": str(timeout)}, timeout=120)  # fmt: skip
@@ -433,7 +433,7 @@ def test_a_stall_in_a_process_group_names_its_member_that_never_called_the_colle
     never called the pair's #3; rank 2, outside the pair, is not named. The sleepers' logs went
     quiet first, but the agent killed them: the report stays the root cause."""
     script = workdir / "stall_in_group.py"
-    script.write_text((Path(__file__).parent / "workers" / "stall_in_group.py").read_text())
+    script.write_text((WORKERS / "stall_in_group.py").read_text())
     result = phalanx("run", "--nproc-per-node", "3", str(script), env={"PHALANX_STALL_TIMEOUT": "4"}, timeout=120)
     assert result.returncode == 4, result.output  # ExitCode.STALLED
     cause = result.stderr[result.stderr.index("phalanx: root cause:") :]
@@ -473,7 +473,7 @@ def test_sigusr1_to_the_workers_ends_the_launch_with_the_preemption_code(workdir
 def test_workers_stopped_for_preemption_are_not_restarted(phalanx, workdir):
     """Under --max-restarts torchrun alone restarts them: they resume and train to the end (exit
     0) on a machine that is being taken away, instead of exit 75 for a relaunch."""
-    worker = Path(__file__).parent / "workers" / "signal_at_step.py"  # both ranks: SIGTERM after step 5
+    worker = WORKERS / "signal_at_step.py"  # both ranks: SIGTERM after step 5
     result = phalanx("run", "--nproc-per-node", "2", "--max-restarts", "2", str(worker), "TERM", "all", "5", "--samples", "448",
                      "--batch-size", "16", "--epochs", "1", "--checkpoint-dir", "ck", "--metrics-json", "metrics.json")  # fmt: skip
     assert result.returncode == 75, result.output
@@ -487,7 +487,7 @@ def test_a_preemption_after_the_last_step_finishes_the_run(workdir, signal_step)
     """28 steps in all (448 samples, batch 16). A stop asked for after step 27 saves and exits
     75 for a relaunch; after step 28 there is nothing left to train, so the run finishes as an
     uninterrupted one does: exit 0, its checkpoint, its final metrics."""
-    worker = Path(__file__).parent / "workers" / "signal_at_step.py"
+    worker = WORKERS / "signal_at_step.py"
     out = workdir / "metrics.json"
     argv = [sys.executable, str(worker), "TERM", "all", str(signal_step), "--samples", "448", "--batch-size", "16", "--epochs", "1",
             "--checkpoint-dir", str(workdir / "ck"), "--metrics-json", str(out)]  # fmt: skip
@@ -512,7 +512,7 @@ def test_preemption_votes_are_rare_on_short_steps_ride_on_logging_points_and_eve
     the guard votes in collectives of its own about every period (0.3 s here), not at every
     boundary, and a signal on one rank still stops every rank after one and the same step, soon
     after it arrived."""
-    worker = Path(__file__).parent / "workers" / "preemption_votes.py"
+    worker = WORKERS / "preemption_votes.py"
     signal_step, period_s, log_every, log_until = 300, 0.3, 10, 200
     argv = ("run", "--nproc-per-node", "2", str(worker), str(workdir), "1", str(signal_step), str(period_s),
             str(log_every), str(log_until))  # fmt: skip

@@ -18,9 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import EXAMPLES, gloo_flight_recorder_on, kill_group, phalanx_argv
-
-WORKERS = Path(__file__).parent / "workers"
+from tests.conftest import EXAMPLES, WORKERS, gloo_flight_recorder_on, kill_group, phalanx_argv
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from phalanx.testbed import phalanx_argv, run_together
-from tests.conftest import EXAMPLES, kill_group
+from tests.conftest import EXAMPLES, WORKERS, kill_group
 from tests.netns.hosts import two_hosts
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -130,7 +129,7 @@ def test_a_port_that_is_no_store_is_refused_within_the_join_timeout(workdir, ser
 
 
 def test_both_hosts_name_the_rank_that_failed_first(workdir):
-    worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "fail_on_rank.py")
+    worker = str(WORKERS / "fail_on_rank.py")
     with two_hosts("f") as (a, b):
         outcomes = run_together(
             [phalanx_line(a, a.address, script=[worker, "1"]), phalanx_line(b, a.address, script=[worker, "1"])],
@@ -150,7 +149,7 @@ def test_the_host_whose_workers_finished_does_not_wait_for_the_failed_one(workdi
     """Two real hosts: a's workers finish, b's rank fails seconds later, with a restart left. a
     (which hosts the store) exits with 0 once b posted its failure, not 5 minutes later; b does
     not restart for a's ranks, and still names the root cause with the store's help."""
-    worker = str(Path(__file__).parents[1] / "e2e" / "workers" / "rank1_late.py")
+    worker = str(WORKERS / "rank1_late.py")
     with two_hosts("l") as (a, b):
         outcomes = run_together(
             [phalanx_line(host, a.address, "--max-restarts", "1", script=[worker]) for host in (a, b)],

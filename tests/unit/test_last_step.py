@@ -23,8 +23,9 @@ from phalanx.launch.keep_request import ask_to_keep, read_report, wait_for_repor
 from phalanx.runtime.checkpoint import CheckpointManager, last_step
 from phalanx.runtime.context import init
 from phalanx.worker_env import WorkerEnv
+from tests.conftest import WORKERS
 
-WORKER = Path(__file__).parents[1] / "e2e" / "workers" / "dies_in_a_step.py"
+WORKER = WORKERS / "dies_in_a_step.py"
 LAUNCH, EARLIER_LAUNCH = 0x5EED, 0xA11
 
 
