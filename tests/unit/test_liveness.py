@@ -62,11 +62,13 @@ def store():
 class Watch:
     """A Liveness for one node; ``lost`` is set with its reason when it declares one lost."""
 
-    def __init__(self, port: int, me: str, watched: list[str], ended: set[str] | None = None) -> None:
+    def __init__(self, port: int, me: str, watched: list[str], ended: set[str] | None = None,
+                 verdicts: list[str] | None = None, keep_watching: bool = False) -> None:  # fmt: skip
         self.why: list[str] = []
         self.lost = threading.Event()
         self.liveness = Liveness("127.0.0.1", port, PREFIX, me, watched, ended=lambda _store: ended or set(),
-                                 on_lost=self._on_lost, beat_s=BEAT_S, lost_after_s=LOST_AFTER_S)  # fmt: skip
+                                 verdicts=lambda _store: verdicts or [], on_lost=self._on_lost, beat_s=BEAT_S,
+                                 lost_after_s=LOST_AFTER_S, keep_watching=keep_watching)  # fmt: skip
         self.liveness.start()
 
     def _on_lost(self, why: str, store_lost: bool, _heard: bool) -> None:
@@ -110,6 +112,39 @@ def test_a_store_that_stops_answering_is_its_host_lost():
     finally:
         a.liveness.stop()
         silent.close()
+
+
+def test_kept_watching_a_node_is_declared_lost_once_per_silence_and_again_after_it_came_back(store):
+    """Heal mode: the job goes on after a lost node, and so does the watch."""
+    a, b = Watch(store.port, "a", ["b"], keep_watching=True), Watch(store.port, "b", ["a"])
+    try:
+        b.liveness.stop()
+        assert a.lost.wait(timeout=LOST_AFTER_S + 10)
+        a.lost.clear()
+        assert not a.lost.wait(timeout=LOST_AFTER_S + 5 * BEAT_S), a.why  # still silent: not declared again
+        b = Watch(store.port, "b", ["a"])  # back: its count moves again
+        time.sleep(LOST_AFTER_S)  # 20 of a's reads of b's count, which a beat moved
+        assert not a.lost.is_set(), a.why
+        b.liveness.stop()
+        assert a.lost.wait(timeout=LOST_AFTER_S + 10)
+        assert len(a.why) == 2 and all(why.startswith("node b sent no sign of life for ") for why in a.why), a.why
+    finally:
+        a.liveness.stop()
+        b.liveness.stop()
+
+
+def test_kept_watching_a_verdict_is_heard_once_and_one_about_this_node_never(store):
+    """A verdict stays on the store: heard once; and a node back from a cut finds the verdicts
+    about itself there, which are no news of another node lost."""
+    verdicts = ["a: node b sent no sign of life for 3 s", "a: node c sent no sign of life for 3 s"]
+    b = Watch(store.port, "b", [], verdicts=verdicts, keep_watching=True)
+    try:
+        assert b.lost.wait(timeout=10)
+        b.lost.clear()
+        assert not b.lost.wait(timeout=20 * BEAT_S)
+        assert b.why == ["node c sent no sign of life for 3 s (seen by a)"]
+    finally:
+        b.liveness.stop()
 
 
 @pytest.mark.parametrize("nodes", [8, 64])

@@ -32,7 +32,7 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ran
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
-from phalanx.launch.lobby import Lobby, host_store
+from phalanx.launch.lobby import Lobby, host_store, store_client
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
 from phalanx.launch.reachability import CHECK_BOUND_S, Reachability, interface_variables, workers_interface
@@ -268,7 +268,7 @@ class NodeAgent:
             endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.watched,
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
             beat_s=beat_of(self.setup.heartbeat_timeout), lost_after_s=self.setup.heartbeat_timeout,
-            store_host=str(endpoint),
+            store_host=str(endpoint), keep_watching=bool(self.setup.heal),
         )  # fmt: skip
         self.liveness.start()
 
@@ -281,7 +281,13 @@ class NodeAgent:
 
         Where the lost node is the store's host, this process ends here as well: torchrun's agent
         would go on to close the rendezvous and phalanx to post the failures, on a store that no
-        longer answers (a minute's timeout each), and there is nothing left to save."""
+        longer answers (a minute's timeout each), and there is nothing left to save.
+
+        In heal mode the ranks heal instead where they can (:meth:`_heal_instead`)."""
+        if self.setup.heal and self._heal_instead(why, store_lost, heard):
+            return
+        if self.liveness is not None:
+            self.liveness.keep_watching = False  # the workers stop: the job ends
         self.lost = why
         say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
             "stopping this node's workers\nHINT: check that node; once it is back, run the same command on every "
@@ -291,22 +297,99 @@ class NodeAgent:
         workers = [
             p for p in psutil.Process().children(recursive=True) if _alive(p)
         ]  # not the zombies of a pod's PID 1
-        asked = ask_to_keep(self._keep_requests(), f"{self.setup.node_label}: {why}, so its launcher stopped this rank")
-        if workers and asked:
+        self._keep_then_kill(workers, f"{why}, so its launcher stopped this rank")
+        if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
+            sys.stdout.flush()
+            os._exit(ExitCode.FAILED)
+
+    def _heal_instead(self, why: str, store_lost: bool, heard: bool) -> bool:
+        """Heal mode, a node lost: the ranks heal instead of stopping. On a node that sees another
+        lost, the launcher opens the next generation of the ranks' group, which ends their waits on
+        the lost node's ranks (a cut link closes no socket): they keep their processes and wait for
+        the replacements. On the node that lost the store (cut off, most likely), it ends the
+        scripts its supervisors run, after they kept their state; the supervisors start
+        replacements, which join the others once the store answers again.
+
+        Returns False where the ranks cannot heal: no generation of their group formed yet, or, on
+        the cut-off node, no script left to end (they failed on their own: the store's host was
+        killed, its sockets closed). The workers are then stopped as without heal mode."""
+        node = self.setup.node_label
+        if store_lost:
+            # the workers torch's agent started are the supervisors; each runs its script as a child
+            scripts = [script for worker in psutil.Process().children() if _alive(worker)
+                       for script in worker.children() if _alive(script)]  # fmt: skip
+            if not scripts:
+                return False
+            scripts += [process for script in scripts for process in script.children(recursive=True)]
+            say(f"phalanx: PROBLEM: {node}: {why}: this node is cut off from the others, or the store's host is lost; "
+                "heal mode: ending this node's scripts, whose replacements join the other ranks once the store answers "
+                "again\nHINT: if the network does not come back, stop the job and run the same command on every node: "
+                "a phalanx.Run script resumes after the last step its ranks kept")  # fmt: skip
+            self._keep_then_kill(scripts, f"{why}, so its launcher ended this rank for a replacement")
+            self._wait_for_the_store_to_answer_again()
+            return True
+        if self.store is None or self.logs is None:
+            return False
+        import torch.distributed as dist
+
+        from phalanx.runtime.heal.generations import heal_prefix, live_generation, open_for_a_lost_node
+
+        store = dist.PrefixStore(heal_prefix(self.setup.rdzv_id, self.logs.attempt), self.store)
+        try:
+            # Heard: the node that saw it opened the generation; opened here too, it could open the next.
+            opened = (
+                live_generation(store) if heard else open_for_a_lost_node(store, f"the launcher of node {node} ({why})")
+            )
+        except Exception as error:  # the store stopped answering meanwhile
+            raise_if_signal(error)
+            return False
+        if opened is None:
+            return False
+        if heard:
+            say(f"phalanx: PROBLEM: {node}: {why}: it is lost (its machine down, or its network cut); heal mode: this "
+                "node's ranks keep their processes and wait for the lost node's replacements")  # fmt: skip
+            return True
+        self.crossnode.post_lost(why)
+        say(f"phalanx: PROBLEM: {node}: {why}: it is lost (its machine down, or its network cut); heal mode: this "
+            f"node's ranks keep their processes and form generation {opened} of their group with the lost node's "
+            "replacements, which its launcher starts once it is back, waiting for them as long as the group's timeout"
+            "\nHINT: if that node does not come back, the ranks keep the state after their last step and the "
+            "launcher's restart follows (--max-restarts)")  # fmt: skip
+        return True
+
+    def _wait_for_the_store_to_answer_again(self) -> None:
+        """Heal mode, on a node cut off from the store: waits until it answers again, as long as the
+        other ranks wait for this node's replacements (phalanx.init's default timeout), else ends
+        this process as without heal mode (the store's host may be down for good)."""
+        from phalanx.runtime.context import DEFAULT_INIT_TIMEOUT_S
+
+        endpoint = parse_endpoint(self.setup.rdzv_endpoint)
+        try:
+            store_client(endpoint.host, endpoint.port, DEFAULT_INIT_TIMEOUT_S)
+        except Exception as error:
+            raise_if_signal(error)
+            say(f"phalanx: {self.setup.node_label}: the store's host {endpoint} did not answer for {DEFAULT_INIT_TIMEOUT_S:g} "
+                "s more, as long as the other ranks wait for this node's replacements: ending this node")  # fmt: skip
+            sys.stdout.flush()
+            os._exit(ExitCode.FAILED)
+        say(f"phalanx: {self.setup.node_label}: the store answers again: this node's replacements join the other ranks")
+
+    def _keep_then_kill(self, processes: list[psutil.Process], why: str) -> None:
+        """Asks this node's ranks to keep the state after their last step (:mod:`.keep_request`),
+        waits for them, then kills ``processes``."""
+        asked = ask_to_keep(self._keep_requests(), f"{self.setup.node_label}: {why}")
+        if processes and asked:
             ranks, their = (f"{len(asked)} ranks", "their") if len(asked) > 1 else ("its rank", "its")
             say(f"phalanx: {self.setup.node_label}: waiting for {ranks} to keep the state after {their} last step "
                 f"(at most {KEEP_BOUND_S:g} s)")  # fmt: skip
-            wait_for_reports(asked, workers)
+            wait_for_reports(asked, processes)
         self._say_what_was_kept()  # asked, or failed on their own before (a peer's sockets closed)
-        for process in workers:
+        for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
         for request in self._keep_requests():  # a killed rank leaves its FIFO
             with contextlib.suppress(OSError):
                 request.unlink()
-        if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
-            sys.stdout.flush()
-            os._exit(ExitCode.FAILED)
 
     def _keep_requests(self) -> list[Path]:
         """Each of this node's ranks' keep request, in the latest attempt."""

@@ -51,11 +51,15 @@ def beat_of(timeout_s: float) -> float:
 class Liveness:
     """Beats for ``me`` and watches the beats of the nodes ``watched`` (their labels: the next
     :data:`WATCHED` nodes in the order of the lobby, :class:`phalanx.launch.lobby.Meeting`) on the
-    store at ``host:port``; calls ``on_lost(why, store_lost, heard)`` once, from its own thread, when
-    one is lost (``store_lost``: the one lost is the store's host, which this node can no longer
+    store at ``host:port``; calls ``on_lost(why, store_lost, heard)`` from its own thread when one
+    is lost (``store_lost``: the one lost is the store's host, which this node can no longer
     reach; ``heard``: another node's watch said so, in ``verdicts(store)``, its lines
     ``"NODE: why"``). ``ended(store)`` names the nodes that said they ended, which are no longer
     expected to beat.
+
+    Once only, unless ``keep_watching`` (heal mode, where the job goes on): then a node declared
+    lost is judged again once it beats again, the store once it answered again, and a verdict
+    heard once; a verdict about this node itself (heard once it is back) is not heard.
 
     Two threads: one talks to the store, and may block for good (torch's store client has no
     timeout on a connection whose peer went silent); the other judges from what the first last
@@ -69,6 +73,7 @@ class Liveness:
         beat_s: float = beat_of(DEFAULT_HEARTBEAT_TIMEOUT_S), lost_after_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
         store_host: str = "",
         connect: Callable[[str, int, float], Any] = store_client,
+        keep_watching: bool = False,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
         self.others = list(watched)
@@ -85,6 +90,10 @@ class Liveness:
         self._seen = {node: (-1, started) for node in self.others}  # counter, and when it last moved
         self._ended: set[str] = set()
         self._heard: list[str] = []
+        self.keep_watching = keep_watching
+        self._declared: dict[str, int] = {}  # a node declared lost -> its count then
+        self._store_declared: float | None = None  # the last round the store answered, when declared lost
+        self._heard_used = 0  # the verdicts heard and acted on already
 
     def start(self) -> None:
         for target, name in ((self._beat, "phalanx-beat"), (self._watch, "phalanx-liveness")):
@@ -139,31 +148,56 @@ class Liveness:
             for node, count in counts.items():
                 if count != self._seen[node][0]:
                     self._seen[node] = (count, now)
+                    self._declared.pop(node, None)  # it beats again: judged afresh
 
     def _watch(self) -> None:
         while not self._stop.wait(self.beat_s):
             lost = self._judge(time.monotonic())
             if lost is not None and not self._stop.is_set():
                 self.on_lost(*lost)
-                return
+                if not self.keep_watching:
+                    return
+                self._set_aside(lost)
+
+    def _set_aside(self, lost: tuple[str, bool, bool]) -> None:
+        """Keeps what was just declared lost from being declared again before it is back."""
+        why, store_lost, heard = lost
+        with self._lock:
+            self._heard_used = len(self._heard) if heard else self._heard_used
+            if store_lost:
+                self._store_declared = self._last_round
+            elif not heard:
+                node = _silent_node(why)
+                self._declared[node] = self._seen[node][0]
 
     def _judge(self, now: float) -> tuple[str, bool, bool] | None:
         """Why a node counts as lost now, whether it is the store's host, and whether another
         node's watch said so; or None."""
         with self._lock:
-            if now - self._last_round >= self.lost_after_s:
+            if now - self._last_round >= self.lost_after_s and self._store_declared != self._last_round:
                 return (
                     f"the store's host {self.store_host} did not answer for {now - self._last_round:.0f} s",
                     True,
                     False,
                 )
-            for node, (_, moved) in self._seen.items():
+            for node, (count, moved) in self._seen.items():
                 # silent over rounds the store answered: a store that stopped answering is judged
                 # above, never as the silence of the nodes it would have shown
-                if node not in self._ended and self._last_round - moved >= self.lost_after_s:
-                    return f"node {node} sent no sign of life for {now - moved:.0f} s", False, False
-            for line in self._heard:
+                if node in self._ended or self._declared.get(node) == count:
+                    continue
+                if self._last_round - moved >= self.lost_after_s:
+                    return f"{_SILENT}{node} sent no sign of life for {now - moved:.0f} s", False, False
+            for line in self._heard[self._heard_used :]:
                 watcher, _, why = line.partition(": ")
-                if watcher != self.me:
+                if watcher != self.me and _silent_node(why) != self.me:
                     return f"{why} (seen by {watcher})", False, True
         return None
+
+
+#: How a node's verdict about a silent node begins: "node LABEL sent no sign of life for N s".
+_SILENT = "node "
+
+
+def _silent_node(why: str) -> str:
+    """The node a verdict ``why`` declares silent (its label)."""
+    return why.removeprefix(_SILENT).split(" ", 1)[0]

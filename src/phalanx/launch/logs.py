@@ -51,6 +51,11 @@ class RankLogsSpecs(LogsSpecs):
     def root_log_dir(self) -> str:
         return str(self._root_log_dir)
 
+    @property
+    def attempt(self) -> int:
+        """The number of the workers' latest start (``WorkerEnv.attempt``), alike on every node."""
+        return self._starts - 1
+
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
         # Every node's agent starts its workers once per rendezvous round, so counting the starts
         # numbers the rounds alike on every node. TORCHELASTIC_RESTART_COUNT does not: it counts

@@ -28,15 +28,47 @@ from phalanx.worker_env import WorkerEnv
 _LIVE, _OPENED = "live", "opened/"
 
 
+def heal_prefix(run_id: str, attempt: int) -> str:
+    """The prefix of one start of the workers' heal keys on the launch's store: job ``run_id``
+    (the rendezvous ID), start ``attempt`` (counted alike on every node). A restart of every
+    worker starts again at generation 0."""
+    return f"phalanx/heal/{run_id}/{attempt}/"
+
+
 def job_store(address: str | None, timeout_s: float) -> dist.Store:
     """A client of the launch's store at ``address`` (``host:port``; None: MASTER_ADDR:MASTER_PORT),
-    under a prefix of this launch's restart round: a restart of every worker starts again at
-    generation 0."""
+    under this start's :func:`heal_prefix`."""
     host, port = address.rsplit(":", 1) if address else (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    attempt = WorkerEnv.from_env(os.environ).attempt or 0  # the workers' start, counted alike on every node
-    return dist.PrefixStore(f"phalanx/heal/{run}/{attempt}/", store)
+    attempt = WorkerEnv.from_env(os.environ).attempt or 0
+    return dist.PrefixStore(heal_prefix(os.environ.get("TORCHELASTIC_RUN_ID", "none"), attempt), store)
+
+
+def open_for_a_lost_node(store: dist.Store, opener: str) -> int | None:
+    """Opens the generation after the live one for a node that another node's launcher found
+    lost (heal mode): every rank's watch then ends its waits on the broken group, which a cut
+    link would hold for the group's timeout, and the survivors form the next generation, which
+    the lost node's replacements join once it is back.
+
+    Args:
+        store: the launch's store under this start's :func:`heal_prefix`.
+        opener: who opened it and why, for the ranks' lines.
+
+    Returns:
+        The generation opened (or opened already by a rank), or None where no generation formed
+        yet: the ranks cannot heal, and the launcher stops them instead.
+    """
+    live = live_generation(store)
+    if live is None:
+        return None
+    store.compare_set(f"{_OPENED}{live + 1}", "", opener)
+    return live + 1
+
+
+def live_generation(store: dist.Store) -> int | None:
+    """The generation the ranks formed last on ``store`` (under this start's :func:`heal_prefix`),
+    or None before they formed the first: they cannot heal yet."""
+    return int(store.get(_LIVE)) if store.check([_LIVE]) else None
 
 
 class Generations:
@@ -72,7 +104,7 @@ class Generations:
     def next_after_failure(self) -> int:
         """A survivor: leaves the broken group, opens the next generation and forms it."""
         target = self.current + 1
-        self.store.set(f"{_OPENED}{target}", str(self.rank))
+        self.store.set(f"{_OPENED}{target}", f"rank {self.rank}")
         self._leave()
         self._arrive(target)
         self._form(target)
@@ -168,5 +200,6 @@ class OpenedWatch:
 
 
 def _opened(opener: str, generation: int) -> PeerFailed:
-    """The failure that rank ``opener`` opening ``generation`` tells the other ranks of."""
-    return PeerFailed(f"rank {opener} opened generation {generation} of the group: a peer failed")
+    """The failure that ``opener`` (a rank, or a launcher that found a node lost) opening
+    ``generation`` tells the other ranks of."""
+    return PeerFailed(f"{opener} opened generation {generation} of the group: a peer failed")
