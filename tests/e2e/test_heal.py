@@ -78,6 +78,20 @@ CASES = {
     # In the checkpoint save after step 10: the others fail in the save's collectives, and heal.
     # As the files are written: every survivor's next collective has rank 2 in it.
     "rank-2-killed-in-a-save": (2, ["--fail-step", "10", "--fail-where", "save"], "params_sha256"),
+    # In the save at the end of run.epochs() (3 epochs of 10 steps, a checkpoint every 7): the
+    # replacement, past the last epoch, joins the survivors as they save it again.
+    "rank-2-killed-in-the-final-save": (
+        2,
+        ["--fail-step", "30", "--fail-where", "save", "--every", "7"],
+        "params_sha256",
+    ),  # fmt: skip
+    # In a run.save() of the script's own after the first epoch: healed, and that checkpoint is not
+    # saved (the replacement goes on from the step; it does not make that call).
+    "rank-2-killed-in-a-save-of-the-script": (
+        2,
+        ["--fail-step", "10", "--fail-where", "save", "--every", "100", "--save-each-epoch"],
+        "params_sha256",
+    ),
 }
 
 

@@ -212,7 +212,12 @@ def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):
     add_steps(reporter, [1.0, 3.0])
     reporter.start(step=2, epoch=0)
     calls = count_collectives(reporter, monkeypatch)
-    assert reporter.checkpoint_state(2) == {"running": (16.0, 8.0), "logged": (16.0, 8.0), "epoch_logged": (0.0, 0.0)}
+    assert reporter.checkpoint_state(2) == {
+        "running": (16.0, 8.0),
+        "logged": (16.0, 8.0),
+        "epoch_logged": (0.0, 0.0),
+        "logged_step": 2,
+    }
     assert calls == []  # the sums at a logging point are known: no all-reduce
 
 
@@ -225,4 +230,4 @@ def test_the_state_between_logging_steps_takes_one_collective_with_the_epoch_end
     state = reporter.checkpoint_state(3)
     assert calls == [1]  # the epoch end and the sums now, in one all-reduce
     assert "epoch 1/3  step 3  loss 3.0000" in shown(reporter)
-    assert state == {"running": (36.0, 12.0), "logged": (16.0, 8.0), "epoch_logged": (36.0, 12.0)}
+    assert state == {"running": (36.0, 12.0), "logged": (16.0, 8.0), "epoch_logged": (36.0, 12.0), "logged_step": 2}

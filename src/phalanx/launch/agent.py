@@ -31,7 +31,7 @@ from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
-from phalanx.launch.liveness import WATCHED, Liveness, beat_of
+from phalanx.launch.liveness import WATCHED, Liveness, beat_of, silent_node
 from phalanx.launch.lobby import Lobby, host_store, store_client
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
@@ -45,10 +45,16 @@ from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
-from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv
+from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv, heal_armed_of, keep_report_of
 
 if TYPE_CHECKING:
     from phalanx.launch.logs import RankLogsSpecs
+
+
+#: Heal mode, on a node cut off from the store: how long its launcher waits for the store to answer
+#: again before it ends. torch's agent on that node reads its rendezvous store on every look at
+#: its workers, with a 60 s timeout: a longer cut ends the node there.
+STORE_BACK_BOUND_S = 60.0
 
 
 def failure_file(setup: NodeSetup) -> Path:
@@ -85,6 +91,9 @@ class NodeAgent:
         self.liveness: Liveness | None = None
         #: Why a node counts as lost, once the liveness watch said so.
         self.lost: str | None = None
+        #: Heal mode: the nodes found lost whose ranks the others wait for, until they beat again
+        #: (node -> why): a restart would wait for them too.
+        self.healing_lost: dict[str, str] = {}
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
         #: The per-rank log layout of this node's workers (set as torchrun's agent starts).
         self.logs: RankLogsSpecs | None = None
@@ -269,6 +278,7 @@ class NodeAgent:
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
             beat_s=beat_of(self.setup.heartbeat_timeout), lost_after_s=self.setup.heartbeat_timeout,
             store_host=str(endpoint), keep_watching=bool(self.setup.heal),
+            on_back=lambda node: self.healing_lost.pop(node, None),
         )  # fmt: skip
         self.liveness.start()
 
@@ -303,93 +313,114 @@ class NodeAgent:
             os._exit(ExitCode.FAILED)
 
     def _heal_instead(self, why: str, store_lost: bool, heard: bool) -> bool:
-        """Heal mode, a node lost: the ranks heal instead of stopping. On a node that sees another
-        lost, the launcher opens the next generation of the ranks' group, which ends their waits on
-        the lost node's ranks (a cut link closes no socket): they keep their processes and wait for
-        the replacements. On the node that lost the store (cut off, most likely), it ends the
-        scripts its supervisors run, after they kept their state; the supervisors start
-        replacements, which join the others once the store answers again.
+        """Heal mode, a node lost: the ranks heal instead of stopping.
 
-        Returns False where the ranks cannot heal: no generation of their group formed yet, or, on
-        the cut-off node, no script left to end (they failed on their own: the store's host was
-        killed, its sockets closed). The workers are then stopped as without heal mode."""
-        node = self.setup.node_label
+        On a node that finds another lost, the launcher opens the next generation of the ranks'
+        group, which ends their waits on the lost node's ranks (a cut link closes no socket): they
+        keep their processes and wait for the replacements. On the node that lost the store (cut
+        off, most likely), it ends the scripts its supervisors run, after they kept their state;
+        the supervisors start replacements, which join the others once the store answers again.
+
+        Returns False where the ranks cannot heal, and the workers are then stopped as without
+        heal mode: no generation of their group formed yet; a verdict heard from another node
+        (a node that healed posts none: that one stopped its workers); on the cut-off node, a
+        rank whose loop cannot heal yet, or no script left (they failed on their own: the store's
+        host was killed, its sockets closed)."""
+        if heard:
+            return False
         if store_lost:
-            # the workers torch's agent started are the supervisors; each runs its script as a child
-            scripts = [script for worker in psutil.Process().children() if _alive(worker)
-                       for script in worker.children() if _alive(script)]  # fmt: skip
-            if not scripts:
-                return False
-            scripts += [process for script in scripts for process in script.children(recursive=True)]
-            say(f"phalanx: PROBLEM: {node}: {why}: this node is cut off from the others, or the store's host is lost; "
-                "heal mode: ending this node's scripts, whose replacements join the other ranks once the store answers "
-                "again\nHINT: if the network does not come back, stop the job and run the same command on every node: "
-                "a phalanx.Run script resumes after the last step its ranks kept")  # fmt: skip
-            self._keep_then_kill(scripts, f"{why}, so its launcher ended this rank for a replacement")
-            self._wait_for_the_store_to_answer_again()
-            return True
+            return self._end_the_cut_off_scripts(why)
         if self.store is None or self.logs is None:
             return False
         import torch.distributed as dist
 
-        from phalanx.runtime.heal.generations import heal_prefix, live_generation, open_for_a_lost_node
+        from phalanx.runtime.heal.generations import heal_prefix, open_for_a_lost_node
 
         store = dist.PrefixStore(heal_prefix(self.setup.rdzv_id, self.logs.attempt), self.store)
         try:
-            # Heard: the node that saw it opened the generation; opened here too, it could open the next.
-            opened = (
-                live_generation(store) if heard else open_for_a_lost_node(store, f"the launcher of node {node} ({why})")
-            )
+            opened = open_for_a_lost_node(store, f"the launcher of node {self.setup.node_label} ({why})")
         except Exception as error:  # the store stopped answering meanwhile
             raise_if_signal(error)
             return False
         if opened is None:
             return False
-        if heard:
-            say(f"phalanx: PROBLEM: {node}: {why}: it is lost (its machine down, or its network cut); heal mode: this "
-                "node's ranks keep their processes and wait for the lost node's replacements")  # fmt: skip
-            return True
-        self.crossnode.post_lost(why)
-        say(f"phalanx: PROBLEM: {node}: {why}: it is lost (its machine down, or its network cut); heal mode: this "
-            f"node's ranks keep their processes and form generation {opened} of their group with the lost node's "
-            "replacements, which its launcher starts once it is back, waiting for them as long as the group's timeout"
-            "\nHINT: if that node does not come back, the ranks keep the state after their last step and the "
-            "launcher's restart follows (--max-restarts)")  # fmt: skip
+        self.healing_lost[silent_node(why)] = why
+        say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
+            f"heal mode: this node's ranks keep their processes and form generation {opened} of their group with the "
+            "lost node's replacements, which its launcher starts once it is back, waiting for them as long as the "
+            "group's timeout\nHINT: if that node does not come back, the ranks keep the state after their last step "
+            "and the job ends (a restart would wait for that node): run the same command again once it is back")  # fmt: skip
+        return True
+
+    def _end_the_cut_off_scripts(self, why: str) -> bool:
+        """:meth:`_heal_instead` on the node that lost the store."""
+        requests = self._keep_requests()
+        # the workers torch's agent started are the supervisors; each runs its script as a child
+        scripts = [script for worker in psutil.Process().children() if _alive(worker)
+                   for script in worker.children() if _alive(script)]  # fmt: skip
+        if not scripts or not all(heal_armed_of(request).exists() for request in requests):
+            return False
+        node = self.setup.node_label
+        say(f"phalanx: PROBLEM: {node}: {why}: this node is cut off from the others, or the store's host is lost; "
+            "heal mode: ending this node's scripts, whose replacements join the other ranks once the store answers "
+            "again\nHINT: if the network does not come back, stop the job and run the same command on every node: "
+            "a phalanx.Run script resumes after the last step its ranks kept")  # fmt: skip
+        self._keep_then_kill(scripts, f"{why}, so its launcher ended this rank for a replacement",
+                             unless=self._the_store_answers)  # fmt: skip
+        self._wait_for_the_store_to_answer_again()
+        return True
+
+    def _the_store_answers(self) -> bool:
+        """Whether the store answers within a second: a cut that ended before this node's scripts
+        were ended, whose ranks then heal with the others as they are."""
+        endpoint = parse_endpoint(self.setup.rdzv_endpoint)
+        try:
+            store_client(endpoint.host, endpoint.port, 1.0)
+        except Exception as error:
+            raise_if_signal(error)
+            return False
+        say(f"phalanx: {self.setup.node_label}: the store answers again: this node's ranks heal with the others as "
+            "they are")  # fmt: skip
         return True
 
     def _wait_for_the_store_to_answer_again(self) -> None:
-        """Heal mode, on a node cut off from the store: waits until it answers again, as long as the
-        other ranks wait for this node's replacements (phalanx.init's default timeout), else ends
-        this process as without heal mode (the store's host may be down for good)."""
-        from phalanx.runtime.context import DEFAULT_INIT_TIMEOUT_S
-
+        """Heal mode, on a node cut off from the store: waits until it answers again, at most
+        :data:`STORE_BACK_BOUND_S`, else ends this process as without heal mode (the store's host
+        may be down for good)."""
         endpoint = parse_endpoint(self.setup.rdzv_endpoint)
         try:
-            store_client(endpoint.host, endpoint.port, DEFAULT_INIT_TIMEOUT_S)
+            store_client(endpoint.host, endpoint.port, STORE_BACK_BOUND_S)
         except Exception as error:
             raise_if_signal(error)
-            say(f"phalanx: {self.setup.node_label}: the store's host {endpoint} did not answer for {DEFAULT_INIT_TIMEOUT_S:g} "
-                "s more, as long as the other ranks wait for this node's replacements: ending this node")  # fmt: skip
+            say(f"phalanx: {self.setup.node_label}: the store's host {endpoint} did not answer for {STORE_BACK_BOUND_S:g} "
+                "s more: ending this node")  # fmt: skip
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
         say(f"phalanx: {self.setup.node_label}: the store answers again: this node's replacements join the other ranks")
 
-    def _keep_then_kill(self, processes: list[psutil.Process], why: str) -> None:
+    def _keep_then_kill(self, processes: list[psutil.Process], why: str,
+                        unless: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         """Asks this node's ranks to keep the state after their last step (:mod:`.keep_request`),
-        waits for them, then kills ``processes``."""
-        asked = ask_to_keep(self._keep_requests(), f"{self.setup.node_label}: {why}")
+        waits for them, then, unless ``unless()`` says otherwise, kills ``processes``."""
+        requests = self._keep_requests()
+        asked = ask_to_keep(requests, f"{self.setup.node_label}: {why}")
         if processes and asked:
             ranks, their = (f"{len(asked)} ranks", "their") if len(asked) > 1 else ("its rank", "its")
             say(f"phalanx: {self.setup.node_label}: waiting for {ranks} to keep the state after {their} last step "
                 f"(at most {KEEP_BOUND_S:g} s)")  # fmt: skip
             wait_for_reports(asked, processes)
         self._say_what_was_kept()  # asked, or failed on their own before (a peer's sockets closed)
+        for report in map(keep_report_of, requests):  # it would answer the next request at once
+            with contextlib.suppress(OSError):
+                report.unlink()
+        if unless():
+            return
+        for request in requests:  # a killed rank leaves its FIFO; a replacement makes its own
+            with contextlib.suppress(OSError):
+                request.unlink()
         for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
-        for request in self._keep_requests():  # a killed rank leaves its FIFO
-            with contextlib.suppress(OSError):
-                request.unlink()
 
     def _keep_requests(self) -> list[Path]:
         """Each of this node's ranks' keep request, in the latest attempt."""
@@ -474,9 +505,8 @@ class NodeAgent:
         (torch's agent says it at INFO only). A node that ends the job tells the others, whose
         workers failed because its own stopped."""
         node, most = self.setup.node_label, self.setup.max_restarts
-        reason = failure.restart_cannot_help(found) or (
-            f"{self.lost}: a restart would wait for it" if self.lost else None
-        )
+        lost = self.lost or next(iter(self.healing_lost.values()), None)
+        reason = failure.restart_cannot_help(found) or (f"{lost}: a restart would wait for it" if lost else None)
         if reason is not None:
             self.crossnode.post_end_of_job(f"{node} ends the job: {reason}")
         else:

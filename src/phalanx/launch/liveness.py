@@ -59,7 +59,7 @@ class Liveness:
 
     Once only, unless ``keep_watching`` (heal mode, where the job goes on): then a node declared
     lost is judged again once it beats again, the store once it answered again, and a verdict
-    heard once; a verdict about this node itself (heard once it is back) is not heard.
+    heard once; ``on_back(node)`` is called when a node declared lost beats again.
 
     Two threads: one talks to the store, and may block for good (torch's store client has no
     timeout on a connection whose peer went silent); the other judges from what the first last
@@ -73,7 +73,7 @@ class Liveness:
         beat_s: float = beat_of(DEFAULT_HEARTBEAT_TIMEOUT_S), lost_after_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S,
         store_host: str = "",
         connect: Callable[[str, int, float], Any] = store_client,
-        keep_watching: bool = False,
+        keep_watching: bool = False, on_back: Callable[[str], object] = lambda _node: None,
     ) -> None:  # fmt: skip
         self.host, self.port, self.prefix, self.me = host, port, prefix, me
         self.others = list(watched)
@@ -90,7 +90,7 @@ class Liveness:
         self._seen = {node: (-1, started) for node in self.others}  # counter, and when it last moved
         self._ended: set[str] = set()
         self._heard: list[str] = []
-        self.keep_watching = keep_watching
+        self.keep_watching, self.on_back = keep_watching, on_back
         self._declared: dict[str, int] = {}  # a node declared lost -> its count then
         self._store_declared: float | None = None  # the last round the store answered, when declared lost
         self._heard_used = 0  # the verdicts heard and acted on already
@@ -141,6 +141,7 @@ class Liveness:
 
     def _record(self, counts: dict[str, int], ended: set[str] | None, heard: list[str]) -> None:
         now = time.monotonic()
+        back = []
         with self._lock:
             self._last_round, self._heard = now, heard
             if ended is not None:  # else as last read
@@ -148,16 +149,20 @@ class Liveness:
             for node, count in counts.items():
                 if count != self._seen[node][0]:
                     self._seen[node] = (count, now)
-                    self._declared.pop(node, None)  # it beats again: judged afresh
+                    if self._declared.pop(node, None) is not None:  # it beats again: judged afresh
+                        back.append(node)
+        for node in back:
+            self.on_back(node)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.beat_s):
             lost = self._judge(time.monotonic())
             if lost is not None and not self._stop.is_set():
+                if self.keep_watching:  # as judged: on_lost may take minutes
+                    self._set_aside(lost)
                 self.on_lost(*lost)
                 if not self.keep_watching:
                     return
-                self._set_aside(lost)
 
     def _set_aside(self, lost: tuple[str, bool, bool]) -> None:
         """Keeps what was just declared lost from being declared again before it is back."""
@@ -167,7 +172,7 @@ class Liveness:
             if store_lost:
                 self._store_declared = self._last_round
             elif not heard:
-                node = _silent_node(why)
+                node = silent_node(why)
                 self._declared[node] = self._seen[node][0]
 
     def _judge(self, now: float) -> tuple[str, bool, bool] | None:
@@ -189,7 +194,7 @@ class Liveness:
                     return f"{_SILENT}{node} sent no sign of life for {now - moved:.0f} s", False, False
             for line in self._heard[self._heard_used :]:
                 watcher, _, why = line.partition(": ")
-                if watcher != self.me and _silent_node(why) != self.me:
+                if watcher != self.me:
                     return f"{why} (seen by {watcher})", False, True
         return None
 
@@ -198,6 +203,6 @@ class Liveness:
 _SILENT = "node "
 
 
-def _silent_node(why: str) -> str:
-    """The node a verdict ``why`` declares silent (its label)."""
+def silent_node(why: str) -> str:
+    """The node a verdict ``why`` of this module's declares silent (its label)."""
     return why.removeprefix(_SILENT).split(" ", 1)[0]

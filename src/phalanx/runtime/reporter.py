@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -130,7 +130,7 @@ class Reporter:
         self.finish()
         return self._running(point.totals.result())
 
-    def checkpoint_state(self, step: int) -> dict[str, tuple[float, float]]:
+    def checkpoint_state(self, step: int) -> dict[str, Any]:
         """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
         last logging point and at the last epoch end. One collective (the settling's, when epoch
         ends wait), none at a logging point, whose sums are known: the same on every rank, which
@@ -141,9 +141,10 @@ class Reporter:
             "running": self._logged if now is None else now,
             "logged": self._logged,
             "epoch_logged": self._epoch_logged,
+            "logged_step": self._logged_step,
         }
 
-    def known_state(self) -> dict[str, tuple[float, float]]:
+    def known_state(self) -> dict[str, Any]:
         """The sums of :meth:`checkpoint_state` as far as this rank knows them without a
         collective (for a survivor of a failure, whose peers may be gone): up to the last
         logging point. The steps since count in no later report's mean, nor in the next epoch
@@ -151,9 +152,9 @@ class Reporter:
         sums are newer than the point's, and that line covers the steps after the failure."""
         newer = self._epoch_logged[1] > self._logged[1]  # samples: the running count only grows
         return {"running": self._logged, "logged": self._logged,
-                "epoch_logged": self._logged if newer else self._epoch_logged}  # fmt: skip
+                "epoch_logged": self._logged if newer else self._epoch_logged, "logged_step": self._logged_step}  # fmt: skip
 
-    def start_over(self, state: dict[str, tuple[float, float]], boundary: SharedReduction) -> None:
+    def start_over(self, state: dict[str, Any], boundary: SharedReduction) -> None:
         """After a heal: a logging point in flight in the old group is dropped, and the sums go
         on from ``state`` (:meth:`known_state` of the rank the state came from, or this rank's
         own where it held the same step: rank 0, which reports, is the source or receives), as
@@ -162,10 +163,13 @@ class Reporter:
         self.totals = GlobalMean(self.context, "loss")
         self.load_checkpoint_state(state)
 
-    def load_checkpoint_state(self, state: dict[str, tuple[float, float]]) -> None:
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
         steps since the last ones before the checkpoint."""
         self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
+        # Whether the next checkpoint's settling is a collective: alike on a replacement and the
+        # ranks it joins, which may save at once (at the end of the training).
+        self._logged_step = state["logged_step"]
         self._measured = self._carried[1]
 
     def _running(self, totals: dict[str, float]) -> tuple[float, float]:

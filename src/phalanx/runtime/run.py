@@ -573,7 +573,8 @@ class Run:
         preempted = self._stop and not self._finished
         due = self.checkpoints is not None and (preempted or step % self.checkpoint_every == 0)
         if due and not self._saved_or_healed(preempted):
-            return  # the ranks healed: the next step follows
+            self._say_save_healed(f"and the next checkpoint is due after step {step + self.checkpoint_every}")
+            return  # the next step follows
         if preempted:
             reporter.settle()
             if self.checkpoints:
@@ -592,13 +593,22 @@ class Run:
     def save(self) -> None:
         """A checkpoint of everything tracked, after the current step; a collective.
 
-        :meth:`step` saves at its cadence already; call it for a checkpoint of your own.
+        :meth:`step` saves at its cadence already; call it for a checkpoint of your own. Under
+        ``phalanx run --heal``, a rank that fails in it is replaced and the ranks heal; this
+        checkpoint is then not saved (the replacement goes on from the last step, and does not
+        make this call), which a line says.
 
         Raises:
             CheckpointNotSaved: it could not be written; the previous checkpoints are intact.
         """
         if self.checkpoints is None:
             raise RuntimeError("run.save() without a checkpoint folder: give Run(checkpoint_dir=...)")
+        if not self._saved_or_healed(preempted=False):
+            self._say_save_healed("and this checkpoint of the script's is not saved")
+
+    def _save(self) -> None:
+        """:meth:`save`'s checkpoint, whose failure is the caller's to heal."""
+        assert self.checkpoints is not None
         if self._saved_step == self.global_step:
             return  # this step is saved already (the end of run.epochs(), or the checkpoint resumed from)
         if self._model is not None and self.context.is_distributed:
@@ -618,19 +628,19 @@ class Run:
         self._saved_step = self.global_step
 
     def _saved_or_healed(self, preempted: bool) -> bool:
-        """The checkpoint due after this step; False where a peer failed inside it (heal mode):
-        the ranks healed instead, and the checkpoint waits for the next one due (a replacement
-        joins the others at their next step, where no save is due).
+        """The checkpoint after this step; False where a peer failed inside it (heal mode): the
+        ranks healed instead, and the checkpoint is not saved (a replacement joins the others at
+        their next step, where no save is due; or, at the end, in :meth:`_end`'s save).
 
         Raises:
             CheckpointNotSaved: it could not be written (on every rank: none failed in it).
         """
         healing = self.context.healing
         if healing is None or preempted:  # (the job stops after a preemption's: a failure in it is the restart's)
-            self.save()
+            self._save()
             return True
         try:
-            self.save()
+            self._save()
             if not healing.health.failed:
                 return True
             failure = healing.health.failure  # saved here, but another rank failed in it and opened the next generation
@@ -644,9 +654,12 @@ class Run:
         assert failure is not None
         healing.health.note(failure)
         self._heal()
-        self.print(f"phalanx: a rank failed in the checkpoint save after step {self.global_step}: the ranks healed, "
-                   f"and the next checkpoint is due after step {self.global_step + self.checkpoint_every}")  # fmt: skip
         return False
+
+    def _say_save_healed(self, then: str) -> None:
+        self.print(
+            f"phalanx: a rank failed in the checkpoint save after step {self.global_step}: the ranks healed, {then}"
+        )
 
     def print(self, line: str) -> None:
         """Prints a line on rank 0, above the progress bar on a terminal.
@@ -883,7 +896,10 @@ class Run:
     def _end(self) -> None:
         """After the last epoch: the final checkpoint, a late preemption said, the logging closed."""
         if self.checkpoints and (self._saved_step or 0) != self.global_step:
-            self.save()
+            # Heal mode: a rank that fails in it is replaced, and the replacement, past the last
+            # epoch, comes to this save too: saved again (each failure spends a replacement).
+            while not self._saved_or_healed(preempted=False):
+                self._say_save_healed("and save it again")
         if self.context.healing is not None:
             self._loader.keep_step_batches(False)  # type: ignore[union-attr]
         if self._keeper is not None:

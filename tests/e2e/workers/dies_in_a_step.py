@@ -3,8 +3,9 @@ has buffers (BatchNorm), and fails on purpose, in its first attempt only:
 
 --fail-step N --fail-where backward: rank --fail-rank raises in the backward of step N + 1;
 --fail-where optimizer: it raises after the optimizer step of step N + 1, before run.step();
---fail-where save: it SIGKILLs itself in the checkpoint save after step N (N a multiple of
---every), as DCP starts writing its files: the other ranks are then inside the save's collectives;
+--fail-where save: it SIGKILLs itself in the checkpoint save after step N (at --every's cadence,
+the end's, or --save-each-epoch's), as DCP starts writing its files: the other ranks are then
+inside the save's collectives;
 --fail-where plan: it SIGKILLs itself in the checkpoint save after step N as it sends its part of
 DCP's plan to the coordinator (rank 0): the other ranks, which sent theirs, wait on rank 0 alone;
 --fail-where wait: it prints "waiting in step N + 1" and then waits for ever in the backward of
@@ -18,6 +19,7 @@ SIGKILLs itself as it waits for the state, a failure during the heal.
 --replacement-sleeps S: a process that --heal started sleeps S seconds before it starts its
 phalanx.Run (the surviving ranks wait for it as long as their group's timeout);
 --timeout S: the process group's timeout (phalanx.init's), also how long a heal may take.
+--save-each-epoch: the loop calls run.save() after each epoch, a checkpoint of the script's own.
 --close-in-finally: the loop runs in a try whose finally calls run.close(), as many scripts do
 (one process only: the summary comes after the close).
 
@@ -61,6 +63,7 @@ parser.add_argument("--replacement-dies-receiving", action="store_true")
 parser.add_argument("--replacement-sleeps", type=float, default=0.0)
 parser.add_argument("--timeout", type=float, default=None)
 parser.add_argument("--close-in-finally", action="store_true")
+parser.add_argument("--save-each-epoch", action="store_true")
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--pids", type=Path, default=None)
 args = parser.parse_args()
@@ -80,11 +83,11 @@ loader = run.setup_dataloader(data, batch_size=8)
 
 
 if first_attempt and run.rank in args.fail_rank and args.fail_where == "save" and args.fail_step is not None:
-    # Fault injection (test only): the save after step N is this rank's (N / --every)-th.
-    saves, write_data = iter(range(1, 10**9)), torch.distributed.checkpoint.FileSystemWriter.write_data
+    # Fault injection (test only): the save after step N, as it writes its files.
+    write_data = torch.distributed.checkpoint.FileSystemWriter.write_data
 
     def dies_in_the_save(writer, plan, planner):
-        if next(saves) == args.fail_step // args.every:
+        if run.global_step == args.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)
         return write_data(writer, plan, planner)
 
@@ -157,6 +160,8 @@ def train() -> None:
             replacing = "PHALANX_REPLACEMENT" in os.environ
             if replacing and run.rank in args.fail_rank and run.global_step == args.kill_replacement_step:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if args.save_each_epoch:
+            run.save()
 
 
 if args.close_in_finally:
