@@ -84,7 +84,7 @@ CASES = {
         2,
         ["--fail-step", "30", "--fail-where", "save", "--every", "7"],
         "params_sha256",
-    ),  # fmt: skip
+    ),
     # In a run.save() of the script's own after the first epoch: healed, and that checkpoint is not
     # saved (the replacement goes on from the step; it does not make that call).
     "rank-2-killed-in-a-save-of-the-script": (

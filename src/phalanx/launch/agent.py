@@ -30,9 +30,10 @@ from phalanx.launch.crossnode import GATHER_TIMEOUT_S, CrossNode, NodeBoard
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
 from phalanx.launch.group_record import hint_for as group_hint
-from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, wait_for_reports
-from phalanx.launch.liveness import WATCHED, Liveness, beat_of, silent_node
-from phalanx.launch.lobby import Lobby, host_store, store_client
+from phalanx.launch.heal_lost import LostNodeHeal
+from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, running, wait_for_reports
+from phalanx.launch.liveness import WATCHED, Liveness, beat_of
+from phalanx.launch.lobby import Lobby, host_store
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
 from phalanx.launch.reachability import CHECK_BOUND_S, Reachability, interface_variables, workers_interface
@@ -45,16 +46,10 @@ from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
 from phalanx.settings.values import Endpoint, parse_endpoint
 from phalanx.torch_compat import installed_torch
-from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv, heal_armed_of, keep_report_of
+from phalanx.worker_env import KEEP_REQUEST_NAME, WorkerEnv, keep_report_of
 
 if TYPE_CHECKING:
     from phalanx.launch.logs import RankLogsSpecs
-
-
-#: Heal mode, on a node cut off from the store: how long its launcher waits for the store to answer
-#: again before it ends. torch's agent on that node reads its rendezvous store on every look at
-#: its workers, with a 60 s timeout: a longer cut ends the node there.
-STORE_BACK_BOUND_S = 60.0
 
 
 def failure_file(setup: NodeSetup) -> Path:
@@ -91,9 +86,8 @@ class NodeAgent:
         self.liveness: Liveness | None = None
         #: Why a node counts as lost, once the liveness watch said so.
         self.lost: str | None = None
-        #: Heal mode: the nodes found lost whose ranks the others wait for, until they beat again
-        #: (node -> why): a restart would wait for them too.
-        self.healing_lost: dict[str, str] = {}
+        #: Heal mode's answer to a lost node (None without --heal).
+        self.heal = LostNodeHeal(setup, self._keep_then_kill, self._keep_requests) if setup.heal else None
         self._alone_store: Any = None  # one node's store (host_store), which torchrun's shares
         #: The per-rank log layout of this node's workers (set as torchrun's agent starts).
         self.logs: RankLogsSpecs | None = None
@@ -278,7 +272,7 @@ class NodeAgent:
             ended=self.crossnode.ended_nodes, on_lost=self._on_lost, verdicts=self.crossnode.lost_verdicts,
             beat_s=beat_of(self.setup.heartbeat_timeout), lost_after_s=self.setup.heartbeat_timeout,
             store_host=str(endpoint), keep_watching=bool(self.setup.heal),
-            on_back=lambda node: self.healing_lost.pop(node, None),
+            on_back=self.heal.back if self.heal is not None else lambda _node: None,
         )  # fmt: skip
         self.liveness.start()
 
@@ -293,8 +287,8 @@ class NodeAgent:
         would go on to close the rendezvous and phalanx to post the failures, on a store that no
         longer answers (a minute's timeout each), and there is nothing left to save.
 
-        In heal mode the ranks heal instead where they can (:meth:`_heal_instead`)."""
-        if self.setup.heal and self._heal_instead(why, store_lost, heard):
+        In heal mode the ranks heal instead where they can (:mod:`.heal_lost`)."""
+        if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._attempt()):
             return
         if self.liveness is not None:
             self.liveness.keep_watching = False  # the workers stop: the job ends
@@ -305,98 +299,12 @@ class NodeAgent:
         if not store_lost and not heard:  # for the other nodes: each stops its workers, and says the cause first
             self.crossnode.post_lost(why)
         workers = [
-            p for p in psutil.Process().children(recursive=True) if _alive(p)
+            p for p in psutil.Process().children(recursive=True) if running(p)
         ]  # not the zombies of a pod's PID 1
         self._keep_then_kill(workers, f"{why}, so its launcher stopped this rank")
         if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
             os._exit(ExitCode.FAILED)
-
-    def _heal_instead(self, why: str, store_lost: bool, heard: bool) -> bool:
-        """Heal mode, a node lost: the ranks heal instead of stopping.
-
-        On a node that finds another lost, the launcher opens the next generation of the ranks'
-        group, which ends their waits on the lost node's ranks (a cut link closes no socket): they
-        keep their processes and wait for the replacements. On the node that lost the store (cut
-        off, most likely), it ends the scripts its supervisors run, after they kept their state;
-        the supervisors start replacements, which join the others once the store answers again.
-
-        Returns False where the ranks cannot heal, and the workers are then stopped as without
-        heal mode: no generation of their group formed yet; a verdict heard from another node
-        (a node that healed posts none: that one stopped its workers); on the cut-off node, a
-        rank whose loop cannot heal yet, or no script left (they failed on their own: the store's
-        host was killed, its sockets closed)."""
-        if heard:
-            return False
-        if store_lost:
-            return self._end_the_cut_off_scripts(why)
-        if self.store is None or self.logs is None:
-            return False
-        import torch.distributed as dist
-
-        from phalanx.runtime.heal.generations import heal_prefix, open_for_a_lost_node
-
-        store = dist.PrefixStore(heal_prefix(self.setup.rdzv_id, self.logs.attempt), self.store)
-        try:
-            opened = open_for_a_lost_node(store, f"the launcher of node {self.setup.node_label} ({why})")
-        except Exception as error:  # the store stopped answering meanwhile
-            raise_if_signal(error)
-            return False
-        if opened is None:
-            return False
-        self.healing_lost[silent_node(why)] = why
-        say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
-            f"heal mode: this node's ranks keep their processes and form generation {opened} of their group with the "
-            "lost node's replacements, which its launcher starts once it is back, waiting for them as long as the "
-            "group's timeout\nHINT: if that node does not come back, the ranks keep the state after their last step "
-            "and the job ends (a restart would wait for that node): run the same command again once it is back")  # fmt: skip
-        return True
-
-    def _end_the_cut_off_scripts(self, why: str) -> bool:
-        """:meth:`_heal_instead` on the node that lost the store."""
-        requests = self._keep_requests()
-        # the workers torch's agent started are the supervisors; each runs its script as a child
-        scripts = [script for worker in psutil.Process().children() if _alive(worker)
-                   for script in worker.children() if _alive(script)]  # fmt: skip
-        if not scripts or not all(heal_armed_of(request).exists() for request in requests):
-            return False
-        node = self.setup.node_label
-        say(f"phalanx: PROBLEM: {node}: {why}: this node is cut off from the others, or the store's host is lost; "
-            "heal mode: ending this node's scripts, whose replacements join the other ranks once the store answers "
-            "again\nHINT: if the network does not come back, stop the job and run the same command on every node: "
-            "a phalanx.Run script resumes after the last step its ranks kept")  # fmt: skip
-        self._keep_then_kill(scripts, f"{why}, so its launcher ended this rank for a replacement",
-                             unless=self._the_store_answers)  # fmt: skip
-        self._wait_for_the_store_to_answer_again()
-        return True
-
-    def _the_store_answers(self) -> bool:
-        """Whether the store answers within a second: a cut that ended before this node's scripts
-        were ended, whose ranks then heal with the others as they are."""
-        endpoint = parse_endpoint(self.setup.rdzv_endpoint)
-        try:
-            store_client(endpoint.host, endpoint.port, 1.0)
-        except Exception as error:
-            raise_if_signal(error)
-            return False
-        say(f"phalanx: {self.setup.node_label}: the store answers again: this node's ranks heal with the others as "
-            "they are")  # fmt: skip
-        return True
-
-    def _wait_for_the_store_to_answer_again(self) -> None:
-        """Heal mode, on a node cut off from the store: waits until it answers again, at most
-        :data:`STORE_BACK_BOUND_S`, else ends this process as without heal mode (the store's host
-        may be down for good)."""
-        endpoint = parse_endpoint(self.setup.rdzv_endpoint)
-        try:
-            store_client(endpoint.host, endpoint.port, STORE_BACK_BOUND_S)
-        except Exception as error:
-            raise_if_signal(error)
-            say(f"phalanx: {self.setup.node_label}: the store's host {endpoint} did not answer for {STORE_BACK_BOUND_S:g} "
-                "s more: ending this node")  # fmt: skip
-            sys.stdout.flush()
-            os._exit(ExitCode.FAILED)
-        say(f"phalanx: {self.setup.node_label}: the store answers again: this node's replacements join the other ranks")
 
     def _keep_then_kill(self, processes: list[psutil.Process], why: str,
                         unless: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
@@ -421,6 +329,10 @@ class NodeAgent:
         for process in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+    def _attempt(self) -> int | None:
+        """The workers' latest start (None before the first)."""
+        return self.logs.attempt if self.logs is not None and self.logs.attempt >= 0 else None
 
     def _keep_requests(self) -> list[Path]:
         """Each of this node's ranks' keep request, in the latest attempt."""
@@ -505,7 +417,7 @@ class NodeAgent:
         (torch's agent says it at INFO only). A node that ends the job tells the others, whose
         workers failed because its own stopped."""
         node, most = self.setup.node_label, self.setup.max_restarts
-        lost = self.lost or next(iter(self.healing_lost.values()), None)
+        lost = self.lost or (self.heal.waited_for() if self.heal is not None else None)
         reason = failure.restart_cannot_help(found) or (f"{lost}: a restart would wait for it" if lost else None)
         if reason is not None:
             self.crossnode.post_end_of_job(f"{node} ends the job: {reason}")
@@ -604,13 +516,6 @@ class NodeAgent:
 def _exit_records(logs: Any) -> dict[int, GroupRecord | None]:
     """Each of this node's ranks' exit record (None: it wrote none, it was killed)."""
     return {rank: GroupRecord.read(folder / GROUP_RECORD_NAME) for rank, folder in logs.folder_of_rank.items()}
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

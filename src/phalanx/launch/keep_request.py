@@ -52,7 +52,7 @@ def wait_for_reports(asked: list[Path], workers: list[psutil.Process], timeout: 
     read its exit status."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(keep_report_of(request).exists() for request in asked) or not any(map(_running, workers)):
+        if all(keep_report_of(request).exists() for request in asked) or not any(map(running, workers)):
             return
         time.sleep(_POLL_S)
 
@@ -65,7 +65,8 @@ def read_report(request: Path) -> str | None:
         return None
 
 
-def _running(process: psutil.Process) -> bool:
+def running(process: psutil.Process) -> bool:
+    """Whether ``process`` runs (a zombie does not: a pod's PID 1 may leave them)."""
     try:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
