@@ -104,7 +104,7 @@ def test_a_host_cut_off_is_named_its_ranks_replaced_once_it_is_back_and_the_othe
                     os.killpg(process.pid, signal.SIGKILL)
     output = "".join(log.read_text() for log in logs)
     assert codes == [0, 0], output[-6000:]
-    assert named_s < 10, named_s  # --heartbeat-timeout 3: about 3.5 s (docs/failures.md has 10 trials)
+    assert named_s < 10, named_s  # --heartbeat-timeout 3: 2.8 to 3.9 s here (benchmarks/detection.py: 10 trials)
     assert "the store answers again" in output, output[-6000:]
     assert_h2s_ranks_were_replaced(workdir, pids, output, references(4))
     print(f"MEASURED: host cut off in heal mode (--heartbeat-timeout 3): named {named_s:.1f} s after the cut")
