@@ -96,7 +96,8 @@ class LostNodeHeal:
 
     def waited_for(self) -> str | None:
         """Why a node whose ranks the others wait for was found lost, while it has not beaten again."""
-        return next(iter(self._waited_for.values()), None)
+        found = list(self._waited_for.values())  # one call: the liveness thread may change it meanwhile
+        return found[0] if found else None
 
     def _end_the_cut_off_scripts(self, why: str) -> bool:
         """On the node that lost the store: its scripts ended for replacements, unless the store
