@@ -899,7 +899,7 @@ class Run:
             # Heal mode: a rank that fails in it is replaced, and the replacement, past the last
             # epoch, comes to this save too: saved again (each failure spends a replacement).
             while not self._saved_or_healed(preempted=False):
-                self._say_save_healed("and save it again")
+                self._say_save_healed("and they save it again")
         if self.context.healing is not None:
             self._loader.keep_step_batches(False)  # type: ignore[union-attr]
         if self._keeper is not None:
