@@ -120,6 +120,22 @@ def test_a_node_that_differs_from_an_elastic_job_that_formed_stops_alone():
     assert isinstance(joined, Meeting) and joined.count == 3
 
 
+def test_a_job_of_a_fixed_size_refuses_a_node_too_many_and_an_elastic_job_takes_one_that_comes_back():
+    """An elastic job's node that was lost joins again (the lobby counted it once already): torch's
+    rendezvous admits at most MAX nodes to a round. A job of a fixed size has no place for it."""
+    for nnodes, refused in ((2, True), (3, False)):
+        port = free_port()
+        setups = [node(index, port, nnodes_min=2, nnodes_max=nnodes) for index in range(nnodes)]
+        lobbies = [Lobby(setup, fingerprint(setup)) for setup in setups]  # kept: the store goes down with the host's
+        assert all(isinstance(met, Meeting) for met in join_all(lobbies))
+        again = node(nnodes, port, nnodes_min=2, nnodes_max=nnodes)
+        [result] = join_all([Lobby(again, fingerprint(again))])
+        if refused:
+            assert isinstance(result, NodesDisagree) and "one too many" in result.what, result
+        else:
+            assert isinstance(result, Meeting) and result.count == 3, result
+
+
 def test_a_lonely_host_times_out_naming_who_joined():
     setup = node(0, free_port(), join_timeout=1.0)
     [result] = join_all([Lobby(setup, fingerprint(setup))])

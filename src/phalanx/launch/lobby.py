@@ -47,6 +47,12 @@ STORE_ANSWER_MIN_S = 2.0
 NAMED_NODES = 8
 
 
+def ring_after(index: int, count: int, watch: int) -> list[int]:
+    """The ``watch`` nodes after node ``index`` in the ring of ``count`` nodes (never itself):
+    those whose beats it watches (:mod:`phalanx.launch.liveness`)."""
+    return [(index + step) % count for step in range(1, min(watch, count - 1) + 1)]
+
+
 def store_client(host: str, port: int, timeout_s: float) -> Any:
     """A client of the job's rendezvous store (libuv, as the store's host serves)."""
     from torch.distributed import TCPStore
@@ -229,7 +235,9 @@ class Lobby:
         self.connect(deadline)
         self._next_progress = self.clock() + PROGRESS_EVERY_S
         index = self.store.add(self.prefix + "joined", 1) - 1
-        if index >= self.setup.nnodes_max:
+        # An elastic job takes a node that comes back, or a spare: torch's rendezvous admits at
+        # most MAX nodes to a round, and the others wait for a place.
+        if index >= self.setup.nnodes_max and self.setup.nnodes_min == self.setup.nnodes_max:
             raise NodesDisagree(
                 f"job '{self.setup.rdzv_id}' already has its {self.setup.nnodes_max} nodes; this one would be one too many",
                 f"{index + 1} nodes have tried to join the endpoint {self.endpoint}.",
@@ -249,8 +257,9 @@ class Lobby:
         if outcome != "met":
             self._end_of_lobby(outcome)
         count = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
-        watched = [(index + step) % count for step in range(1, min(watch, count - 1) + 1)]
-        return Meeting(count, index, [self._fingerprint_of(other)["label"] for other in watched])
+        return Meeting(
+            count, index, [self._fingerprint_of(other)["label"] for other in ring_after(index, count, watch)]
+        )
 
     @property
     def _outcome_key(self) -> str:
