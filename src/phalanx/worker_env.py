@@ -75,13 +75,18 @@ class WorkerEnv:
     #: Heal mode: ``host:port`` of the launch's store, where the ranks form each generation of
     #: their group (the workers' own store can die with a worker).
     heal_store: str | None = None
+    #: Heal mode: the name of this start of the workers, the same on every node (the rendezvous
+    #: round's in a multi-node job, where a node that joined later counts its starts from 0):
+    #: the ranks' heal keys are under it (:func:`phalanx.runtime.heal.generations.heal_prefix`).
+    heal_start: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
              "group_record": "PHALANX_GROUP_RECORD", "early_signal": "PHALANX_EARLY_SIGNAL", "job": "PHALANX_JOB",
              "stopped": "PHALANX_STOPPED", "keep_request": "PHALANX_KEEP_REQUEST",
              "heal": "PHALANX_HEAL", "replacement": "PHALANX_REPLACEMENT",
-             "supervisor_pid": "PHALANX_SUPERVISOR_PID", "heal_store": "PHALANX_HEAL_STORE"}  # fmt: skip
+             "supervisor_pid": "PHALANX_SUPERVISOR_PID", "heal_store": "PHALANX_HEAL_STORE",
+             "heal_start": "PHALANX_HEAL_START"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid", "heal", "replacement", "supervisor_pid")
 
     def to_env(self) -> dict[str, str]:

@@ -73,11 +73,11 @@ class Job:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.started = time.monotonic()
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *launch: str) -> None:
         endpoint = f"{self.bed.hosts[0].address}:29400"
         argv = self.bed.host(name).command([
             sys.executable, "-m", "phalanx", "run", "--nnodes", "2:3", "--last-call", str(LAST_CALL_S), "--max-restarts", "3",
-            "--rdzv-endpoint", endpoint,
+            "--rdzv-endpoint", endpoint, *launch,
             *TRAIN, "--checkpoint-dir", str(self.folder / "ck"), "--metrics-jsonl", str(self.folder / "m.jsonl"),
             "--metrics-json", str(self.folder / "m.json"),
         ])  # fmt: skip
@@ -108,18 +108,20 @@ class Job:
         return time.monotonic() - self.started
 
     def workers(self, names: list[str]) -> list[psutil.Process]:
-        """The training processes of these hosts (not their launchers)."""
+        """The training processes of these hosts (not their launchers; in heal mode, each rank's
+        supervisor and its script)."""
         found = []
         for pid in [pid for name in names for pid in self.bed.processes(name)]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process = psutil.Process(pid)
-                if "phalanx.launch.bootstrap" in " ".join(process.cmdline()):
+                line = " ".join(process.cmdline())
+                if "phalanx.launch.bootstrap" in line or ("train.py" in line and "phalanx run" not in line):
                     found.append(process)
         return found
 
     def pause(self, names: list[str]) -> list[psutil.Process]:
         workers = self.workers(names)
-        assert len(workers) == len(names), workers
+        assert len(workers) >= len(names), workers
         for worker in workers:
             worker.suspend()
         return workers
@@ -214,3 +216,67 @@ def test_a_third_host_joins_and_a_lost_host_leaves_and_the_epochs_stay_exact(bed
         f"{joined - trained:.1f} s later; h3 killed at {killed:.1f} s, training on 2 hosts again {resumed - killed:.1f} s "
         f"later; the job ended at {ended:.1f} s (h3 at {h3})"
     )
+
+
+def test_heal_mode_goes_on_without_a_lost_host_in_the_same_processes_then_takes_it_back(bed, tmp_path):
+    """--heal in an elastic job: three hosts train, h3 is SIGKILLed (its launcher and workers); the
+    launchers' liveness watch names it, and h1's and h2's ranks form a group of two without it,
+    in the same processes (no restart, no new rendezvous round), and train on from the last step,
+    the rest of the epoch re-sharded among them. Then h3 is launched again and joins in a new
+    round (every worker restarts there, from a checkpoint), whose heal keys are the round's,
+    alike on h3 (its first start) and on the others (their second). Every epoch's samples add up
+    to the dataset, and every step is logged once."""
+    job = Job(bed, tmp_path)
+    deadline = job.started + TEST_BOUND_S
+    heal = ("--heal", "1", "--heartbeat-timeout", "3")
+    try:
+        for name in ("h1", "h2", "h3"):
+            job.start(name, *heal)
+        job.wait_for("a step of three hosts", lambda: any(r["world_size"] == 3 for r in job.records()), deadline)
+        survivors = {(p.pid, p.create_time()) for p in job.pause(["h1", "h2"])}
+        killed = time.monotonic()
+        for pid in bed.processes("h3"):  # the launcher and its workers at once, as a machine that dies
+            os.kill(pid, signal.SIGKILL)
+        for worker in job.workers(["h1", "h2"]):
+            worker.resume()
+        job.wait_for("training on two hosts", lambda: any(r["world_size"] == 2 for r in job.records()), deadline)
+        went_on_s = time.monotonic() - killed
+        paused = job.pause(["h1", "h2"])
+        still = {(p.pid, p.create_time()) for p in paused}
+        job.processes["h3"].wait()
+        job.start("h3", *heal)
+        stopping = "closing signal SIGTERM"  # torch's agent, stopping the workers for a new round
+        job.wait_for("the new round", lambda: all(stopping in job.output(name) for name in ("h1", "h2")), deadline)
+        for worker in paused:
+            worker.resume()  # they save a checkpoint at a step both agree on, and stop
+        job.wait_for("training on three hosts again", lambda: [r["world_size"] for r in job.records()][-1:] == [3],
+                     deadline)  # fmt: skip
+        for name in ("h1", "h2", "h3"):
+            job.processes[name].wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail("the hosts did not finish within the bound\n" + job.tails())
+    finally:
+        job.kill_all()
+    outputs = job.output("h1") + job.output("h2")
+    assert [job.processes[name].returncode for name in ("h1", "h2", "h3")] == [0, 0, 0], job.tails()
+    assert survivors <= still, "h1's and h2's training processes are the same after the loss"
+    assert "the world shrank from 3 to 2 ranks" in outputs, outputs[-4000:]
+    assert "restarting the workers" not in outputs + job.output("h3"), outputs[-4000:]
+    assert "root cause" not in outputs, outputs[-4000:]
+
+    records = job.records()
+    sizes = [r["world_size"] for r in records]
+    assert [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]] == [3, 2, 3], sizes
+    # Every step logged once, but the logging point of the step the ranks went on after: its
+    # all-reduce went with h3, and its epoch is short by that step's samples (a global batch of 3).
+    kept = int(re.search(r"the world shrank from 3 to 2 ranks, .*; going on after step (\d+)", outputs).group(1))
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)), "a step logged twice"
+    assert sorted(set(range(1, steps[-1] + 1)) - set(steps)) in ([], [kept]), steps
+    per_epoch = Counter()
+    for record in records:
+        per_epoch[record["epoch"]] += record["samples"]
+    assert sorted(per_epoch) == list(range(1, EPOCHS + 1)), dict(per_epoch)
+    short = {epoch: DATASET_SIZE - samples for epoch, samples in per_epoch.items() if samples != DATASET_SIZE}
+    assert not short or list(short.values()) == [3 * 12], (short, kept)
+    print(f"MEASURED: elastic heal: training on 2 hosts {went_on_s:.1f} s after h3 was killed (--heartbeat-timeout 3)")

@@ -176,3 +176,30 @@ def test_a_failed_last_step_of_an_epoch_is_replayed_before_the_pass_ends():
     with pytest.raises(StopIteration):
         next(iterator)
     assert last not in delivered
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_world_that_shrank_in_the_process_goes_on_in_the_new_shards_and_no_sample_is_lost(workers):
+    """Heal mode in an elastic job: 3 ranks trained two steps, the third step failed as a rank's
+    node was lost; the 2 others go on from the last completed step in their new shards, in the
+    same loop (the same iterator), and the epoch's samples are each trained once."""
+    sources = [loader(workers, rank=rank, world_size=3) for rank in range(3)]
+    iterators = [iter(source) for source in sources]
+    for source in sources:
+        source.keep_step_batches()
+    trained = [index for _ in range(2) for it in iterators for index in next(it)[0].tolist()]
+    for source in sources:
+        source.step_ended()
+    state = sources[0].state_dict()  # the last completed step's position, with world size 3
+    for it in iterators[:2]:
+        next(it)  # the failed step's batches: trained again, in the new shards
+    for rank, source in enumerate(sources[:2]):
+        source.reshard(rank, 2, state)
+        assert source.real_delivered == 0
+    for it in iterators[:2]:
+        trained += [index for batch in it for index in batch[0].tolist()]
+    iterators[2].close()  # the lost rank's (its DataLoader workers end)
+    assert sorted(set(trained)) == list(range(len(DATASET)))
+    assert len(trained) == len(DATASET) + 1  # 2 ranks pad 103 samples with one repeated, as DistributedSampler
+    assert [source.state_dict()["epoch"] for source in sources[:2]] == [1, 1]
+    assert sources[1].sampler.world_size == 2 and sources[1].sampler.rank == 1

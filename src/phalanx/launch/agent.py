@@ -33,7 +33,7 @@ from phalanx.launch.group_record import hint_for as group_hint
 from phalanx.launch.heal_lost import LostNodeHeal
 from phalanx.launch.keep_request import KEEP_BOUND_S, ask_to_keep, read_report, running, wait_for_reports
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
-from phalanx.launch.lobby import Lobby, host_store
+from phalanx.launch.lobby import Lobby, host_store, ring_after
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.rank_table import format_rank_table, node_row
 from phalanx.launch.reachability import CHECK_BOUND_S, Reachability, interface_variables, workers_interface
@@ -78,6 +78,8 @@ class NodeAgent:
         self.rounds = 0
         self.round_is_first = True
         self.round_times = RoundTimes(None, 0.0)
+        #: The name the nodes of the latest round agreed on (None: one node, or before the first).
+        self.round_name: str | None = None
         #: The nodes in the job's current round (from the lobby, then from torchrun's rank assignment).
         self.nodes_in_job = setup.nnodes_min
         #: The nodes whose beats this node watches: the next ones in the order of the lobby.
@@ -177,7 +179,9 @@ class NodeAgent:
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
             if self.start_reporter is not None:  # posted before the others hear that this node finished
                 self.start_reporter.finish(timeout=0.0)
-            everyone = self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job, self.setup.is_host)
+            left = self.heal.nodes_left(self.store, self._heal_start()) if self.heal is not None else []  # (elastic)
+            everyone = self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job - len(left),
+                                                       self.setup.is_host, left=bool(left))  # fmt: skip
             if everyone and self.start_reporter is not None:  # every node posted; the store's host waits in
                 self.start_reporter.finish(timeout=START_FINISH_S)  # torch's exit barrier, so its store is up
             return everyone
@@ -240,10 +244,12 @@ class NodeAgent:
         workers is the new round's (the nodes of a round agree on its name)."""
         self.rounds += 1
         self.round_times = times
+        self.round_name = None
         if self.store is None:
             self.round_is_first = self.rounds == 1
             return
         name = agree_on_round(self.store, self.prefix, round_store, fallback=f"{self.setup.node_label}-{self.rounds}")
+        self.round_name = name
         self.round_is_first = self._is_the_jobs_first_round(name)
         self.crossnode.enter_round(name)
         self.board = NodeBoard(self.store, self.crossnode.round_prefix, "rank_table")
@@ -263,9 +269,32 @@ class NodeAgent:
     def _watch_the_other_nodes(self) -> None:
         """Starts the liveness watch of a multi-node job of a fixed size (see
         :mod:`phalanx.launch.liveness`). An elastic job is left to torch's agent: a lost node there
-        is a new rendezvous round without it, not the end of the job."""
+        is a new rendezvous round without it, not the end of the job; in heal mode, each round
+        watches its own nodes (:meth:`_watch_the_rounds_nodes`)."""
         if self.store is None or self.setup.nnodes_min != self.setup.nnodes_max:
             return
+        self._start_liveness()
+
+    def _watch_the_rounds_nodes(self, row: dict[str, Any]) -> None:
+        """Heal mode in an elastic job: the liveness watch over this round's nodes, in the order
+        of the round's rank table, and the ranks each node holds, which leave the ranks' group when
+        it is lost (:mod:`.heal_lost`)."""
+        assert self.heal is not None and self.board is not None
+        rows = self.board.gather(row["nodes"])
+        if self.liveness is not None:
+            self.liveness.stop()
+            self.liveness = None
+        if rows is None:
+            say(f"phalanx: {self.setup.node_label}: not every node of the round posted its ranks within "
+                f"{GATHER_TIMEOUT_S:g} s: no liveness watch in this round (a node lost in it is not healed: the ranks "
+                "wait for it up to their group's timeout, then the workers restart)")  # fmt: skip
+            return
+        labels = [other["label"] for other in sorted(rows, key=lambda other: other["node"])]
+        self.watched = [labels[index] for index in ring_after(row["node"], len(labels), WATCHED)]
+        self.heal.enter_round(row["world_size"], {other["label"]: other["ranks"] for other in rows})
+        self._start_liveness()
+
+    def _start_liveness(self) -> None:
         endpoint = parse_endpoint(self.setup.rdzv_endpoint)
         self.liveness = Liveness(
             endpoint.host, endpoint.port, self.prefix, self.setup.node_label, self.watched,
@@ -288,7 +317,7 @@ class NodeAgent:
         longer answers (a minute's timeout each), and there is nothing left to save.
 
         In heal mode the ranks heal instead where they can (:mod:`.heal_lost`)."""
-        if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._attempt()):
+        if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._heal_start()):
             return
         if self.liveness is not None:
             self.liveness.keep_watching = False  # the workers stop: the job ends
@@ -330,9 +359,12 @@ class NodeAgent:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
 
-    def _attempt(self) -> int | None:
-        """The workers' latest start (None before the first)."""
-        return self.logs.attempt if self.logs is not None and self.logs.attempt >= 0 else None
+    def _heal_start(self) -> str | None:
+        """The name of the workers' latest start, alike on every node (``WorkerEnv.heal_start``):
+        the rendezvous round's where the nodes agreed on one, else its count (None before the first)."""
+        if self.logs is None or self.logs.attempt < 0:
+            return None
+        return self.round_name or f"start-{self.logs.attempt}"
 
     def _keep_requests(self) -> list[Path]:
         """Each of this node's ranks' keep request, in the latest attempt."""
@@ -436,10 +468,16 @@ class NodeAgent:
         an elastic job, the round's nodes first prove that they reach each other: a refusal ends
         the job on every node of the round, before any worker waits in ``init_process_group``."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
+        if self.heal is not None:
+            for env in envs.values():  # the workers are started with these dicts
+                env.update(WorkerEnv(heal_start=self._heal_start()).to_env())
         self.nodes_in_job = row["nodes"]
-        if self.setup.nnodes_min != self.setup.nnodes_max and self.store is not None:
+        elastic = self.setup.nnodes_min != self.setup.nnodes_max and self.store is not None
+        if elastic:
             self._check_the_rounds_reachability(row)
         self._show_the_rank_table(row)
+        if elastic and self.heal is not None:
+            self._watch_the_rounds_nodes(row)
         if self.setup.command_name == "phalanx run":
             try:
                 self._report_the_start(row)

@@ -151,12 +151,17 @@ class CrossNode:
             raise_if_signal(error)
             return None
 
-    def workers_finished(self, timeout: float, nodes_waiting: Callable[[], int], nodes: int, is_host: bool) -> bool:
+    def workers_finished(self, timeout: float, nodes_waiting: Callable[[], int], nodes: int, is_host: bool,
+                         left: bool = False) -> bool:  # fmt: skip
         """Tells the other nodes that this node's workers finished, and waits up to ``timeout`` s
         until every one of ``nodes`` has (True: torch's exit barrier then passes at once). False
         when a node's workers failed, or a node waits in the rendezvous to restart them: that node
         never comes to the barrier (the failed one, torch's way, as long as the barrier's timeout).
-        The store's host (``is_host``) stays until the failed nodes could read the reports."""
+        The store's host (``is_host``) stays until the failed nodes could read the reports.
+
+        Where a node ``left`` the round (heal mode in an elastic job: the ranks went on without
+        it), torch's barrier would wait for it: False once every one of ``nodes`` finished, and
+        the store's host stays until each of them read that."""
         if self.store is None:
             return True  # a single node: torch's barrier waits for nobody else
         started = time.monotonic()
@@ -179,13 +184,21 @@ class CrossNode:
                         self._keep_store_up(deadline, nodes_waiting, nodes)
                     return False
                 if self.store.add(f"{self.round_prefix}finished_count", 0) >= nodes:
-                    return True
+                    return not left or self._leave_without_torchs_barrier(deadline, nodes, is_host)
                 time.sleep(0.1)
         except Exception as error:
             raise_if_signal(error)
             return True
         say(f"phalanx: {self.node}: its workers finished; the other nodes' workers did not finish within "
             f"{timeout:g} s, exiting without them")  # fmt: skip
+        return False
+
+    def _leave_without_torchs_barrier(self, deadline: float, nodes: int, is_host: bool) -> bool:
+        """Every node that finished counts itself out; the store's host waits until all did."""
+        key = f"{self.round_prefix}out_count"
+        self.store.add(key, 1)
+        while is_host and self.store.add(key, 0) < nodes and time.monotonic() < deadline:
+            time.sleep(0.1)
         return False
 
     def _keep_store_up(self, deadline: float, nodes_waiting: Callable[[], int], nodes: int) -> None:

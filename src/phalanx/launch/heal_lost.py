@@ -3,9 +3,11 @@
 The launcher of a node that finds another lost opens the next generation of the ranks' group on
 the store (:func:`phalanx.runtime.heal.generations.open_for_a_lost_node`), which ends their waits
 on the lost node's ranks (a cut link closes no socket): they keep their processes and wait for
-the replacements. The launcher of the node that lost the store (cut off, most likely) ends the
-scripts its supervisors run, after they kept their state; the supervisors start replacements,
-which join the others once the store answers again.
+the replacements. In an elastic job they go on without that node's ranks instead, in a smaller
+world, as long as the job keeps its minimum of nodes. The launcher of the node that lost the
+store (cut off, most likely) ends the scripts its supervisors run, after they kept their state;
+the supervisors start replacements, which join the others once the store answers again (in an
+elastic job, that node stops instead: it joins again in a later round).
 """
 
 from __future__ import annotations
@@ -48,14 +50,43 @@ class LostNodeHeal:
                  keep_requests: Callable[[], list[Path]]) -> None:  # fmt: skip
         self.setup, self.keep_then_kill, self.keep_requests = setup, keep_then_kill, keep_requests
         self._waited_for: dict[str, str] = {}  # node -> why, until it beats again
+        #: An elastic job's round: its world size, and each node's ranks (None: a job of a fixed size).
+        self._round: tuple[int, dict[str, list[int]]] | None = None
 
-    def instead(self, why: str, store_lost: bool, heard: bool, store: Any, attempt: int | None) -> bool:
+    def enter_round(self, world_size: int, ranks_of_node: dict[str, list[int]]) -> None:
+        """An elastic job's new rendezvous round: its world size and each node's ranks (a lost
+        node's ranks leave the ranks' group, which goes on without them)."""
+        self._round = (world_size, ranks_of_node)
+
+    def nodes_left(self, store: Any, start: str | None) -> list[str]:
+        """The nodes of an elastic job's round whose ranks left the ranks' group, found lost by
+        any node's launcher (from the group's members on the store; [] where none can have)."""
+        if self._round is None or store is None or start is None:
+            return []
+        from phalanx.runtime.heal.generations import live_members  # (torch: at a node's loss only)
+
+        world_size, ranks_of_node = self._round
+        try:
+            members = set(live_members(self._heal_store(store, start), world_size))
+        except Exception as error:  # the store stopped answering: as if none left
+            raise_if_signal(error)
+            return []
+        return [node for node, ranks in ranks_of_node.items() if not members.intersection(ranks)]
+
+    def _heal_store(self, store: Any, start: str) -> Any:
+        import torch.distributed as dist
+
+        from phalanx.runtime.heal.generations import heal_prefix
+
+        return dist.PrefixStore(heal_prefix(self.setup.rdzv_id, start), store)
+
+    def instead(self, why: str, store_lost: bool, heard: bool, store: Any, start: str | None) -> bool:
         """Heals instead of stopping the workers, where the ranks can; a liveness verdict.
 
         Args:
             why, store_lost, heard: the verdict (:class:`phalanx.launch.liveness.Liveness`).
             store: the launch's store (None: none yet).
-            attempt: the workers' latest start (None: not started).
+            start: the workers' latest start's name (``WorkerEnv.heal_start``; None: not started).
 
         Returns:
             False where the ranks cannot heal, and the workers are then stopped as without heal
@@ -66,23 +97,35 @@ class LostNodeHeal:
         """
         if heard:
             return False
-        if store_lost:
-            return self._end_the_cut_off_scripts(why)
-        if store is None or attempt is None:
+        if store_lost:  # (an elastic job goes on without this node: it stops, and joins again later)
+            return self._round is None and self._end_the_cut_off_scripts(why)
+        if store is None or start is None:
             return False
-        import torch.distributed as dist
-
-        from phalanx.runtime.heal.generations import heal_prefix, open_for_a_lost_node
-
+        node, leaving = silent_node(why), None
         try:
-            opened = open_for_a_lost_node(dist.PrefixStore(heal_prefix(self.setup.rdzv_id, attempt), store),
-                                          f"the launcher of node {self.setup.node_label} ({why})")  # fmt: skip
+            if self._round is not None:
+                world_size, ranks_of_node = self._round
+                nodes_left = len(ranks_of_node) - len(set(self.nodes_left(store, start)) | {node})
+                if node not in ranks_of_node or nodes_left < self.setup.nnodes_min:
+                    return False  # fewer nodes than the job's minimum: it stops, as without --heal
+                leaving = (world_size, ranks_of_node[node])
+            from phalanx.runtime.heal.generations import open_for_a_lost_node
+
+            opened = open_for_a_lost_node(self._heal_store(store, start),
+                                          f"the launcher of node {self.setup.node_label} ({why})", leaving)  # fmt: skip
         except Exception as error:  # the store stopped answering meanwhile
             raise_if_signal(error)
             return False
         if opened is None:
             return False
-        self._waited_for[silent_node(why)] = why
+        if leaving is not None:
+            say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
+                f"heal mode in an elastic job: the other nodes' ranks keep their processes and go on without its "
+                f"rank(s) {', '.join(map(str, leaving[1]))} in generation {opened} of their group, on "
+                f"{nodes_left} node(s)\nHINT: once it is back, run the same command on it: it joins the job in the "
+                "next rendezvous round (every worker restarts then, and the job goes on from its last step)")  # fmt: skip
+            return True
+        self._waited_for[node] = why
         say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
             f"heal mode: this node's ranks keep their processes and form generation {opened} of their group with the "
             "lost node's replacements, which its launcher starts once it is back, waiting for them as long as the "

@@ -92,7 +92,6 @@ class LaunchSpec:
 
     def __post_init__(self) -> None:
         self._check_node_count()
-        self._check_heal()
         self._check_endpoint()
         self.entrypoint.check_exists()
 
@@ -103,15 +102,6 @@ class LaunchSpec:
     @property
     def is_multi_node(self) -> bool:
         return self.nnodes.max > 1
-
-    def _check_heal(self) -> None:
-        if self.heal and self.nnodes.min != self.nnodes.max:
-            raise SettingsRefused(
-                f"--heal {self.heal} with --nnodes {self.nnodes}",
-                "heal mode replaces a failed rank in a job of a fixed size; an elastic job's rounds change its "
-                "ranks, which healing does not follow yet.",
-                f"give --nnodes {self.nnodes.max} (a fixed size), or leave --heal out",
-            )
 
     def _check_node_count(self) -> None:
         if self.simulate_nodes:

@@ -112,6 +112,16 @@ class DistributedContext:
         """Whether the job has more than one process (then the collectives run)."""
         return self.world_size > 1
 
+    def regroup(self, rank: int, world_size: int) -> None:
+        """Heal mode: this process's rank and the world size in a generation of the job's group
+        without a lost node's ranks (an elastic job that shrank without restarting).
+
+        Args:
+            rank: this process's rank in the new group.
+            world_size: the new group's size.
+        """
+        self.rank, self.world_size = rank, world_size
+
     def mark_step(self, step: int) -> None:
         """Optional: lets a stall report say which training step each rank last finished.
 
@@ -272,6 +282,7 @@ def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: f
     if healing.replacement:
         try:
             healing.join()
+            context.regroup(generations.rank, generations.world_size)  # an elastic job may have shrunk
         except Exception as error:  # no generation opened in time: the launcher's restart takes over
             print(f"phalanx: this replacement could not join the surviving ranks ({type(error).__name__}: "
                   f"{str(error).strip()[:200]}); leaving the job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip

@@ -19,7 +19,7 @@ import math
 import operator
 import signal
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -66,22 +66,39 @@ class ResumableSampler(Sampler[int]):
         if dataset_length < 1:
             raise ValueError("the dataset is empty")
         self.dataset_length = dataset_length
-        self.rank, self.world_size = rank, world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
-        if drop_last and dataset_length % world_size:
-            self.num_samples = math.ceil((dataset_length - world_size) / world_size)
-        else:
-            self.num_samples = math.ceil(dataset_length / world_size)
-        self.total_size = self.num_samples * world_size
         self.epoch = 0
         self._position = 0  # where this epoch's pass started, or was moved to (see position)
         self._handing_out: Iterator[int] | None = None  # the pass in progress: its indices still to come
-        # This rank's positions below this hold real data; the padding (if any) comes after.
-        self._real_positions = min(self.num_samples, max(0, math.ceil((dataset_length - rank) / world_size)))
         self._real_offset = 0  # real_handed_out minus the real samples below the current position
+        self._shard(rank, world_size)
         self._remaining_at_start = self.num_samples
         #: Samples of the resumed epoch handed out again after a resume with another world size.
         self.replayed = 0
+
+    def _shard(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        if self.drop_last and self.dataset_length % world_size:
+            self.num_samples = math.ceil((self.dataset_length - world_size) / world_size)
+        else:
+            self.num_samples = math.ceil(self.dataset_length / world_size)
+        self.total_size = self.num_samples * world_size
+        # This rank's positions below this hold real data; the padding (if any) comes after.
+        self._real_positions = min(self.num_samples, max(0, math.ceil((self.dataset_length - rank) / world_size)))
+
+    def reshard(self, rank: int, world_size: int, state: dict[str, int]) -> None:
+        """Goes on as ``rank`` of ``world_size`` from ``state`` (a :meth:`state_dict` of any
+        world size), in this process: heal mode's elastic job, whose world shrank without a
+        restart. As :meth:`load_state_dict`, with the new shard; real_handed_out starts again at 0.
+
+        Raises:
+            ValueError: ``rank`` is not in ``0..world_size - 1``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
+        self._handing_out, self._position, self._real_offset = None, 0, 0
+        self._shard(rank, world_size)
+        self.load_state_dict(state)
 
     def _epoch_indices(self) -> list[int]:
         if self.shuffle:
@@ -232,10 +249,17 @@ class ResumableLoader(DataLoader):
         # The (index, batch) pairs of the step in progress, kept to replay, and those being replayed.
         self._step_batches: deque[tuple[int, Any]] | None = None
         self._replaying: deque[tuple[int, Any]] = deque()
+        self._resharded = False  # the pass in progress ends at the loop's next batch (reshard)
         #: The index in its pass of the batch the loop received last (a replayed batch keeps its own).
         self.batch_index = -1
 
     def __iter__(self) -> Iterator[Any]:
+        epoch = self.resume_point[0]
+        while (yield from self._pass_over()) and self.sampler.epoch == epoch:
+            pass  # resharded (heal mode): the rest of the epoch, in the new shard
+
+    def _pass_over(self) -> Generator[Any, None, bool]:
+        """One pass from the sampler's position; True where :meth:`reshard` ended it early."""
         sampler = self.sampler
         if self._pass is not None:  # the last pass was left unfinished: continue after what it delivered
             sampler.load_state_dict(self.state_dict())
@@ -256,8 +280,12 @@ class ResumableLoader(DataLoader):
                 self._step_batches.append(again)  # type: ignore[union-attr]  # replay() needs it
                 self.batch_index = again[0]
                 yield again[1]
+            if self._resharded:
+                self._resharded = False
+                return True
         self._real_before = self.real_delivered
         self._pass = None  # the pass is over: the sampler's own state is exact again
+        return False
 
     def keep_step_batches(self, keep: bool = True) -> None:
         """From now on keeps the batches of the step in progress, for :meth:`replay` (or no
@@ -266,6 +294,25 @@ class ResumableLoader(DataLoader):
 
     def step_ended(self) -> None:
         """The step in progress completed: its batches are not needed again."""
+        if self._step_batches is not None:
+            self._step_batches.clear()
+
+    def reshard(self, rank: int, world_size: int, state: dict[str, int]) -> None:
+        """Heal mode's elastic job, whose world shrank without a restart: the loop's next batch
+        is this rank's first of the rest of the epoch from ``state`` (a :meth:`state_dict` of the
+        old world: the last completed step's), in its shard of the new world. The batches of the
+        step in progress are not replayed: they are in the rest of the epoch. real_delivered
+        starts again at 0.
+
+        Args:
+            rank: this rank in the new world.
+            world_size: the new world's size.
+            state: where the epoch goes on.
+        """
+        self.sampler.reshard(rank, world_size, state)
+        self._pass, self._real_before = None, 0
+        self._resharded = True
+        self._replaying.clear()
         if self._step_batches is not None:
             self._step_batches.clear()
 

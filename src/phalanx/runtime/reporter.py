@@ -154,6 +154,10 @@ class Reporter:
         return {"running": self._logged, "logged": self._logged,
                 "epoch_logged": self._logged if newer else self._epoch_logged, "logged_step": self._logged_step}  # fmt: skip
 
+    def retotal(self, total_steps: int) -> None:
+        """The run's steps changed (heal mode: the world shrank in the process)."""
+        self.total_steps = self.meter.total_steps = self.progress.total_steps = total_steps
+
     def start_over(self, state: dict[str, Any], boundary: SharedReduction) -> None:
         """After a heal: a logging point in flight in the old group is dropped, and the sums go
         on from ``state`` (:meth:`known_state` of the rank the state came from, or this rank's

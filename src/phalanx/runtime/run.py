@@ -396,7 +396,7 @@ class Run:
             raise RuntimeError("run.epochs() needs the loader from run.setup_dataloader()")
         self.restore()
         self._epochs = count
-        self.total_steps = count * math.ceil(_batches(self._loader, 0) / self.micro_batches)
+        self.total_steps = self._steps_to_the_end()
         self._reporter = Reporter(self.context, epochs=count, total_steps=self.total_steps, step=self.global_step,
                                   boundary=self._boundary, **self._files)  # fmt: skip
         if self._carried_reporter is not None:
@@ -414,6 +414,17 @@ class Run:
             self._epoch = self._loader.resume_point[0]
             yield self._epoch
         self._end()
+
+    def _steps_to_the_end(self) -> int:
+        """The run's steps: those done, and those the epochs left take in this world (a resume
+        with another world size, or a world that shrank in heal mode, changes the count)."""
+        assert self._loader is not None
+        epoch, position = self._loader.resume_point
+        if epoch >= self._epochs:
+            return self.global_step
+        per_epoch = math.ceil(_batches(self._loader, 0) / self.micro_batches)
+        return (self.global_step + math.ceil(_batches(self._loader, position) / self.micro_batches)
+                + (self._epochs - epoch - 1) * per_epoch)  # fmt: skip
 
     def accumulate(self, model: torch.nn.Module, index: int) -> AbstractContextManager[MicroStep]:
         """A context for a micro-batch's forward and backward: DDP all-reduces only on the last
@@ -842,7 +853,6 @@ class Run:
                     target.load_state_dict(state[name])
             loader.step_ended()  # its batches were trained (their all-reduce completed on the source)
             self.global_step = healed.step
-            keeper.mark(healed.step, loader.state_dict(), rollback_states(self._tracked))
         else:
             for name, target in self._tracked.items():
                 # The parameters are the source's already; the buffers go back to this rank's own at
@@ -850,7 +860,17 @@ class Run:
                 if name not in ("model", "data") and name in state:
                     target.load_state_dict(state[name])
             keeper.restore_buffers(mark)
-            loader.replay()
+            if not healed.shrank:
+                loader.replay()
+        if healed.shrank:  # the rest of the epoch from the source's position, in this rank's new shard
+            self.context.regroup(healing.generations.rank, healing.generations.world_size)
+            loader.reshard(self.rank, self.world_size, state["data"])
+            self._real_seen = loader.real_delivered
+            keeper.seeding.rank = self.rank
+            self.total_steps = self._steps_to_the_end()
+            reporter.retotal(self.total_steps)
+        if healed.behind or healed.shrank:
+            keeper.mark(healed.step, loader.state_dict(), rollback_states(self._tracked))
         self._boundary = SharedReduction(self.context)
         reporter.start_over(state["reporter"], self._boundary)
         self._preemption.start_votes_over()

@@ -5,6 +5,13 @@ opens generation ``g + 1`` on the job's store and forms it; a replacement rank w
 newest generation opened after the one it replaces died in, and forms it too. Each generation's
 group rendezvouses on its own prefix of the store, so no key of a broken group is read again.
 
+A generation's members are the ranks of the job's start (torch's RANK, which a replacement
+keeps) that form it; each rank's rank in the generation is its place among them. They are those
+of the generation before, unless the launcher that found a node lost in an elastic job left that
+node's ranks out (:func:`open_for_a_lost_node`): the world shrinks, and no process restarts. The
+first rank that sees every member arrive fixes them on the store: every rank forms the generation
+with the same.
+
 A generation opened ends the one before on every rank: each rank's watch (:class:`OpenedWatch`)
 waits on the store for the next generation's key and, when another rank opens it, notes the
 failure, which ends any wait of this rank on the old group (:mod:`.hook`). A rank waiting for a
@@ -28,11 +35,35 @@ from phalanx.worker_env import WorkerEnv
 _LIVE, _OPENED = "live", "opened/"
 
 
-def heal_prefix(run_id: str, attempt: int) -> str:
+def _proposed_key(generation: int) -> str:
+    """The members proposed for a generation (by launchers that left lost nodes' ranks out)."""
+    return f"g{generation}/members"
+
+
+def _formed_key(generation: int) -> str:
+    """The members a generation formed with, fixed once by the first rank that saw them all arrive."""
+    return f"g{generation}/all"
+
+
+def _encode(members: list[int]) -> str:
+    return ",".join(map(str, members))
+
+
+def _decode(value: bytes | str) -> list[int]:
+    text = value.decode() if isinstance(value, bytes) else value
+    return [int(rank) for rank in text.split(",") if rank]
+
+
+def _members_of(store: dist.Store, generation: int, world_size: int) -> list[int]:
+    """The members of a generation that formed (generation 0's: every rank of the start)."""
+    return _decode(store.get(_formed_key(generation))) if generation > 0 else list(range(world_size))
+
+
+def heal_prefix(run_id: str, start: str) -> str:
     """The prefix of one start of the workers' heal keys on the launch's store: job ``run_id``
-    (the rendezvous ID), start ``attempt`` (counted alike on every node). A restart of every
-    worker starts again at generation 0."""
-    return f"phalanx/heal/{run_id}/{attempt}/"
+    (the rendezvous ID), start ``start`` (``WorkerEnv.heal_start``, named alike on every node).
+    A restart of every worker starts again at generation 0."""
+    return f"phalanx/heal/{run_id}/{start}/"
 
 
 def job_store(address: str | None, timeout_s: float) -> dist.Store:
@@ -40,29 +71,65 @@ def job_store(address: str | None, timeout_s: float) -> dist.Store:
     under this start's :func:`heal_prefix`."""
     host, port = address.rsplit(":", 1) if address else (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-    attempt = WorkerEnv.from_env(os.environ).attempt or 0
-    return dist.PrefixStore(heal_prefix(os.environ.get("TORCHELASTIC_RUN_ID", "none"), attempt), store)
+    start = WorkerEnv.from_env(os.environ).heal_start or "none"
+    return dist.PrefixStore(heal_prefix(os.environ.get("TORCHELASTIC_RUN_ID", "none"), start), store)
 
 
-def open_for_a_lost_node(store: dist.Store, opener: str) -> int | None:
+def open_for_a_lost_node(store: dist.Store, opener: str, leaving: tuple[int, list[int]] | None = None) -> int | None:
     """Opens the generation after the live one for a node that another node's launcher found
     lost (heal mode): every rank's watch then ends its waits on the broken group, which a cut
     link would hold for the group's timeout, and the survivors form the next generation, which
-    the lost node's replacements join once it is back.
+    the lost node's replacements join once it is back, or, in an elastic job, without them.
 
     Args:
         store: the launch's store under this start's :func:`heal_prefix`.
         opener: who opened it and why, for the ranks' lines.
+        leaving: an elastic job's: the start's world size, and the lost node's ranks in it,
+            which the generation goes on without (None: they are replaced).
 
     Returns:
-        The generation opened (or opened already by a rank), or None where no generation formed
-        yet: the ranks cannot heal, and the launcher stops them instead.
+        The generation opened (or opened already by a rank; the live one where the ranks
+        ``leaving`` left it already), or None where no generation formed yet, or where no rank
+        would be left: the ranks cannot heal, and the launcher stops them instead.
     """
     live = live_generation(store)
     if live is None:
         return None
+    if leaving is not None:
+        world_size, lost = leaving
+        while store.check([_formed_key(live + 1)]):  # fixed already, forming: the ranks leave it next
+            live += 1
+        members = _members_of(store, live, world_size)
+        if not set(lost).intersection(members):
+            return live  # they left already (another launcher found the node lost first)
+        if not _propose_without(store, live + 1, members, lost):
+            return None
     store.compare_set(f"{_OPENED}{live + 1}", "", opener)
     return live + 1
+
+
+def _propose_without(store: dist.Store, generation: int, members: list[int], lost: list[int]) -> bool:
+    """Proposes ``generation``'s members: those of the generation before (``members``) or what
+    other launchers proposed already, without the ranks ``lost`` (before the generation is
+    opened: a rank that arrives reads them); False where none would be left."""
+    key = _proposed_key(generation)
+    while True:
+        current = store.get(key).decode() if store.check([key]) else ""
+        proposal = _encode([rank for rank in (_decode(current) if current else members) if rank not in lost])
+        if not proposal:
+            return False
+        if store.compare_set(key, current, proposal).decode() == proposal:
+            return True
+
+
+def live_members(store: dist.Store, world_size: int) -> list[int]:
+    """The ranks of the start (of ``world_size``) in the generation the ranks formed last, less
+    those a launcher proposed to leave out of the next (an elastic job's lost nodes)."""
+    live = live_generation(store)
+    if live is None:
+        return list(range(world_size))
+    proposed = _proposed_key(live + 1)
+    return _decode(store.get(proposed)) if store.check([proposed]) else _members_of(store, live, world_size)
 
 
 def live_generation(store: dist.Store) -> int | None:
@@ -77,8 +144,8 @@ class Generations:
     Args:
         store: the job's heal store (:func:`job_store`).
         backend: the process group's backend.
-        rank: this rank, the same in every generation.
-        world_size: the ranks of every generation.
+        rank: this rank in the job's start (torch's RANK), the same in every generation.
+        world_size: the ranks of the job's start (generation 0's).
         timeout_s: how long a generation may take to form (the replacement's start is in it).
     """
 
@@ -86,7 +153,9 @@ class Generations:
     LOOK_S = 0.2
 
     def __init__(self, store: dist.Store, backend: str, rank: int, world_size: int, timeout_s: float) -> None:
-        self.store, self.backend, self.rank, self.world_size = store, backend, rank, world_size
+        self.store, self.backend, self.start_rank = store, backend, rank
+        #: The ranks of the start that form the current generation (see the module's docstring).
+        self.members = list(range(world_size))
         self.timeout = timedelta(seconds=timeout_s)
         #: The generation this rank belongs to.
         self.current = 0
@@ -97,6 +166,16 @@ class Generations:
         self.stopping: Callable[[], bool] = lambda: False
         self._formed = threading.Condition()  # notified as each generation forms
 
+    @property
+    def rank(self) -> int:
+        """This rank in the current generation: its place among the members."""
+        return self.members.index(self.start_rank)
+
+    @property
+    def world_size(self) -> int:
+        """The ranks of the current generation."""
+        return len(self.members)
+
     def form_first(self) -> None:
         """The job's start: forms generation 0."""
         self._form(0)
@@ -104,7 +183,7 @@ class Generations:
     def next_after_failure(self) -> int:
         """A survivor: leaves the broken group, opens the next generation and forms it."""
         target = self.current + 1
-        self.store.set(f"{_OPENED}{target}", f"rank {self.rank}")
+        self.store.compare_set(f"{_OPENED}{target}", "", f"rank {self.start_rank}")
         self._leave()
         self._arrive(target)
         self._form(target)
@@ -113,6 +192,7 @@ class Generations:
     def join_as_replacement(self) -> int:
         """A replacement: forms the generation the survivors open after the live one."""
         live = int(self.store.get(_LIVE))
+        self.members = _members_of(self.store, live, self.world_size)
         target = live + 1
         self._wait_for(f"{_OPENED}{target}", f"the surviving ranks to open generation {target} of the group")
         self._arrive(target)
@@ -120,17 +200,42 @@ class Generations:
         return target
 
     def _arrive(self, generation: int) -> None:
-        """Waits until every rank reached ``generation`` (before the backend's own rendezvous,
-        which no signal interrupts): a rank left alone, or stopped, learns it within a second."""
-        if self.store.add(f"g{generation}/arrived", 1) == self.world_size:
-            self.store.set(f"g{generation}/all", "1")
-        self._wait_for(f"g{generation}/all", f"every rank to reach generation {generation} of the group")
+        """Waits until every member reached ``generation`` (before the backend's own rendezvous,
+        which no signal interrupts), then takes its members: a rank left alone, or stopped, or
+        left out (its node was found lost), learns it within a second.
 
-    def _wait_for(self, key: str, what: str) -> None:
-        """Waits for ``key`` on the store, looking at it (a blocking wait would hold off the
-        signals that stop this rank, and warns at each timeout) until the generation's timeout."""
+        Each rank says it arrived under its own key (a rank that arrives and dies, and its
+        replacement, count once). The members are the generation before's, or those a launcher
+        proposed without a lost node's ranks; the first rank that sees every one of them arrived
+        fixes them on the store, and every rank forms the generation with those."""
+        self.store.set(f"g{generation}/arrived/{self.start_rank}", "1")
+        proposed, formed_key = _proposed_key(generation), _formed_key(generation)
+
+        def check_member(members: list[int]) -> list[int]:
+            if self.start_rank not in members:
+                raise PeerFailed(f"this rank's node was found lost: generation {generation} of the group goes on "
+                                 "without it")  # fmt: skip
+            return members
+
+        def formed() -> bool:
+            if self.store.check([formed_key]):
+                return True
+            members = check_member(_decode(self.store.get(proposed)) if self.store.check([proposed]) else self.members)
+            if not self.store.check([f"g{generation}/arrived/{rank}" for rank in members]):
+                return False
+            self.store.compare_set(formed_key, "", _encode(members))  # the first rank's fixes them
+            return True
+
+        self._wait_for(formed, f"every rank to reach generation {generation} of the group")
+        self.members = check_member(_decode(self.store.get(formed_key)))
+
+    def _wait_for(self, key: str | Callable[[], bool], what: str) -> None:
+        """Waits for ``key`` on the store (or until it says True), looking at it (a blocking wait
+        would hold off the signals that stop this rank, and warns at each timeout) until the
+        generation's timeout."""
         deadline = time.monotonic() + self.timeout.total_seconds()
-        while not self.store.check([key]):
+        done = key if callable(key) else lambda: self.store.check([key])
+        while not done():
             if self.stopping():
                 raise PeerFailed(f"stopped while waiting for {what}")
             if time.monotonic() > deadline:

@@ -38,15 +38,27 @@ class Healed:
     #: Whether this rank had completed one step fewer (its step's all-reduce failed where the
     #: source's completed): it takes the source's whole state, and trains nothing again.
     behind: bool
+    #: The ranks of the generation before, and of this one (fewer: a lost node's ranks left an
+    #: elastic job; the ranks above are this generation's).
+    world_before: int
+    world_size: int
+
+    @property
+    def shrank(self) -> bool:
+        return self.world_size < self.world_before
 
     def line(self) -> str:
         """What the heal did, for the run's log."""
-        replaced = ", ".join(str(rank) for rank in self.replaced) or "none"
-        return (
-            f"phalanx: healed in {self.seconds:.1f} s (generation {self.generation}): rank(s) {replaced} replaced, "
-            f"{self.bytes_sent / 2**20:.1f} MiB of state from rank {self.source} to rank(s) "
-            f"{', '.join(str(rank) for rank in self.receivers) or 'none'}; going on after step {self.step}"
-        )
+        parts = [f"the lost node's ranks left, the world shrank from {self.world_before} to {self.world_size} ranks"
+                 ] if self.shrank else []  # fmt: skip
+        if self.replaced or not self.shrank:
+            parts.append(f"rank(s) {', '.join(str(rank) for rank in self.replaced) or 'none'} replaced")
+        if self.receivers:
+            parts.append(f"{self.bytes_sent / 2**20:.1f} MiB of state from rank {self.source} to rank(s) "
+                         f"{', '.join(str(rank) for rank in self.receivers)}")  # fmt: skip
+        else:
+            parts.append("no state sent (every rank held the last step's)")
+        return f"phalanx: healed in {self.seconds:.1f} s (generation {self.generation}): {', '.join(parts)}; going on after step {self.step}"
 
 
 class Healing:
@@ -125,7 +137,7 @@ class Healing:
             PeerFailed: the ranks did not heal within a generation's timeout.
             RuntimeError: no rank survived to heal from.
         """
-        began = time.monotonic()
+        began, world_before = time.monotonic(), self.generations.world_size
         if not self.replacement:
             print(f"phalanx: a peer failed after step {step} ({described(self.health.failure)}); "
                   "keeping this process and healing", file=sys.stderr, flush=True)  # fmt: skip
@@ -143,7 +155,7 @@ class Healing:
                 self.generations.note_if_next_opened(self.health)  # ...which the watch may have noted
             formed = False
             try:
-                return self._exchange(state_of_step, step, began)
+                return self._exchange(state_of_step, step, began, world_before)
             except PeerFailed as error:
                 if time.monotonic() - began > self.generations.timeout.total_seconds():
                     raise PeerFailed(f"{error} (heal attempt {attempt}, {time.monotonic() - began:.0f} s)") from error
@@ -152,7 +164,8 @@ class Healing:
                       flush=True)  # fmt: skip
                 attempt += 1
 
-    def _exchange(self, state_of_step: Any, step: int, began: float) -> tuple[dict[str, Any], Healed]:
+    def _exchange(self, state_of_step: Any, step: int, began: float,
+                  world_before: int) -> tuple[dict[str, Any], Healed]:  # fmt: skip
         """The heal in the generation just formed: each rank's role, then the source's state to
         the ranks that need it."""
         roles = torch.tensor([1 if self.replacement else 0, step], dtype=torch.int64, device=self.device)
@@ -181,7 +194,8 @@ class Healing:
             began -= float(box["waited_s"])
         replaced = tuple(rank for rank, (replacing, _) in enumerate(table) if replacing)
         healed = Healed(self.generations.current, target, source, replaced, tuple(receivers), int(sent.item()),
-                        time.monotonic() - began, behind=not self.replacement and step < target)  # fmt: skip
+                        time.monotonic() - began, not self.replacement and step < target, world_before,
+                        dist.get_world_size())  # fmt: skip
         self.replacement = False  # a survivor from now on
         return box["payload"], healed
 
