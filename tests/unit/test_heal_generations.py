@@ -6,7 +6,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from phalanx.runtime.heal.generations import heal_prefix, live_generation, live_members, open_for_a_lost_node
+from phalanx.runtime.heal.generations import (
+    Leaving,
+    heal_prefix,
+    live_generation,
+    live_members,
+    open_for_a_lost_node,
+)
 
 
 def a_store() -> tuple[dist.Store, dist.TCPStore]:
@@ -36,11 +42,15 @@ def test_a_lost_nodes_ranks_leave_the_next_generation_and_each_launchers_loss_co
     store, _server = a_store()
     store.set("live", "0")
     assert live_members(store, 4) == [0, 1, 2, 3]
-    assert open_for_a_lost_node(store, "the launcher of node a", leaving=(4, [2, 3])) == 1
+    assert open_for_a_lost_node(store, "the launcher of node a", leaving=Leaving(4, [2, 3], bool)) == 1
     assert live_members(store, 4) == [0, 1]  # proposed: a launcher counts them out already
-    assert open_for_a_lost_node(store, "the launcher of node b", leaving=(4, [1])) == 1  # another node, lost too
+    assert (
+        open_for_a_lost_node(store, "the launcher of node b", leaving=Leaving(4, [1], bool)) == 1
+    )  # another node, lost too
     assert store.get("g1/members") == b"0"
-    assert open_for_a_lost_node(store, "the launcher of node b", leaving=(4, [0])) is None  # none would be left
+    assert (
+        open_for_a_lost_node(store, "the launcher of node b", leaving=Leaving(4, [0], bool)) is None
+    )  # none would be left
     assert store.get("g1/members") == b"0"
 
 
@@ -49,11 +59,13 @@ def test_a_later_loss_leaves_from_the_members_the_ranks_formed_with():
     store.set("live", "1")
     store.set("g1/all", "0,2,3")  # generation 1 formed without rank 1
     assert live_members(store, 4) == [0, 2, 3]
-    assert open_for_a_lost_node(store, "the launcher of node a", leaving=(4, [3])) == 2
+    assert open_for_a_lost_node(store, "the launcher of node a", leaving=Leaving(4, [3], bool)) == 2
     assert store.get("g2/members") == b"0,2"
     store.set("live", "2")
     store.set("g2/all", "0,2")
-    assert open_for_a_lost_node(store, "the launcher of node b", leaving=(4, [3])) == 2  # left already: none opened
+    assert (
+        open_for_a_lost_node(store, "the launcher of node b", leaving=Leaving(4, [3], bool)) == 2
+    )  # left already: none opened
     assert not store.check(["opened/3"])
 
 
@@ -61,5 +73,14 @@ def test_a_generation_being_formed_with_the_lost_ranks_is_left_for_the_next():
     store, _server = a_store()
     store.set("live", "0")
     store.set("g1/all", "0,1,2")  # every rank arrived at generation 1 before the verdict: forming it
-    assert open_for_a_lost_node(store, "the launcher of node a", leaving=(3, [2])) == 2
+    assert open_for_a_lost_node(store, "the launcher of node a", leaving=Leaving(3, [2], bool)) == 2
     assert store.get("g2/members") == b"0,1" and store.check(["opened/2"])
+
+
+def test_a_loss_that_would_leave_too_few_opens_nothing():
+    store, _server = a_store()
+    store.set("live", "0")
+    at_least_two = lambda kept: len(kept) >= 2  # noqa: E731
+    assert open_for_a_lost_node(store, "the launcher of node a", leaving=Leaving(3, [2], at_least_two)) == 1
+    assert open_for_a_lost_node(store, "the launcher of node a", leaving=Leaving(3, [1], at_least_two)) is None
+    assert store.get("g1/members") == b"0,1"  # the second loss is not proposed

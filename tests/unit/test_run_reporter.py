@@ -231,3 +231,20 @@ def test_the_state_between_logging_steps_takes_one_collective_with_the_epoch_end
     assert calls == [1]  # the epoch end and the sums now, in one all-reduce
     assert "epoch 1/3  step 3  loss 3.0000" in shown(reporter)
     assert state == {"running": (36.0, 12.0), "logged": (16.0, 8.0), "epoch_logged": (36.0, 12.0), "logged_step": 2}
+
+
+def test_a_world_that_shrank_makes_the_lowest_survivor_the_one_that_reports(tmp_path):
+    """Heal mode in an elastic job: rank 0's node was lost, and this process, rank 1 until then,
+    is rank 0 of the smaller world: from the step it went on after, it prints and writes the
+    metrics file, and the run's steps are the new count."""
+    context = phalanx.DistributedContext(rank=1, local_rank=0, node_rank=1, world_size=3, local_world_size=1,
+                                         device=torch.device("cpu"), backend="gloo")  # fmt: skip
+    reporter = Reporter(context, epochs=1, total_steps=9, step=0, boundary=phalanx.SharedReduction(context),
+                        metrics_jsonl=tmp_path / "m.jsonl")  # fmt: skip
+    assert not reporter.progress.enabled and not (tmp_path / "m.jsonl").exists()
+    context.regroup(0, 2)
+    reporter.regroup(12, step=4)
+    assert reporter.progress.enabled and reporter.progress.total_steps == 12 and reporter.meter.total_steps == 12
+    reporter.files.write({"step": 5})
+    reporter.close()
+    assert json.loads((tmp_path / "m.jsonl").read_text()) == {"step": 5}

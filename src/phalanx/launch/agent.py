@@ -245,6 +245,8 @@ class NodeAgent:
         self.rounds += 1
         self.round_times = times
         self.round_name = None
+        if self.heal is not None:
+            self.heal.enter_round(0, None)  # until the round's rank table is known
         if self.store is None:
             self.round_is_first = self.rounds == 1
             return
@@ -284,6 +286,9 @@ class NodeAgent:
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
+        self.heal.enter_round(
+            row["world_size"], None if rows is None else {other["label"]: other["ranks"] for other in rows}
+        )
         if rows is None:
             say(f"phalanx: {self.setup.node_label}: not every node of the round posted its ranks within "
                 f"{GATHER_TIMEOUT_S:g} s: no liveness watch in this round (a node lost in it is not healed: the ranks "
@@ -291,7 +296,6 @@ class NodeAgent:
             return
         labels = [other["label"] for other in sorted(rows, key=lambda other: other["node"])]
         self.watched = [labels[index] for index in ring_after(row["node"], len(labels), WATCHED)]
-        self.heal.enter_round(row["world_size"], {other["label"]: other["ranks"] for other in rows})
         self._start_liveness()
 
     def _start_liveness(self) -> None:

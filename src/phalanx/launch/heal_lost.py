@@ -50,13 +50,15 @@ class LostNodeHeal:
                  keep_requests: Callable[[], list[Path]]) -> None:  # fmt: skip
         self.setup, self.keep_then_kill, self.keep_requests = setup, keep_then_kill, keep_requests
         self._waited_for: dict[str, str] = {}  # node -> why, until it beats again
-        #: An elastic job's round: its world size, and each node's ranks (None: a job of a fixed size).
+        self._elastic = setup.nnodes_min != setup.nnodes_max
+        #: An elastic job's round: its world size, and each node's ranks (None: not known).
         self._round: tuple[int, dict[str, list[int]]] | None = None
 
-    def enter_round(self, world_size: int, ranks_of_node: dict[str, list[int]]) -> None:
+    def enter_round(self, world_size: int, ranks_of_node: dict[str, list[int]] | None) -> None:
         """An elastic job's new rendezvous round: its world size and each node's ranks (a lost
-        node's ranks leave the ranks' group, which goes on without them)."""
-        self._round = (world_size, ranks_of_node)
+        node's ranks leave the ranks' group, which goes on without them); None where they are
+        not known (a lost node then stops the workers, as without heal mode)."""
+        self._round = None if ranks_of_node is None else (world_size, ranks_of_node)
 
     def nodes_left(self, store: Any, start: str | None) -> list[str]:
         """The nodes of an elastic job's round whose ranks left the ranks' group, found lost by
@@ -72,6 +74,11 @@ class LostNodeHeal:
             raise_if_signal(error)
             return []
         return [node for node, ranks in ranks_of_node.items() if not members.intersection(ranks)]
+
+    def _nodes_of(self, ranks: list[int]) -> int:
+        """The nodes of the round that hold any of ``ranks``."""
+        assert self._round is not None
+        return sum(1 for held in self._round[1].values() if set(held).intersection(ranks))
 
     def _heal_store(self, store: Any, start: str) -> Any:
         import torch.distributed as dist
@@ -98,31 +105,32 @@ class LostNodeHeal:
         if heard:
             return False
         if store_lost:  # (an elastic job goes on without this node: it stops, and joins again later)
-            return self._round is None and self._end_the_cut_off_scripts(why)
-        if store is None or start is None:
+            return not self._elastic and self._end_the_cut_off_scripts(why)
+        if store is None or start is None or (self._elastic and self._round is None):
             return False
-        node, leaving = silent_node(why), None
-        try:
-            if self._round is not None:
-                world_size, ranks_of_node = self._round
-                nodes_left = len(ranks_of_node) - len(set(self.nodes_left(store, start)) | {node})
-                if node not in ranks_of_node or nodes_left < self.setup.nnodes_min:
-                    return False  # fewer nodes than the job's minimum: it stops, as without --heal
-                leaving = (world_size, ranks_of_node[node])
-            from phalanx.runtime.heal.generations import open_for_a_lost_node
+        from phalanx.runtime.heal.generations import Leaving, open_for_a_lost_node
 
+        node, leaving = silent_node(why), None
+        if self._round is not None:
+            world_size, ranks_of_node = self._round
+            if node not in ranks_of_node:
+                return False
+            leaving = Leaving(
+                world_size, ranks_of_node[node], lambda kept: self._nodes_of(kept) >= self.setup.nnodes_min
+            )
+        try:
             opened = open_for_a_lost_node(self._heal_store(store, start),
                                           f"the launcher of node {self.setup.node_label} ({why})", leaving)  # fmt: skip
         except Exception as error:  # the store stopped answering meanwhile
             raise_if_signal(error)
             return False
-        if opened is None:
+        if opened is None:  # (in an elastic job, also: fewer nodes than its minimum would be left)
             return False
         if leaving is not None:
             say(f"phalanx: PROBLEM: {self.setup.node_label}: {why}: it is lost (its machine down, or its network cut); "
                 f"heal mode in an elastic job: the other nodes' ranks keep their processes and go on without its "
-                f"rank(s) {', '.join(map(str, leaving[1]))} in generation {opened} of their group, on "
-                f"{nodes_left} node(s)\nHINT: once it is back, run the same command on it: it joins the job in the "
+                f"rank(s) {', '.join(map(str, leaving.ranks))} (numbered as at the round's start) in generation "
+                f"{opened} of their group\nHINT: once it is back, run the same command on it: it joins the job in the "
                 "next rendezvous round (every worker restarts then, and the job goes on from its last step)")  # fmt: skip
             return True
         self._waited_for[node] = why

@@ -309,9 +309,9 @@ class ResumableLoader(DataLoader):
             world_size: the new world's size.
             state: where the epoch goes on.
         """
+        self._resharded = self._pass is not None  # the pass in progress ends (else the next one starts there)
         self.sampler.reshard(rank, world_size, state)
         self._pass, self._real_before = None, 0
-        self._resharded = True
         self._replaying.clear()
         if self._step_batches is not None:
             self._step_batches.clear()

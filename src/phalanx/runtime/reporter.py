@@ -68,9 +68,14 @@ class Reporter:
         self._pending: LoggingPoint | None = None
         self._epoch_ends: list[EpochEnd] = []
         self.meter = StepMeter(total_steps, start_step=step)
-        self.progress = ProgressReporter(total_steps, enabled=context.is_main)
-        self.files = MetricsLog(jsonl=metrics_jsonl, tensorboard=tensorboard, continue_from_step=step,
-                                enabled=context.is_main)  # fmt: skip
+        self._files = {"jsonl": metrics_jsonl, "tensorboard": tensorboard}
+        self._outputs(step)
+
+    def _outputs(self, step: int) -> None:
+        """The progress lines and the metrics files, on rank 0 only (from ``step`` on)."""
+        self._main = self.context.is_main
+        self.progress = ProgressReporter(self.total_steps, enabled=self._main)
+        self.files = MetricsLog(**self._files, continue_from_step=step, enabled=self._main)
 
     def end_epoch(self, epoch: int, step: int) -> None:
         """No collective: the epoch's loss is shown with the next logging point."""
@@ -154,9 +159,14 @@ class Reporter:
         return {"running": self._logged, "logged": self._logged,
                 "epoch_logged": self._logged if newer else self._epoch_logged, "logged_step": self._logged_step}  # fmt: skip
 
-    def retotal(self, total_steps: int) -> None:
-        """The run's steps changed (heal mode: the world shrank in the process)."""
+    def regroup(self, total_steps: int, step: int) -> None:
+        """Heal mode's world shrank in the process, after ``step``: the run's steps changed, and
+        rank 0 may be another process (the lowest survivor), which prints and writes the files
+        from here on."""
         self.total_steps = self.meter.total_steps = self.progress.total_steps = total_steps
+        if self.context.is_main != self._main:
+            self.files.close()
+            self._outputs(step)
 
     def start_over(self, state: dict[str, Any], boundary: SharedReduction) -> None:
         """After a heal: a logging point in flight in the old group is dropped, and the sums go

@@ -868,7 +868,7 @@ class Run:
             self._real_seen = loader.real_delivered
             keeper.seeding.rank = self.rank
             self.total_steps = self._steps_to_the_end()
-            reporter.retotal(self.total_steps)
+            reporter.regroup(self.total_steps, healed.step)
         if healed.behind or healed.shrank:
             keeper.mark(healed.step, loader.state_dict(), rollback_states(self._tracked))
         self._boundary = SharedReduction(self.context)

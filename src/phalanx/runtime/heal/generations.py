@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch.distributed as dist
 
@@ -43,6 +44,11 @@ def _proposed_key(generation: int) -> str:
 def _formed_key(generation: int) -> str:
     """The members a generation formed with, fixed once by the first rank that saw them all arrive."""
     return f"g{generation}/all"
+
+
+def _arrived_key(generation: int, rank: int) -> str:
+    """Rank ``rank`` of the start reached ``generation``."""
+    return f"g{generation}/arrived/{rank}"
 
 
 def _encode(members: list[int]) -> str:
@@ -75,7 +81,18 @@ def job_store(address: str | None, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(heal_prefix(os.environ.get("TORCHELASTIC_RUN_ID", "none"), start), store)
 
 
-def open_for_a_lost_node(store: dist.Store, opener: str, leaving: tuple[int, list[int]] | None = None) -> int | None:
+class Leaving(NamedTuple):
+    """The ranks of a lost node, which an elastic job's generation goes on without."""
+
+    #: The ranks of the job's start.
+    world_size: int
+    #: The lost node's ranks.
+    ranks: list[int]
+    #: Whether the ranks left are enough to go on with (the job's minimum of nodes).
+    enough: Callable[[list[int]], bool]
+
+
+def open_for_a_lost_node(store: dist.Store, opener: str, leaving: Leaving | None = None) -> int | None:
     """Opens the generation after the live one for a node that another node's launcher found
     lost (heal mode): every rank's watch then ends its waits on the broken group, which a cut
     link would hold for the group's timeout, and the survivors form the next generation, which
@@ -84,41 +101,43 @@ def open_for_a_lost_node(store: dist.Store, opener: str, leaving: tuple[int, lis
     Args:
         store: the launch's store under this start's :func:`heal_prefix`.
         opener: who opened it and why, for the ranks' lines.
-        leaving: an elastic job's: the start's world size, and the lost node's ranks in it,
-            which the generation goes on without (None: they are replaced).
+        leaving: an elastic job's: the lost node's ranks, which the generation goes on without
+            (None: they are replaced).
 
     Returns:
         The generation opened (or opened already by a rank; the live one where the ranks
-        ``leaving`` left it already), or None where no generation formed yet, or where no rank
-        would be left: the ranks cannot heal, and the launcher stops them instead.
+        ``leaving`` left it already), or None where no generation formed yet, or where the
+        ranks left would be too few: the ranks cannot heal, and the launcher stops them instead.
     """
     live = live_generation(store)
     if live is None:
         return None
-    if leaving is not None:
-        world_size, lost = leaving
+    while leaving is not None:
         while store.check([_formed_key(live + 1)]):  # fixed already, forming: the ranks leave it next
             live += 1
-        members = _members_of(store, live, world_size)
-        if not set(lost).intersection(members):
+        members = _members_of(store, live, leaving.world_size)
+        if not set(leaving.ranks).intersection(members):
             return live  # they left already (another launcher found the node lost first)
-        if not _propose_without(store, live + 1, members, lost):
+        if not _propose_without(store, live + 1, members, leaving):
             return None
+        formed = _formed_key(live + 1)  # a rank may have fixed the generation's members meanwhile
+        if not store.check([formed]) or not set(leaving.ranks).intersection(_decode(store.get(formed))):
+            break
     store.compare_set(f"{_OPENED}{live + 1}", "", opener)
     return live + 1
 
 
-def _propose_without(store: dist.Store, generation: int, members: list[int], lost: list[int]) -> bool:
+def _propose_without(store: dist.Store, generation: int, members: list[int], leaving: Leaving) -> bool:
     """Proposes ``generation``'s members: those of the generation before (``members``) or what
-    other launchers proposed already, without the ranks ``lost`` (before the generation is
-    opened: a rank that arrives reads them); False where none would be left."""
+    other launchers proposed already, without the ranks ``leaving`` (before the generation is
+    opened: a rank that arrives reads them); False where those left would not be enough."""
     key = _proposed_key(generation)
     while True:
         current = store.get(key).decode() if store.check([key]) else ""
-        proposal = _encode([rank for rank in (_decode(current) if current else members) if rank not in lost])
-        if not proposal:
+        kept = [rank for rank in (_decode(current) if current else members) if rank not in leaving.ranks]
+        if not kept or not leaving.enough(kept):
             return False
-        if store.compare_set(key, current, proposal).decode() == proposal:
+        if store.compare_set(key, current, _encode(kept)).decode() == _encode(kept):
             return True
 
 
@@ -208,7 +227,7 @@ class Generations:
         replacement, count once). The members are the generation before's, or those a launcher
         proposed without a lost node's ranks; the first rank that sees every one of them arrived
         fixes them on the store, and every rank forms the generation with those."""
-        self.store.set(f"g{generation}/arrived/{self.start_rank}", "1")
+        self.store.set(_arrived_key(generation, self.start_rank), "1")
         proposed, formed_key = _proposed_key(generation), _formed_key(generation)
 
         def check_member(members: list[int]) -> list[int]:
@@ -221,7 +240,7 @@ class Generations:
             if self.store.check([formed_key]):
                 return True
             members = check_member(_decode(self.store.get(proposed)) if self.store.check([proposed]) else self.members)
-            if not self.store.check([f"g{generation}/arrived/{rank}" for rank in members]):
+            if not self.store.check([_arrived_key(generation, rank) for rank in members]):
                 return False
             self.store.compare_set(formed_key, "", _encode(members))  # the first rank's fixes them
             return True
