@@ -100,7 +100,9 @@ class LostNodeHeal:
             mode: no generation of their group formed yet; a verdict heard from another node (a
             node that heals posts none: that one stopped its workers); on the cut-off node, a
             rank whose loop cannot heal yet, or no script left (they failed on their own: the
-            store's host was killed, its sockets closed).
+            store's host was killed, its sockets closed). In an elastic job also: fewer nodes
+            than its minimum would be left, the round's nodes are not known, or this node is
+            the one cut off (it stops, and joins again when launched again).
         """
         if heard:
             return False
