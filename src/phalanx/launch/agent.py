@@ -111,7 +111,7 @@ class NodeAgent:
         try:
             if self.setup.nnodes_max > 1:
                 lobby = Lobby(self.setup, node_fingerprint(self.setup))
-                fixed = self.setup.nnodes_min == self.setup.nnodes_max  # the liveness watch's jobs
+                fixed = not self.setup.nnodes.is_elastic  # the liveness watch's jobs
                 meeting = lobby.join(watch=WATCHED if fixed else 0)
                 self.nodes_in_job, self.watched = meeting.count, meeting.watched
                 self.store = lobby.store
@@ -273,16 +273,15 @@ class NodeAgent:
         :mod:`phalanx.launch.liveness`). An elastic job is left to torch's agent: a lost node there
         is a new rendezvous round without it, not the end of the job; in heal mode, each round
         watches its own nodes (:meth:`_watch_the_rounds_nodes`)."""
-        if self.store is None or self.setup.nnodes_min != self.setup.nnodes_max:
+        if self.store is None or self.setup.nnodes.is_elastic:
             return
         self._start_liveness()
 
-    def _watch_the_rounds_nodes(self, row: dict[str, Any]) -> None:
-        """Heal mode in an elastic job: the liveness watch over this round's nodes, in the order
-        of the round's rank table, and the ranks each node holds, which leave the ranks' group when
-        it is lost (:mod:`.heal_lost`)."""
-        assert self.heal is not None and self.board is not None
-        rows = self.board.gather(row["nodes"])
+    def _watch_the_rounds_nodes(self, row: dict[str, Any], rows: list[dict[str, Any]] | None) -> None:
+        """Heal mode in an elastic job: the liveness watch over this round's nodes (``rows``, its
+        rank table; None: not every node posted its row), in the table's order, and the ranks each
+        node holds, which leave the ranks' group when it is lost (:mod:`.heal_lost`)."""
+        assert self.heal is not None
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
@@ -476,24 +475,29 @@ class NodeAgent:
             for env in envs.values():  # the workers are started with these dicts
                 env.update(WorkerEnv(heal_start=self._heal_start()).to_env())
         self.nodes_in_job = row["nodes"]
-        elastic = self.setup.nnodes_min != self.setup.nnodes_max and self.store is not None
+        elastic = self.setup.nnodes.is_elastic and self.store is not None
         if elastic:
             self._check_the_rounds_reachability(row)
-        self._show_the_rank_table(row)
-        if elastic and self.heal is not None:
-            self._watch_the_rounds_nodes(row)
+        watch = elastic and self.heal is not None
+        if self.board is not None:
+            self.board.post(row["node"], row)
+        rows = self._gather_the_rank_table(row) if watch or 0 in row["ranks"] else None
+        if 0 in row["ranks"]:
+            self._show_the_rank_table(rows)
+        if watch:
+            self._watch_the_rounds_nodes(row, rows)
         if self.setup.command_name == "phalanx run":
             try:
                 self._report_the_start(row)
             except Exception as error:  # a report, never a reason for torch's agent to fail
                 raise_if_signal(error)
 
-    def _show_the_rank_table(self, row: dict[str, Any]) -> None:
-        if self.board is not None:
-            self.board.post(row["node"], row)
-        if 0 not in row["ranks"]:
-            return
-        rows = [row] if self.board is None else self.board.gather(row["nodes"])
+    def _gather_the_rank_table(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Every node's row of this round's rank table (None: not every node posted within
+        :data:`GATHER_TIMEOUT_S`)."""
+        return [row] if self.board is None else self.board.gather(row["nodes"])
+
+    def _show_the_rank_table(self, rows: list[dict[str, Any]] | None) -> None:
         if rows is None:
             say(f"phalanx: rank table: not every node posted its ranks within {GATHER_TIMEOUT_S:g} s; continuing "
                 "without the table")  # fmt: skip

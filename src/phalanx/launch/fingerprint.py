@@ -48,9 +48,8 @@ def _torch_version() -> str:
 
 def node_fingerprint(setup: NodeSetup) -> dict[str, str]:
     entrypoint = Entrypoint(setup.script, setup.script_args, setup.is_module)
-    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
     return {
-        "nnodes": nnodes,
+        "nnodes": str(setup.nnodes),
         "nproc-per-node": str(setup.nproc_per_node),
         "backend": setup.backend,
         "heartbeat-timeout": f"{setup.heartbeat_timeout:g}",

@@ -50,7 +50,7 @@ class LostNodeHeal:
                  keep_requests: Callable[[], list[Path]]) -> None:  # fmt: skip
         self.setup, self.keep_then_kill, self.keep_requests = setup, keep_then_kill, keep_requests
         self._waited_for: dict[str, str] = {}  # node -> why, until it beats again
-        self._elastic = setup.nnodes_min != setup.nnodes_max
+        self._elastic = setup.nnodes.is_elastic
         #: An elastic job's round: its world size, and each node's ranks (None: not known).
         self._round: tuple[int, dict[str, list[int]]] | None = None
 

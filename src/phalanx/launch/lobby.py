@@ -237,7 +237,7 @@ class Lobby:
         index = self.store.add(self.prefix + "joined", 1) - 1
         # An elastic job takes a node that comes back, or a spare: torch's rendezvous admits at
         # most MAX nodes to a round, and the others wait for a place.
-        if index >= self.setup.nnodes_max and self.setup.nnodes_min == self.setup.nnodes_max:
+        if index >= self.setup.nnodes_max and not self.setup.nnodes.is_elastic:
             raise NodesDisagree(
                 f"job '{self.setup.rdzv_id}' already has its {self.setup.nnodes_max} nodes; this one would be one too many",
                 f"{index + 1} nodes have tried to join the endpoint {self.endpoint}.",

@@ -19,7 +19,7 @@ from phalanx import __version__
 from phalanx.errors import SettingsRefused
 from phalanx.launch import gpus, network
 from phalanx.launch.spec import LaunchSpec
-from phalanx.settings.values import SIMULATED_ADDRESS_BASE, Endpoint
+from phalanx.settings.values import SIMULATED_ADDRESS_BASE, Endpoint, NodeRange
 from phalanx.torch_compat import installed_torch, outside_range
 from phalanx.worker_env import WorkerEnv, job_name
 
@@ -88,6 +88,11 @@ class NodeSetup:
     @property
     def is_simulated(self) -> bool:
         return self.simulated_index is not None
+
+    @property
+    def nnodes(self) -> NodeRange:
+        """``--nnodes`` as set: ``nnodes.is_elastic``, and ``str(nnodes)`` as the user writes it."""
+        return NodeRange(self.nnodes_min, self.nnodes_max)
 
     @property
     def command_name(self) -> str:
@@ -393,7 +398,7 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
 def decision_block(setups: list[NodeSetup]) -> str:
     """The short block printed once at start: what phalanx decided for this host, and why."""
     setup = setups[0]
-    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
+    nnodes = str(setup.nnodes)
     if setup.is_simulated:
         head = f"this host runs job '{setup.rdzv_id}' as {len(setups)} simulated node{'s' if len(setups) > 1 else ''}"
     elif setup.nnodes_max == 1:

@@ -22,10 +22,10 @@ def torchrun_argv(setup: NodeSetup, *, logs_specs_by_name: bool = True) -> list[
     """``logs_specs_by_name``: name phalanx's log layout by its entry point, as a printed torchrun
     command must; torchrun looks it up among the installed packages' entry points, which a
     phalanx run from a source tree (PYTHONPATH=src) has none of."""
-    nnodes = str(setup.nnodes_min) if setup.nnodes_min == setup.nnodes_max else f"{setup.nnodes_min}:{setup.nnodes_max}"
+    nnodes = str(setup.nnodes)
     # torch reads its timeouts as whole numbers of seconds
     rdzv_conf = f"is_host={int(setup.is_host)},join_timeout={math.ceil(setup.join_timeout)}"
-    if setup.nnodes_min != setup.nnodes_max:
+    if setup.nnodes.is_elastic:
         rdzv_conf += f",last_call_timeout={math.ceil(setup.last_call)}"
     argv = [
         f"--nnodes={nnodes}",

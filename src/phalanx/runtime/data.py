@@ -61,8 +61,6 @@ class ResumableSampler(Sampler[int]):
         self, dataset_length: int, *, rank: int = 0, world_size: int = 1, seed: int = 0,
         shuffle: bool = True, drop_last: bool = False,
     ) -> None:  # fmt: skip
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if dataset_length < 1:
             raise ValueError("the dataset is empty")
         self.dataset_length = dataset_length
@@ -77,6 +75,8 @@ class ResumableSampler(Sampler[int]):
         self.replayed = 0
 
     def _shard(self, rank: int, world_size: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         self.rank, self.world_size = rank, world_size
         if self.drop_last and self.dataset_length % world_size:
             self.num_samples = math.ceil((self.dataset_length - world_size) / world_size)
@@ -94,8 +94,6 @@ class ResumableSampler(Sampler[int]):
         Raises:
             ValueError: ``rank`` is not in ``0..world_size - 1``.
         """
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         self._handing_out, self._position, self._real_offset = None, 0, 0
         self._shard(rank, world_size)
         self.load_state_dict(state)
