@@ -1,15 +1,10 @@
 """The torch releases phalanx supports, and the private torch names it still relies on.
 
-The range: from :data:`FLOOR` (the first release whose libuv TCPStore takes a listening socket,
-which the store's host needs to listen on one address only) to the newest release tested. CI runs
-the whole suite on :data:`MAIN` and the compatibility suite (``make test-compat``, the tests
-marked ``compat``) on each of :data:`COMPAT`: the floor, one release in the middle, the newest.
-
-Where torch has no public way to do what phalanx needs, phalanx uses a private name. Each one is
-listed in :data:`PRIVATE_NAMES` with the feature that needs it, so that one test (the canary,
-tests/unit/test_torch_compat.py) checks every one of them on every release CI tests, and the env
-report names the features that are unsure on a release outside the range. Importing this module
-does not import torch.
+The range runs from :data:`FLOOR` (the first release whose libuv TCPStore takes a listening
+socket) to the newest release CI tests. Every private name phalanx uses is in
+:data:`PRIVATE_NAMES` with the feature that needs it: one test (the canary) checks them all on
+every release CI tests, and the env report names the features unsure outside the range.
+Importing this module does not import torch.
 """
 
 from __future__ import annotations
@@ -38,19 +33,18 @@ def _text(parts: tuple[int, int]) -> str:
     return f"{parts[0]}.{parts[1]}"
 
 
-def _newest() -> str:
-    return max((MAIN, *COMPAT), key=lambda version: tuple(int(part) for part in version.split(".")))
+#: The newest release tested, as (major, minor).
+NEWEST = max(release(version) or FLOOR for version in (MAIN, *COMPAT))
 
 
 def tested_range() -> str:
     """The tested releases as a person reads them: "2.8 to 2.14"."""
-    return f"{_text(FLOOR)} to {_text(release(_newest()) or FLOOR)}"
+    return f"{_text(FLOOR)} to {_text(NEWEST)}"
 
 
 def install_hint() -> str:
     """The pip line that installs a release inside the range."""
-    major, minor = release(_newest()) or FLOOR
-    return f"pip install 'torch>={_text(FLOOR)},<{major}.{minor + 1}'"
+    return f"pip install 'torch>={_text(FLOOR)},<{NEWEST[0]}.{NEWEST[1] + 1}'"
 
 
 def installed_torch() -> str | None:
@@ -66,10 +60,9 @@ def outside_range(version: str) -> str | None:
     found = release(version)
     if found is None:
         return f"not a release phalanx can read (tested: {tested_range()})"
-    newest = release(_newest()) or FLOOR
     if found < FLOOR:
         return f"older than the releases phalanx supports ({tested_range()})"
-    if found > newest:
+    if found > NEWEST:
         return f"newer than the releases phalanx is tested with ({tested_range()})"
     return None
 
@@ -145,6 +138,11 @@ PRIVATE_NAMES = (
     PrivateName("torch.distributed.checkpoint.filesystem", "_StorageInfo", "reading checkpoints"),
     PrivateName("torch.serialization", "_get_layout", "reading checkpoints"),
     PrivateName(
+        "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook",
+        "_should_compress",
+        "PowerSGD's state in checkpoints (which of a bucket's matrices it compresses)",
+    ),
+    PrivateName(
         "torch.nn.parallel.distributed",
         "DistributedDataParallel._update_process_group",
         "healing: the survivors of a failure keep their processes",
@@ -170,15 +168,11 @@ def missing(name: PrivateName) -> str | None:
     return None
 
 
-def is_cuda_build() -> bool:
-    import torch
-
-    return torch.version.cuda is not None
-
-
 def missing_names() -> list[tuple[PrivateName, str]]:
     """The private names the installed torch lacks, with why (imports torch)."""
-    cuda = is_cuda_build()
+    import torch
+
+    cuda = torch.version.cuda is not None
     return [(name, why) for name in PRIVATE_NAMES if (cuda or not name.cuda_only) and (why := missing(name))]
 
 

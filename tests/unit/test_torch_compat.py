@@ -4,6 +4,7 @@ tests marked compat on every release CI tests)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -51,6 +52,48 @@ def test_the_flight_recorder_dump_reads_as_phalanx_reads_it(size):
         assert config == {} and status == {}
     else:
         assert config and [group["last_enqueued_collective"] for group in status.values()] == [3]
+
+
+def _private_torch_names(path: Path) -> set[str]:
+    """The private torch names a source file reads through a module: ``torch._C``, ``hook._name``
+    where ``hook`` is a torch module imported under that name, ``from torch.x import _name``."""
+    tree = ast.parse(path.read_text())
+    modules: dict[str, str] = {}  # a local name -> the torch module it stands for
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    modules[alias.asname or "torch"] = alias.name if alias.asname else "torch"
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.add(f"{node.module}.{alias.name}")
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        chain = []
+        while isinstance(node, ast.Attribute):
+            chain.insert(0, node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in modules and chain:
+            private = next(
+                (i for i, part in enumerate(chain) if part.startswith("_") and not part.startswith("__")), None
+            )
+            if private is not None:
+                found.add(".".join([modules[node.id], *chain[: private + 1]]))
+    return found
+
+
+def test_every_private_torch_name_in_src_is_in_the_canary_list():
+    """A private name read outside torch_compat.PRIVATE_NAMES would break on another torch without
+    the canary saying so."""
+    listed = [name.where.replace("()", "") for name in torch_compat.PRIVATE_NAMES]
+    unlisted = []
+    for path in sorted((REPO / "src" / "phalanx").rglob("*.py")):
+        for name in sorted(_private_torch_names(path)):
+            if not any(where == name or where.startswith(f"{name}.") for where in listed):
+                unlisted.append(f"{path.relative_to(REPO)}: {name}")
+    assert not unlisted, "private torch names missing from torch_compat.PRIVATE_NAMES:\n" + "\n".join(unlisted)
 
 
 def test_the_range_is_written_once():
