@@ -61,7 +61,7 @@ def test_candidates_more_than_close_slower_than_the_fastest_are_out(timings, sti
 
 
 def test_by_default_the_screen_and_one_phase_decide_a_1gbit_link_and_loopback_is_measured_again():
-    # DESIGN.md's figures (ms/step): PowerSGD wins by 1.6x on a 1 Gbit link; on loopback all are close.
+    # docs/runtime-design.md's figures (ms/step): PowerSGD wins by 1.6x on a 1 Gbit link; on loopback all are close.
     gbit, loopback = {"none": 65.0, "fp16": 40.0, "powersgd": 25.0}, {"none": 14.3, "fp16": 15.2, "powersgd": 17.8}
     assert AutoTrial().still_in(gbit, 0) == ["fp16", "powersgd"]  # plain all-reduce, 2.6x: out after 2 steps
     assert AutoTrial().still_in({"fp16": 40.0, "powersgd": 25.0}, 1) == ["powersgd"]
@@ -81,8 +81,8 @@ def test_the_bar_narrows_as_the_phases_add_steps_to_the_medians():
 @pytest.mark.parametrize(
     "timings, chosen",
     [
-        ({"none": 15.0, "fp16": 25.0, "powersgd": 25.0}, "none"),  # DESIGN.md, unshaped link
-        ({"none": 65.0, "fp16": 40.0, "powersgd": 25.0}, "powersgd"),  # DESIGN.md, 1 Gbit
+        ({"none": 15.0, "fp16": 25.0, "powersgd": 25.0}, "none"),  # docs/runtime-design.md, unshaped link
+        ({"none": 65.0, "fp16": 40.0, "powersgd": 25.0}, "powersgd"),  # docs/runtime-design.md, 1 Gbit
         ({"none": 100.0, "fp16": 98.0, "powersgd": 99.0}, "none"),  # 2%: noise, keep exact gradients
         ({"none": 100.0, "fp16": 90.0, "powersgd": 88.0}, "fp16"),  # powersgd within 3% of fp16
         ({"none": math.inf, "fp16": 30.0, "powersgd": math.inf}, "fp16"),  # unmeasured never wins

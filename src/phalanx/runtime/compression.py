@@ -1,58 +1,11 @@
 """Gradient compression as one DDP communication hook, and ``auto``: measure, then keep the fastest.
 
-DDP takes a single ``register_comm_hook`` call, so phalanx registers one hook,
-:class:`GradientCompression`, that hands every gradient bucket to the current candidate (torch's
-all-reduce, fp16, bf16 or PowerSGD hook). With a fixed choice there is one candidate. With
-``auto`` the first steps of the real run are the trial:
-
-1. warm-up: each candidate runs a few steps that are not timed (PowerSGD the longest: its first
-   two steps are plain all-reduce by design, its third allocates its memories);
-2. a phase of rounds: the candidates take turns, ``steps_per_round`` steps each, in a rotating
-   order, and each step's time is taken (from the first bucket of one step to the first bucket
-   of the next: forward, backward, communication and optimizer, as the run really spends them);
-   the first phase is a screen of one round;
-3. decision: at the step after the phase every rank starts one all-reduce (MAX) of its
-   per-candidate medians, asynchronously, inside the hook, before that step's own bucket
-   collectives: the same place in the collective order on every rank, so nothing can cross.
-   That step runs the phase's last candidate again, untimed; at the next step the (long
-   finished) result is read, and every rank takes the same decision from the same numbers: after
-   the screen the candidates more than ``screen`` slower than the fastest are out, after the
-   k-th full phase those more than ``close / sqrt(k)`` slower (a median's noise shrinks with the
-   square root of its steps: a gap that stays is real); when one is left or the last phase has
-   run, the choice is made and every rank switches to it; otherwise another phase of ``rounds``
-   rounds runs, among the candidates still in, and their medians take its steps too.
-
-A step's time swings by a third from one step to the next on a busy machine, so a few steps
-cannot tell candidates 10-25% apart (on loopback, a single phase took PowerSGD, 25% slower
-there, in 2 runs of 5). More phases cost little exactly where they are needed: candidates
-that close lose little time to each other, and the bar narrows, so that one 20-30% slower
-(PowerSGD on loopback) usually leaves before the end (in 8 of the benchmark's 10 runs, after the
-first to third full phase). Where candidates are far apart, as on a 1 Gbit link (plain
-all-reduce 2.7x and fp16 1.6x slower than PowerSGD), every step given to a slow one is lost, so
-they go early: plain all-reduce after the screen's two steps, fp16 after one phase.
-
-Every trial step is a real training step: each candidate delivers the averaged gradient it
-always delivers (PowerSGD keeps its error feedback across its turns). The choice is the fastest
-candidate, except that a lossier one must beat the previous choice by ``min_gain``: a gain of a
-few percent is within the trial's noise, not a reason to send approximate gradients.
-
-Timing is honest about the GPU: during the trial the hook synchronizes the device at each step
-start, so the host's lead over the GPU is not taken for speed.
-
-Resume: :meth:`GradientCompression.state_dict` carries the choice, the trial so far and
-PowerSGD's memories (every rank's residual and the warm-start Q), so a resumed run keeps the
-choice instead of trying again (and perhaps choosing otherwise) and continues bit for bit,
-PowerSGD included (:mod:`phalanx.runtime.powersgd_state`). A run resumed mid-trial goes on with
-the trial where it stopped. To measure again (other machines, another network), resume without
-this state. In a training loop::
-
-    compression = compression_of(model)                           # after wrap_model
-    state["compression"] = compression.state_dict()               # on every rank, with the rest
-    compression.load_state_dict(latest.state["compression"])      # before the first step
-    metrics["compression"] = compression.summary()                # chosen, ms_per_step, ...
-
-Not supported: DDP's ``join()`` context for uneven inputs (it shadows DDP's collectives, not
-the decision's); phalanx's sampler evens the shards out instead.
+:class:`GradientCompression` hands every gradient bucket to the current candidate (torch's
+all-reduce, fp16, bf16 or PowerSGD hook). With ``auto`` the run's first steps time the
+candidates, and every rank takes the same choice from the slowest rank's medians. Checkpoint
+:meth:`GradientCompression.state_dict` and :meth:`~GradientCompression.rank_state_dict` (``phalanx.Run``
+does): a resume keeps the choice, or the trial so far; resume without them to measure again.
+DDP's ``join()`` is not supported. docs/runtime-design.md describes the trial.
 """
 
 from __future__ import annotations
@@ -90,14 +43,10 @@ class AutoTrial:
     #: At most this many phases after the screen; fewer when a single candidate is left.
     phases: int = 4
     #: A candidate this much slower than the fastest (0.25 = 25%) after the first full phase is not
-    #: measured again; after the k-th, close / sqrt(k) (0.18, 0.14, 0.125). On a busy
-    #: machine one phase's medians can be 25% apart by chance, but a candidate dropped that way is
-    #: one that is truly close to the fastest, so the loss is small; keeping a slow one costs its
-    #: gap at every phase (with 0.5, fp16 stayed in on a 1 Gbit link: auto 0.91x of the best).
+    #: measured again; after the k-th, close / sqrt(k).
     close: float = 0.25
-    #: After the screen's single round, a candidate this much slower (1.0 = twice the time) is out:
-    #: a bar that two steps of noise do not reach, and that a candidate as slow as plain all-reduce
-    #: on a 1 Gbit link does. None: no screen, the first phase is a full one.
+    #: After the screen's single round, a candidate this much slower (1.0 = twice the time) is out.
+    #: None: no screen, the first phase is a full one.
     screen: float | None = 1.0
     #: A lossier candidate is taken only when it is at least this much faster (0.05 = 5%).
     min_gain: float = 0.05
@@ -170,11 +119,9 @@ class HookCandidate:
 
     def load(self, shared: dict[str, Any], rank_state: dict[str, Any] | None, device: torch.device) -> None:
         """Nothing to restore."""
-        pass
 
     def release(self) -> None:
         """Nothing to free."""
-        pass
 
 
 def make_candidate(name: str, names: dict[int, str], powersgd_rank: int) -> HookCandidate | PowerSGD:
@@ -247,10 +194,8 @@ class GradientCompression:
             self.last_used = self._begin_step(bucket.buffer().device)
         future = self.candidates[self.last_used](bucket)
         if self.last_used == "powersgd" and self.context.backend == "gloo":
-            # torch's PowerSGD hook issues its later all-reduces from future callbacks, which gloo
-            # runs on its own threads: with two buckets in flight the ranks issue them in different
-            # orders and the collectives mismatch (gloo aborts or hangs). One bucket at a time
-            # keeps the order the same on every rank.
+            # torch's PowerSGD hook issues its later all-reduces from gloo's callback threads: with
+            # two buckets in flight the ranks could issue them in different orders.
             future.wait()
         if bucket.is_last():
             self._first_bucket = True

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from phalanx.console import ranges
 from phalanx.errors import PhalanxError
 from phalanx.exit_codes import ExitCode
 from phalanx.runtime.context import DistributedContext
@@ -56,7 +57,7 @@ def check_consistency(
         for rank, fingerprint in enumerate(everyone):
             groups.setdefault(_short(fingerprint.get(key)), []).append(rank)
         if len(groups) > 1:
-            parts = "; ".join(f"ranks {_ranks(ranks)}: {value}" for value, ranks in groups.items())
+            parts = "; ".join(f"ranks {ranges(ranks)}: {value}" for value, ranks in groups.items())
             problems.append(f"{key}: {parts}")
     if problems:
         raise InconsistentRanks(
@@ -70,9 +71,3 @@ def check_consistency(
 def _short(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _ranks(ranks: list[int]) -> str:
-    from phalanx.console import ranges
-
-    return ranges(ranks)

@@ -35,9 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
 #: How long :func:`destroy_process_group` gives the backend's threads to drop the Python callbacks
-#: they ran. Measured with torch's PowerSGD hook in a gloo group of one, torn down right after the
-#: last ``wait()`` (tests/unit/exit_after_hooks.py): 7 of 120 processes aborted without the pause,
-#: 0 of 164 with it.
+#: they ran (tests/unit/exit_after_hooks.py).
 BACKEND_THREADS_RELEASE_S = 0.1
 
 
@@ -171,20 +169,11 @@ def destroy_process_group() -> None:
     dist.destroy_process_group()
 
 
-def default_backend(device: torch.device) -> str:
-    """nccl for a CUDA device, gloo for any other."""
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def init(
     backend: str | None = None, timeout: float = DEFAULT_INIT_TIMEOUT_S, stall_timeout: float | None = None
 ) -> DistributedContext:
     """Joins the job: the process group (when there is more than one process) and the device.
 
-    ``backend`` defaults to the launcher's choice (PHALANX_BACKEND), else nccl with CUDA and
-    gloo without. ``timeout`` bounds how long the group may take to form, in seconds.
-    ``stall_timeout`` (default PHALANX_STALL_TIMEOUT, else 300 s): a collective pending longer
-    ends the job with a report that names the stalled ranks (:mod:`phalanx.runtime.watchdog`).
     With more than one process it is a collective: every rank calls it (it ends with a barrier).
     Under ``phalanx run`` it takes off the "[rankN]: " that torch's process group adds to every
     line of a traceback: the console already names the node and rank, and each rank has its own log.
@@ -194,7 +183,8 @@ def init(
             (PHALANX_BACKEND), else nccl with CUDA and gloo without.
         timeout: how long the process group may take to form, in seconds.
         stall_timeout: seconds a collective may stay pending before the job ends with a
-            report naming the stalled ranks; default PHALANX_STALL_TIMEOUT, else 300.
+            report naming the stalled ranks (:mod:`phalanx.runtime.watchdog`); default
+            PHALANX_STALL_TIMEOUT, else 300.
 
     Returns:
         The :class:`~phalanx.DistributedContext`. A process group that already exists (made
@@ -230,7 +220,7 @@ def init(
     else:
         device = torch.device("cpu")
     launched = WorkerEnv.from_env(os.environ)
-    backend = backend or launched.backend or default_backend(device)
+    backend = backend or launched.backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and device.type != "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         raise SettingsRefused(
@@ -281,7 +271,7 @@ def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: f
     healing = Healing(generations, launched.replacement is not None, context.device)
     if healing.replacement:
         try:
-            healing.join()
+            generations.join_as_replacement()
             context.regroup(generations.rank, generations.world_size)  # an elastic job may have shrunk
         except Exception as error:  # no generation opened in time: the launcher's restart takes over
             print(f"phalanx: this replacement could not join the surviving ranks ({type(error).__name__}: "

@@ -1,15 +1,8 @@
 """A distributed sampler that resumes mid-epoch at the exact next sample, and its loader.
 
-:class:`ResumableSampler` shards exactly as ``torch.utils.data.DistributedSampler`` does (same
-permutation from ``seed + epoch``, same padding, same stride), so a job that switches to it sees
-the same data. On top: the epoch advances by itself when an epoch is exhausted (no
-``set_epoch`` to forget), and ``state_dict`` / ``load_state_dict`` carry (epoch, position)
-through a checkpoint.
-
-With DataLoader workers the sampler runs ahead of the loop: it has handed out the indices of
-every batch the workers are preparing (``prefetch_factor`` x ``num_workers`` batches), not only
-those the loop trained on. :class:`ResumableLoader` counts what it delivered instead, so its
-``state_dict`` resumes at the exact next batch with any number of workers.
+:class:`ResumableSampler` shards as ``torch.utils.data.DistributedSampler`` does; with DataLoader
+workers it runs ahead of the loop, so :class:`ResumableLoader` counts what it delivered and
+resumes at the exact next batch.
 """
 
 from __future__ import annotations
@@ -122,9 +115,8 @@ class ResumableSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         start = self._position = self.position  # a pass left unfinished continues from where it stopped
         self._remaining_at_start = self.num_samples - start
-        # The indices come from a list iterator, which counts what it handed out (position reads
-        # the count), chained to the pass's end: no Python code runs per sample, which the
-        # DataLoader asks for one by one (a generator here cost a frame resumption per sample).
+        # A list iterator counts what it handed out (position reads the count), chained to the
+        # pass's end: no Python code runs per sample, which the DataLoader asks for one by one.
         self._handing_out = iter(self._epoch_indices()[start:])
         return itertools.chain(self._handing_out, self._end_of_pass())
 
@@ -168,12 +160,10 @@ class ResumableSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continues the saved epoch at the saved position.
 
-        Saved with another world size (an elastic job whose membership changed), the epoch goes
-        on after the samples the saved world handed out: its ranks took the permutation's first
-        ``position x saved world size`` samples in turn, the same permutation every world size
-        draws. When that count does not divide by the new world size, the position rounds down
-        and the last few samples (fewer than the new world size, counted in :attr:`replayed`)
-        are trained once more; none is skipped.
+        Saved with another world size, the epoch goes on after the ``position x saved world
+        size`` samples of the (same) permutation the saved world handed out; where that count
+        does not divide by the new world size, the last few (:attr:`replayed`) are trained once
+        more, and none is skipped.
 
         Raises:
             SettingsRefused: the state was saved with another seed: another permutation.
@@ -201,18 +191,15 @@ class ResumableLoader(DataLoader):
     the batches still being prepared, which a resume would skip. :attr:`real_delivered` counts
     the real (not padding) samples delivered: a batch's difference is its real count.
 
-    Each pass draws its workers' base seed from a generator seeded by the sampler's seed and the
-    epoch, not from the global RNG as a DataLoader does: a resumed run's random numbers (dropout,
-    augmentation in the main process) then follow the same sequence as an uninterrupted run's.
-    Random streams inside DataLoader workers start again at a resume mid-epoch. A ``generator``
-    given here is used instead, and then a resume is exact only if its state is restored too.
+    Each pass draws its workers' base seed from the sampler's seed and the epoch, not from the
+    global RNG, so a resumed run's random numbers follow an uninterrupted run's (a ``generator``
+    given here is used instead; restore its state too). Random streams inside the workers start
+    again at a resume mid-epoch.
 
-    Its workers ignore the preemption signals (SIGTERM, SIGUSR1). torchrun's agent and SLURM
-    signal a worker's whole process group; a DataLoader worker that died of it would crash the
-    training process ("DataLoader worker is killed by signal") before it could stop after the
-    step and save. The workers end with the loader, as they do after a finished epoch; one
-    stuck inside the dataset no longer ends on ``terminate()`` either, and is killed with the
-    rank by torchrun's agent (SIGKILL after its grace period).
+    Its workers ignore the preemption signals, which torchrun's agent and SLURM send to the
+    whole process group: a worker killed by one would crash the training before it could stop
+    after the step and save. One stuck inside the dataset is killed with the rank (SIGKILL after
+    the agent's grace period).
 
     Args:
         dataset: the dataset the sampler indexes.
@@ -297,10 +284,8 @@ class ResumableLoader(DataLoader):
 
     def reshard(self, rank: int, world_size: int, state: dict[str, int]) -> None:
         """Heal mode's elastic job, whose world shrank without a restart: the loop's next batch
-        is this rank's first of the rest of the epoch from ``state`` (a :meth:`state_dict` of the
-        old world: the last completed step's), in its shard of the new world. The batches of the
-        step in progress are not replayed: they are in the rest of the epoch. real_delivered
-        starts again at 0.
+        is this rank's first of the rest of the epoch from ``state`` (the old world's last
+        completed step's), in its shard of the new world; real_delivered starts again at 0.
 
         Args:
             rank: this rank in the new world.
@@ -311,8 +296,7 @@ class ResumableLoader(DataLoader):
         self.sampler.reshard(rank, world_size, state)
         self._pass, self._real_before = None, 0
         self._replaying.clear()
-        if self._step_batches is not None:
-            self._step_batches.clear()
+        self.step_ended()  # its batches are in the rest of the epoch: not replayed
 
     def replay(self) -> None:
         """The step in progress failed: the loop receives its batches again, then goes on (the

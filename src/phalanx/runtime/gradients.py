@@ -1,20 +1,7 @@
 """Gradients between backward and the optimizer step: accumulation without all-reduce, clipping.
 
-Accumulation: N micro-batches make one optimizer step. DDP would all-reduce the gradients after
-every backward; only the last micro-batch of a window needs it, the others run under DDP's
-``no_sync()`` and just add to the local ``.grad``. The result is the same as one batch N times
-as large (the gradients are a sum, the all-reduce is linear), with 1/N of the traffic.
-
 Loss scaling is the caller's, as in Lightning Fabric: :func:`accumulate` hands out the factor
-(``micro.loss_scale``, 1 / the micro-batches of this window) and the loop multiplies its loss by
-it, so nothing happens to the loss behind the caller's back::
-
-    for index, (inputs, target) in enumerate(loader):
-        with phalanx.accumulate(model, index, every=4, total=len(loader)) as micro:
-            (loss_fn(model(inputs), target) * micro.loss_scale).backward()
-        if micro.sync:
-            optimizer.step()
-            optimizer.zero_grad()
+(``micro.loss_scale``) and the loop multiplies its loss by it.
 """
 
 from __future__ import annotations

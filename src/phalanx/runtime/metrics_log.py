@@ -31,7 +31,6 @@ class JsonlMetrics:
 
     def write(self, record: dict[str, Any]) -> None:
         """Appends ``record`` as one line, flushed; NaN and infinities become null."""
-        # NaN/inf are not JSON: null keeps every line readable by any JSON parser.
         clean = {
             key: (None if isinstance(value, float) and not math.isfinite(value) else value)
             for key, value in record.items()
@@ -74,9 +73,8 @@ class TensorBoardMetrics:
     def __init__(self, directory: str | Path, continue_from_step: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter  # ImportError without the tensorboard package
 
-        # purge_step: TensorBoard hides the events after it that an earlier run left in the
-        # directory: all of them for a fresh run (as the JSONL file starts over), those after the
-        # checkpoint for a resumed one (logged again).
+        # purge_step: TensorBoard hides the events an earlier run left after it (all of them for a
+        # fresh run, as the JSONL file starts over; those after the checkpoint for a resumed one).
         self._writer = SummaryWriter(str(directory), purge_step=continue_from_step + 1)
 
     def write(self, record: dict[str, Any]) -> None:

@@ -72,7 +72,7 @@ def wrap_model(
     else:
         chosen = GradientCompression(compression, context, [make_candidate(compression, names, powersgd_rank)])
     chosen.register(ddp)
-    settle_before_first_step(ddp, chosen.plain_reduction if chosen.candidates else None)
+    settle_before_first_step(ddp, chosen.plain_reduction)
     setattr(ddp, _ATTRIBUTE, chosen)
     return ddp
 

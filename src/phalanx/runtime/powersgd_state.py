@@ -1,22 +1,8 @@
 """PowerSGD with a state that survives a checkpoint, and a resume that continues bit for bit.
 
-torch's ``PowerSGDState`` keeps two memories per DDP bucket, keyed by the bucket's index and laid
-out in the bucket's order: the error-feedback residual (this rank's share of the gradient that
-compression has not delivered yet) and the warm-start Q matrices. Saving them is the easy part
-(:meth:`PowerSGD.shared_state`, :meth:`PowerSGD.rank_state`, plain tensors and lists). Using them
-again is not, because a DDP model made anew does not have the buckets they were written for: its
-first step puts every parameter into one bucket, in parameter order, and only then rebuilds the
-buckets in the order gradients became ready (on a two-layer MLP that reverses the order).
-
-So on a bucket whose layout differs from the one the memories were written in:
-
-- when the bucket holds exactly the parameters of some saved buckets (a fresh DDP's first
-  step), those buckets are re-enacted: each is copied into a buffer of its own saved layout,
-  compressed there by torch's hook, and copied back. Same layout, same
-  memory alignment, so the same bits as the run that wrote the checkpoint (CPU matmul results
-  depend on the alignment of their operands; a relaid matrix would differ in the last bit).
-- otherwise the memories are moved by parameter into the new layout: correct, the last bits
-  may differ.
+torch's ``PowerSGDState`` keeps its memories per DDP bucket, but a DDP model made anew does not
+have the buckets they were written for: a bucket in another layout re-enacts the saved buckets it
+holds, or takes the memories moved by parameter (docs/runtime-design.md).
 """
 
 from __future__ import annotations
@@ -28,8 +14,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-#: Error feedback and warm start need plain all-reduce for the first steps, while DDP rebuilds
-#: its buckets (DESIGN.md): 2 is the smallest value torch accepts.
+#: Plain all-reduce for the first steps, while DDP rebuilds its buckets: 2 is the smallest value torch accepts.
 START_ITER = 2
 Future = torch.futures.Future
 
@@ -75,6 +60,10 @@ def _q_order(layout: Layout) -> list[Slot]:
     return [slot for group in groups.values() for slot in group]
 
 
+def _numels(slots: Sequence[Slot]) -> list[int]:
+    return [slot.numel for slot in slots]
+
+
 def _pieces(flat: torch.Tensor, slots: Sequence[Slot], sizes: Sequence[int]) -> dict[str, torch.Tensor]:
     if flat.numel() != sum(sizes):
         raise RuntimeError(
@@ -91,21 +80,16 @@ class _SavedBucket:
         self._index, self._layout, self._buffer, self._last = index, layout, buffer, last
 
     def index(self) -> int:
-        """The bucket's index in DDP's order."""
         return self._index
 
     def buffer(self) -> torch.Tensor:
-        """The bucket's flat gradient buffer."""
         return self._buffer
 
     def is_last(self) -> bool:
-        """Whether it is the step's last bucket."""
         return self._last
 
     def gradients(self) -> list[torch.Tensor]:
-        """Each parameter's gradient, as a (rows, cols) view of the buffer."""
-        return [piece.view(slot.rows, slot.cols) for slot, piece in
-                zip(self._layout, self._buffer.split([s.numel for s in self._layout]))]  # fmt: skip
+        return [piece.view(slot.shape) for slot, piece in zip(self._layout, self._buffer.split(_numels(self._layout)))]
 
 
 class PowerSGD:
@@ -153,17 +137,16 @@ class PowerSGD:
         return inside if len(covered) == len(names) and set(covered) == names else []
 
     def _reenact(self, bucket: Any, layout: Layout, saved: list[int]) -> Future[torch.Tensor]:
-        """One saved bucket after the other, each finished before the next starts: torch's hook
-        issues its later all-reduces from gloo's callback threads, so two in flight could reach
-        the ranks in different orders. It is one step after a resume; speed does not matter."""
+        """One saved bucket after the other, each finished before the next starts (as
+        GradientCompression.communicate does on gloo); one step after a resume: speed does not matter."""
         real = bucket.buffer()
-        views = _pieces(real, layout, [slot.numel for slot in layout])
+        views = _pieces(real, layout, _numels(layout))
         for k, index in enumerate(saved):
             slots = self._layouts[index]
             buffer = torch.cat([views[slot.name] for slot in slots])  # fresh and aligned, in the saved order
             last = bucket.is_last() and k == len(saved) - 1
             result = powerSGD_hook.powerSGD_hook(self.state, _SavedBucket(index, slots, buffer, last)).wait()
-            for slot, piece in zip(slots, result.split([s.numel for s in slots])):
+            for slot, piece in zip(slots, result.split(_numels(slots))):
                 views[slot.name].copy_(piece)
         done: Future[torch.Tensor] = torch.futures.Future()
         done.set_result(real)
@@ -178,7 +161,7 @@ class PowerSGD:
             layout = self._layouts.pop(index)
             self._restored.discard(index)
             if index in self.state.error_dict:
-                for name, error in _pieces(self.state.error_dict.pop(index), layout, [s.numel for s in layout]).items():
+                for name, error in _pieces(self.state.error_dict.pop(index), layout, _numels(layout)).items():
                     memories.setdefault(name, {})["error"] = error
             if index in self.state.q_memory_dict:
                 order = _q_order(layout)

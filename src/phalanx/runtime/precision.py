@@ -1,16 +1,7 @@
 """Mixed precision as a thin layer over ``torch.autocast``: fp32, bf16 or fp16 by name.
 
-bf16 keeps fp32's exponent range, so it needs no loss scaling; it runs where the device has it
-(CPU autocast always, CUDA when ``torch.cuda.is_bf16_supported()``). fp16 needs a GradScaler
-against gradient underflow and is offered on CUDA only. What the device cannot do is refused
-before the first step, with what to use instead. The weights and the optimizer stay fp32.
-
-    precision = MixedPrecision("bf16", context.device)
-    with precision.autocast():
-        loss = loss_fn(model(inputs), target)
-    precision.backward(loss)
-    precision.unscale(optimizer)      # only before clipping; a no-op unless fp16
-    precision.step(optimizer)
+bf16 keeps fp32's exponent range and needs no loss scaling; fp16 needs a GradScaler against
+gradient underflow and is offered on CUDA only. The weights and the optimizer stay fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +16,7 @@ from phalanx.errors import SettingsRefused
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_NO_AUTOCAST = contextlib.nullcontext()  # holds no state: entered every step
 
 
 @dataclass
@@ -56,9 +48,6 @@ class MixedPrecision:
     name: str
     device: torch.device
     scaler: Any = field(default=None, init=False, repr=False)  # torch.amp.GradScaler with fp16
-    _no_autocast: contextlib.nullcontext[None] = field(
-        default_factory=contextlib.nullcontext, init=False, repr=False, compare=False
-    )
 
     def __post_init__(self) -> None:
         self.device = torch.device(self.device)
@@ -80,7 +69,7 @@ class MixedPrecision:
             A context manager (autocast to bf16 or fp16; nothing with fp32).
         """
         if self.name == "fp32":
-            return self._no_autocast  # entered every step; a nullcontext holds no state
+            return _NO_AUTOCAST
         return torch.autocast(self.device.type, dtype=_DTYPES[self.name])
 
     def backward(self, loss: torch.Tensor, scale: float = 1.0) -> None:

@@ -1,28 +1,9 @@
 """Preemption: a signal only sets a flag; all ranks agree at a step boundary to stop together.
 
-A handler that saved a checkpoint itself would run at an arbitrary point of the step, on one
-rank. Here SIGTERM (what torchrun's agent, Kubernetes and most schedulers send), SIGUSR1 (what
-SLURM sends with --signal) or SIGINT (Ctrl-C, which the launcher passes on to the workers) just
-records the request; :meth:`PreemptionGuard.should_stop`
-all-reduces it at step boundaries, so every rank stops after the same step, saves one
-consistent checkpoint together, and exits with :data:`~phalanx.exit_codes.ExitCode.PREEMPTED`.
-
-The ranks vote about every ``period_s`` (two seconds), not at every boundary: a tiny
-all-reduce costs a gloo round trip, 0.4-0.9 ms measured on a 2.5 ms step, which is 15-35% of
-a small model's step time, and 1-2 ms of CPU in gloo's threads on the 2-core machine (measured
-beside a DDP loop), so a vote every half second took 0.2-0.4% of the process's CPU. The vote
-carries each rank's proposal for the number of steps until the next vote (the period over its
-mean step time); the all-reduce sums them, and every rank takes the same mean as the number of
-steps to the next vote. A vote started at one boundary is read at the next, while the step
-between computes. A signal is acted on within about period_s plus two steps: well inside the
-grace time schedulers give (30 s for Kubernetes and torchrun's agent), which must also hold the
-checkpoint's save.
-
-Handed the loop's :class:`~phalanx.runtime.shared_reduction.SharedReduction`, the guard also
-votes whenever something else (a logging point's global loss) reduces at that boundary: two
-numbers more in an all-reduce that runs anyway. When logging points come more often than the
-period, as they do on short steps, the ranks then vote at each of them and, after the first
-vote (at the first boundary), never in a collective of their own.
+SIGTERM, SIGUSR1 (SLURM's --signal) or SIGINT records the request; :meth:`PreemptionGuard.should_stop`
+all-reduces it at step boundaries, about every ``period_s``, so every rank stops after the same
+step, saves one checkpoint together, and exits with :data:`~phalanx.exit_codes.ExitCode.PREEMPTED`.
+docs/runtime-design.md describes the vote's schedule.
 """
 
 from __future__ import annotations
@@ -66,10 +47,7 @@ class PreemptionGuard:
         self.received: signal.Signals | None = None
         self.votes = 0  # votes started so far
         self.own_votes = 0  # of them, those in a collective of their own (alone in the all-reduce)
-        self._boundary = 0
-        self._next_vote = 1  # the boundary of the next vote, the same on every rank
-        self._voted_at, self._voted_time = 0, time.perf_counter()
-        self._in_flight: ReducedPart | None = None  # the vote started at boundary _voted_at
+        self.start_votes_over()
         self._voting = context.is_distributed and dist.is_initialized()  # else one process: its own flag decides
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in signals}
         early = os.environ.pop(WorkerEnv.key_of("early_signal"), None)  # came while the worker was starting
@@ -89,10 +67,12 @@ class PreemptionGuard:
             signal.signal(signal.SIGINT, previous)
 
     def start_votes_over(self) -> None:
-        """The group was formed again (a heal): the votes' schedule starts over, as a new
-        guard's (a replacement rank's) does, and a vote in flight in the old group is dropped."""
-        self._boundary, self._next_vote, self._in_flight = 0, 1, None
+        """The votes' schedule from its start: a new guard's, or after a heal formed the group
+        again (as a replacement rank's new guard; a vote in flight in the old group is dropped)."""
+        self._boundary = 0
+        self._next_vote = 1  # the boundary of the next vote, the same on every rank
         self._voted_at, self._voted_time = 0, time.perf_counter()
+        self._in_flight: ReducedPart | None = None  # the vote started at boundary _voted_at
 
     def should_stop(self, shared: SharedReduction | None = None) -> bool:
         """True on every rank, after the same step, once any rank got a preemption signal.

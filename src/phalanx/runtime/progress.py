@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 Clock = Callable[[], float]
@@ -43,14 +43,14 @@ class StepReport:
 
     step: int
     total_steps: int
-    epoch: int  # 1-based, as the epoch lines print it
+    epoch: int
     epochs: int
-    loss: float  # the global mean over the samples since the previous report
-    samples: int  # global (all ranks) real samples since the previous report
-    samples_per_second: float  # global throughput since the previous report
-    step_time_s: float  # mean wall time of one optimizer step since the previous report
+    loss: float
+    samples: int
+    samples_per_second: float
+    step_time_s: float
     eta_s: float
-    grad_norm: float | None = None  # before clipping, when the loop clips
+    grad_norm: float | None = None
 
     def record(self) -> dict[str, Any]:
         """The fields a metrics file keeps per logged step (the totals are the run's, not the step's).
@@ -58,12 +58,7 @@ class StepReport:
         Returns:
             A dict of the report's fields without the totals (and without ``grad_norm`` when None).
         """
-        # Not dataclasses.asdict: its deep copy costs more than the rest of a report.
-        kept = {
-            field.name: getattr(self, field.name)
-            for field in fields(self)
-            if field.name not in ("total_steps", "epochs")
-        }
+        kept = {name: value for name, value in vars(self).items() if name not in ("total_steps", "epochs")}
         if kept["grad_norm"] is None:
             del kept["grad_norm"]
         return kept
@@ -104,8 +99,7 @@ class StepMeter:
         self._started = self._last_time = clock()
 
     def measure(self, step: int, samples: float, at: float | None = None) -> Rates:
-        """``samples``: global samples trained since the previous call (or the start). ``at``: the
-        clock's reading when ``step`` ended, for a report completed later (default: now).
+        """The rates since the previous call.
 
         Args:
             step: the step reached.

@@ -39,20 +39,8 @@ class LoggingPoint(NamedTuple):
 class Reporter:
     """The logging points: every ``log_every`` steps and at the last, the global loss of the steps
     since the previous one, rates, the progress display and the metrics files; and the global
-    loss of each epoch.
-
-    One running sum for the whole run; adding to it is the only per-batch cost. A logging point
-    adds its sums to the boundary's shared all-reduce (:meth:`start`; the preemption vote joins
-    it, and the loop starts it) and is shown at the next step boundary (:meth:`finish`), so the
-    round trip overlaps a step instead of holding every rank. Consecutive sums differ by
-    the window's loss, the sums at two epoch ends by the epoch's. An epoch's end only keeps this
-    rank's sums aside (:meth:`end_epoch`); they are reduced with the next logging point's, in the
-    same collective: on a small model with short epochs, a collective per epoch was a measurable
-    share of the step time.
-
-    A checkpoint carries the global running sums (:meth:`checkpoint_state`), so that a resumed
-    run's first report and epoch line cover the same steps, with the same loss, as an
-    uninterrupted run's, also after a stop between two logging points.
+    loss of each epoch. One running sum for the whole run, reduced in the step boundary's shared
+    all-reduce and shown at the next boundary (docs/runtime-design.md).
     """
 
     def __init__(
@@ -121,13 +109,10 @@ class Reporter:
         self.progress.update(report)
         self.files.write({**report.record(), "world_size": self.context.world_size, **_plain(values)})
 
-    def settle(self) -> None:
+    def settle(self, reduce_totals: bool = False) -> tuple[float, float] | None:
         """Shows everything up to now, before a checkpoint or a stop: the logging point in flight,
-        then the epochs ended since (a collective of their own, on every rank alike)."""
-        self._settle(reduce_totals=False)
-
-    def _settle(self, reduce_totals: bool) -> tuple[float, float] | None:
-        """:meth:`settle`; with ``reduce_totals`` always a collective. The running sums now, when reduced."""
+        then the epochs ended since (a collective of their own, on every rank alike). With
+        ``reduce_totals`` always a collective; the running sums now, when reduced."""
         self.finish()
         if not (self._epoch_ends or reduce_totals):
             return None
@@ -140,8 +125,8 @@ class Reporter:
         last logging point and at the last epoch end. One collective (the settling's, when epoch
         ends wait), none at a logging point, whose sums are known: the same on every rank, which
         step in lockstep."""
-        self.finish()
-        now = self._settle(reduce_totals=step != self._logged_step)
+        self.finish()  # first: it moves _logged_step
+        now = self.settle(reduce_totals=step != self._logged_step)
         return {
             "running": self._logged if now is None else now,
             "logged": self._logged,
@@ -188,20 +173,15 @@ class Reporter:
 
     def _running(self, totals: dict[str, float]) -> tuple[float, float]:
         """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
-        loss_sum, samples = running_sums(totals)
+        samples = totals["samples"]
         carried_loss, carried_samples = self._carried or (0.0, 0.0)
-        return carried_loss + loss_sum, carried_samples + samples
+        return carried_loss + (totals["loss"] * samples if samples else 0.0), carried_samples + samples
 
     def close(self) -> None:
         """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
         self.settle()
         self.progress.close()
         self.files.close()
-
-
-def running_sums(totals: dict[str, float]) -> tuple[float, float]:
-    """(loss sum, samples) from a GlobalMean result."""
-    return (totals["loss"] * totals["samples"] if totals["samples"] else 0.0), totals["samples"]
 
 
 def mean_between(earlier: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:

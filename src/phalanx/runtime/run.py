@@ -160,9 +160,7 @@ class Run:
         self._model: torch.nn.Module | None = None
         self._loader: ResumableLoader | None = None
         self._boundary = SharedReduction(self.context)
-        self._preemption = PreemptionGuard(
-            self.context
-        )  # SIGTERM, SIGUSR1, SIGINT: every rank stops after the same step
+        self._preemption = PreemptionGuard(self.context)  # every rank stops after the same step
         self._reporter: Reporter | None = None
         self._values: dict[str, torch.Tensor | float] = {}
         self.global_step = 0
@@ -282,11 +280,8 @@ class Run:
             taken = {name: getattr(data, name) for name in _LOADER_OPTIONS}
             if data.num_workers == 0:
                 taken.pop("prefetch_factor")  # DataLoader refuses it without workers
-            batch_size, drop_last, loader_options = (
-                batch_size or data.batch_size,
-                data.drop_last,
-                {**taken, **loader_options},
-            )
+            batch_size, drop_last = batch_size or data.batch_size, data.drop_last
+            loader_options = {**taken, **loader_options}
             data = data.dataset
         else:
             loader_options["drop_last"] = drop_last
@@ -358,9 +353,7 @@ class Run:
         if missing:  # a renamed track() name would start that object afresh without a word
             self.print(f"phalanx: the checkpoint has no {', '.join(missing)} (it has {', '.join(sorted(latest.state))}): "
                        f"{'they start' if len(missing) > 1 else 'it starts'} afresh")  # fmt: skip
-        for name, target in self._tracked.items():
-            if name in latest.state:
-                target.load_state_dict(latest.state[name])
+        self._load_tracked(latest.state)
         if latest.world_size != self.world_size:
             self._say_world_changed(latest.world_size)
         own = latest.rank_state
@@ -562,9 +555,7 @@ class Run:
         self.global_step += 1
         step = self.global_step
         if self._keeper is not None:
-            self._keeper.mark(
-                step, loader.state_dict(), rollback_states(self._tracked) if healing is not None else None
-            )
+            self._mark(self._keeper, step)
         if healing is not None:
             loader.step_ended()
         self.context.mark_step(step)
@@ -796,9 +787,7 @@ class Run:
         optimizers = [value for value in self._tracked.values() if isinstance(value, torch.optim.Optimizer)]
         module = unwrap(self._model) if self._model is not None else None
         keeper.watch(module, self._model if self._model is not module else None, optimizers)
-        assert self._loader is not None
-        keeper.mark(self.global_step, self._loader.state_dict(),
-                    rollback_states(self._tracked) if self.context.healing is not None else None)  # fmt: skip
+        self._mark(keeper, self.global_step)
         keeper.listen(WorkerEnv.from_env(os.environ).keep_request)  # with a mark to keep
         seeding.after(self.global_step)
         if self.context.healing is not None:
@@ -807,6 +796,17 @@ class Run:
             if request is not None:  # for its supervisor: a failure from now on is healed
                 heal_armed_of(request).touch()
         return keeper
+
+    def _load_tracked(self, state: dict[str, Any], *skipped: str) -> None:
+        for name, target in self._tracked.items():
+            if name in state and name not in skipped:
+                target.load_state_dict(state[name])
+
+    def _mark(self, keeper: StepKeeper, step: int) -> None:
+        """Marks ``step`` complete: the data position, and in heal mode the states a failed step rolls back."""
+        assert self._loader is not None
+        others = rollback_states(self._tracked) if self.context.healing is not None else None
+        keeper.mark(step, self._loader.state_dict(), others)
 
     def _state_of_step(self, mark: StepMark) -> dict[str, Any]:
         """What a checkpoint of the marked step would hold, built without a collective (for a
@@ -848,17 +848,13 @@ class Run:
             self._heal_failed(error)
         state = payload["state"]
         if healed.behind:  # the source completed this rank's step in progress: its state, no step again
-            for name, target in self._tracked.items():
-                if name != "data" and name in state:
-                    target.load_state_dict(state[name])
+            self._load_tracked(state, "data")
             loader.step_ended()  # its batches were trained (their all-reduce completed on the source)
             self.global_step = healed.step
         else:
-            for name, target in self._tracked.items():
-                # The parameters are the source's already; the buffers go back to this rank's own at
-                # the mark (the next forward shares rank 0's); the data position stays: the loop replays.
-                if name not in ("model", "data") and name in state:
-                    target.load_state_dict(state[name])
+            # The parameters are the source's already; the buffers go back to this rank's own at
+            # the mark (the next forward shares rank 0's); the data position stays: the loop replays.
+            self._load_tracked(state, "model", "data")
             keeper.restore_buffers(mark)
             if not healed.shrank:
                 loader.replay()
@@ -870,7 +866,7 @@ class Run:
             self.total_steps = self._steps_to_the_end()
             reporter.regroup(self.total_steps, healed.step)
         if healed.behind or healed.shrank:
-            keeper.mark(healed.step, loader.state_dict(), rollback_states(self._tracked))
+            self._mark(keeper, healed.step)
         self._boundary = SharedReduction(self.context)
         reporter.start_over(state["reporter"], self._boundary)
         self._preemption.start_votes_over()
@@ -888,9 +884,7 @@ class Run:
         except Exception as error:
             self._heal_failed(error)
         state = payload["state"]
-        for name, target in self._tracked.items():
-            if name in state:
-                target.load_state_dict(state[name])
+        self._load_tracked(state)
         self._carried_reporter = state.get("reporter")
         self._carried_seeding = state.get("step_seed")
         self._heal_launch = int(payload["launch"])

@@ -3,13 +3,10 @@
 A logging point's global loss (:meth:`GlobalMean.compute_async
 <phalanx.runtime.metrics.GlobalMean.compute_async>`) and a preemption vote
 (:meth:`PreemptionGuard.should_stop <phalanx.runtime.preemption.PreemptionGuard.should_stop>`)
-each need a few numbers summed across the ranks. What a tiny collective costs is not its bytes
-but its round trip and the threads it wakes: on gloo 1-2 ms of CPU each on a 2-core machine
-(measured beside a DDP loop). Handed a :class:`SharedReduction`, they add their vectors to it,
-and :meth:`SharedReduction.start` sums all of them in one all-reduce.
-
-The parts are float64 vectors, summed on the context's device. A collective when anything was
-added: every rank adds vectors of the same sizes, in the same order, between the same two starts.
+each need a few numbers summed across the ranks; a tiny collective costs its round trip, not its
+bytes. They add their vectors to a :class:`SharedReduction`, and :meth:`SharedReduction.start`
+sums all of them (float64, on the context's device) in one all-reduce. Every rank adds vectors of
+the same sizes, in the same order, between the same two starts.
 """
 
 from __future__ import annotations

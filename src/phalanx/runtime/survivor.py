@@ -1,27 +1,10 @@
 """What a rank does when its loop fails: it keeps the state after the last completed step.
 
-When a peer dies, the survivors' next collective fails and the exception ends their scripts. At
-that moment their parameters and optimizer state are still those after the last step every rank
-completed (the failed step's all-reduce never finished, so no optimizer stepped on it). A hook
-on ``sys.excepthook``, which Python and ``phalanx run``'s worker both call for an uncaught
-exception, writes that state for the restart (:meth:`CheckpointManager.save_last_step`).
-
-Three things change during the failed step and are taken from a mark made as each step ends:
-the data position (the failed step's batches were drawn), the model's buffers (a forward
-updates BatchNorm's statistics) and the random state, which is seeded from (seed, rank, step)
-after every step (:class:`StepSeeding`), so that a restart rebuilds it for the ranks that died
-as well. The buffers that count are rank 0's, which DDP broadcasts at the start of each forward:
-they are copied again there, so a survivor holds them once the next forward began; before it,
-its own (rank 0's update of the step died with rank 0). An optimizer step after the mark means
-the state is no longer the mark's: then nothing is kept.
-
-A peer that goes silent (its machine down, its network cut) raises nothing: the survivors wait
-in their collective. Their launcher declares the node lost; before it stops its workers, it asks
-each to keep the state on a FIFO of the rank's own (``WorkerEnv.keep_request``), which a thread
-of the keeper listens on. The state is the same as above: the waiting collective changes
-nothing, and a lock orders the keep with the mark, the optimizer's step and the buffers' copy.
-Whatever keeps the state writes one line about it beside the FIFO (``keep_report_of``): the
-launcher reads it to know the rank is done, and says it where the console does not show the rank.
+When a peer dies, the survivors still hold the parameters and optimizer state after the last step
+every rank completed. A hook on ``sys.excepthook`` (or, for a peer that went silent, the
+launcher's request on a FIFO) writes that state for the restart
+(:meth:`CheckpointManager.save_last_step`), with the data position and buffers of a mark made as
+each step ends, and a random state seeded from the step (docs/runtime-design.md).
 """
 
 from __future__ import annotations
@@ -206,12 +189,11 @@ class StepKeeper:
         who = "this rank kept" if kept else "another rank had kept"
         return f"{who} the state after step {mark.step} in {path}: a restart resumes there"
 
-    def _keep_and_say(self, why: str) -> bool:
-        """Keeps the state once, says so, and writes the report; whether this call did (not:
-        kept already, or released)."""
+    def _keep_and_say(self, why: str) -> None:
+        """Keeps the state once (not when kept already, or released), says so, and writes the report."""
         with self._lock:
             if self._mark is None:
-                return False
+                return
             step = self._mark.step
             try:
                 line = self.keep(why)
@@ -225,7 +207,6 @@ class StepKeeper:
                 with contextlib.suppress(OSError):
                     report.with_suffix(".tmp").write_text(line + "\n")
                     report.with_suffix(".tmp").replace(report)
-            return True
 
     def _wait_for_request(self, fd: int) -> None:
         """The request thread: waits for the launcher's words and keeps the state. The process

@@ -1,19 +1,13 @@
 """The stall watchdog: when a rank stops making progress, name it, instead of waiting 30 minutes.
 
-It needs nothing from the training code. torch's flight recorder logs every collective this
-process issues (gloo and nccl); a background thread reads it every few seconds and posts
-this rank's progress (last collective issued and completed) on the job's store. While
-collectives complete it reads only the recorder's counts (microseconds); every entry, which
-holds the GIL for milliseconds, only when the counts stood still since the last poll (and
-every twelfth poll anyway). When a collective here has been pending longer than
-``stall_timeout``, the thread reads every rank's progress: the ranks of its process group that
-never issued that collective are the stalled ones (sequence numbers count per group). It
-prints a report naming them, their node and their last completed collective, and ends this
-process, so that torchrun tears the job down within seconds (the report becomes the root cause).
+A background thread reads torch's flight recorder and posts this rank's progress on the job's
+store; when a collective here stays pending longer than ``stall_timeout``, it names the ranks that
+never issued it and ends this process (docs/runtime-design.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -34,10 +28,8 @@ STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
 #: The size of torch's flight recorder, read when the process group is created; 0 switches it off.
 #: Unset, torch 2.13 keeps 2000 entries; 2.10 records gloo collectives only when it is set.
 FLIGHT_RECORDER_VARIABLE = "TORCH_FR_BUFFER_SIZE"
-#: The newest collectives it keeps, unless the user set the size. A poll that reads the entries
-#: reads them all (about 9 ms for 500, 29 ms for 2000, measured) while training waits for the GIL;
-#: a stall needs only the oldest pending one, which stays in the buffer unless 500 more were issued
-#: after it (DDP issues one per bucket). The size does not change what recording an entry costs.
+#: The newest collectives it keeps, unless the user set the size: a full read holds the GIL for
+#: all of them, and a stall needs only the oldest pending one.
 FLIGHT_RECORDER_ENTRIES = "500"
 #: At most this long, a watchdog that found a stall waits for every rank's progress report.
 ABORT_GRACE_S = 20.0
@@ -84,14 +76,8 @@ Counts = tuple[tuple[str, int, int], ...]
 
 
 def collective_counts(backend: str) -> Counts | None:
-    """The flight recorder's status alone; None when this torch's dump has no status (or one of
-    another shape).
-
-    About 15 us, against about 10 ms for every entry (500 of them), during which this thread
-    holds the GIL: a training thread stopped 4-9 ms at each full read, once 99 ms (measured). In a
-    synchronous job every rank's pause holds all the others, so a job of N ranks pays N of them
-    per poll period; the watchdog reads the entries only when these counts stand still.
-    """
+    """The flight recorder's status alone, far cheaper than its entries; None when this torch's
+    dump has no status (or one of another shape)."""
     status = pickle.loads(_dump_flight_recorder(backend, collectives=False)).get("pg_status")
     try:
         counts = tuple(sorted((str(group), int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
@@ -103,11 +89,8 @@ def collective_counts(backend: str) -> Counts | None:
 
 def collectives_issued(backend: str) -> int | None:
     """How many collectives this process issued in all its process groups, destroyed ones too
-    (the flight recorder keeps its counts); None where the recorder is off or of another format.
-
-    A recorder that is off (``TORCH_FR_BUFFER_SIZE=0``, or unset on torch releases that record
-    gloo only when it is set, such as 2.10) registers no group: its ``pg_config`` is empty, and
-    its empty ``pg_status`` means nothing. One that is on registers each group at its creation."""
+    (the flight recorder keeps its counts); None where the recorder is off (it registers no
+    group then: an empty ``pg_config``) or of another format."""
     dump = pickle.loads(_dump_flight_recorder(backend, collectives=False))
     try:
         if not dump["pg_config"]:
@@ -177,12 +160,10 @@ def group_members(name: str) -> frozenset[int] | None:
     """The global ranks of this process's group called ``name``; None when torch cannot say."""
     import torch.distributed as dist
 
-    try:
+    with contextlib.suppress(Exception):
         for group, group_name in dist.distributed_c10d._world.pg_names.items():  # every group this process made
             if group_name == name:
                 return frozenset(dist.get_process_group_ranks(group))
-    except Exception:
-        return None
     return None
 
 
@@ -199,10 +180,8 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
     try:
         issued = any(flight_recorder_progress(0, "", None, backend).issued.values())
     except Exception as error:
-        problem, hint = (
-            f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})",
-            other_torch,
-        )
+        problem = f"torch {torch.__version__} cannot show its flight recorder ({type(error).__name__}: {error})"
+        hint = other_torch
     else:
         if issued:
             return None
@@ -210,10 +189,8 @@ def watchdog_unavailable(backend: str, backend_timeout_s: float) -> str | None:
             problem = f"{FLIGHT_RECORDER_VARIABLE}=0 switches off torch's flight recorder, which the watchdog reads"
             hint = f"unset {FLIGHT_RECORDER_VARIABLE} (phalanx sets {FLIGHT_RECORDER_ENTRIES})"
         else:
-            problem, hint = (
-                f"torch {torch.__version__}'s flight recorder does not record {backend} collectives",
-                other_torch,
-            )
+            problem = f"torch {torch.__version__}'s flight recorder does not record {backend} collectives"
+            hint = other_torch
     return (f"phalanx: the stall watchdog is off: {problem}. A rank that stops holds the others until the "
             f"backend's timeout ({backend_timeout_s:g} s), and no report names it.\nHINT: {hint}")  # fmt: skip
 
@@ -317,13 +294,9 @@ class StallWatchdog:
         self._first_poll = True
         self._counts_only = 0  # polls since the last that read every entry
         self._progress: Progress | None = None  # from the last poll that read every entry
-        # Held while this thread reads the flight recorder. A process forked meanwhile (a
-        # DataLoader worker) would inherit whatever C-level lock torch's code held at that
-        # instant, such as the C library's at-exit lock taken by a static's first
-        # initialization, and hang at its own first use of it (seen: a worker stuck before its
-        # first batch, its rank's peers timing out in the next all-reduce). So a fork waits for
-        # the read (microseconds); not for a store post, which an unreachable store holds for
-        # its timeout: the store client's statics are initialized by start(), on its thread.
+        # Held while this thread reads the flight recorder: a process forked meanwhile (a
+        # DataLoader worker) would inherit a C-level lock torch's code held, and hang on it. Not
+        # held for a store post, which an unreachable store holds for its timeout.
         self._in_torch = threading.Lock()
         os.register_at_fork(before=self._in_torch.acquire, after_in_parent=self._in_torch.release,
                             after_in_child=self._in_torch.release)  # fmt: skip
@@ -377,12 +350,10 @@ class StallWatchdog:
         counts show collectives completing (:func:`stood_still`), which costs microseconds
         instead of milliseconds holding the GIL.
 
-        Only a full read is posted: the counts number a group's work, point-to-point included,
-        not the entries' collective sequence, so a report never compares the two. A stall
-        stops every rank's counts, so each rank reads its entries and posts within two polls of
-        its start, long before the stall timeout. Every COUNTS_ONLY_POLLS + 1 polls the entries
-        are read anyway: a rank blocked inside a collective's launch (NCCL counts it only once
-        launched) while another of its groups keeps working shows moving counts.
+        Only a full read is posted (the counts include point-to-point work, the entries'
+        sequence does not). A stall stops every rank's counts, so each rank posts within two
+        polls of its start. Every COUNTS_ONLY_POLLS + 1 polls the entries are read anyway: a
+        launch blocked in one group while another works shows moving counts.
         """
         counts, previous, first = collective_counts(self.backend), self._counts, self._first_poll
         self._counts, self._first_poll = counts, False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shutil
 from pathlib import Path
@@ -35,11 +36,9 @@ def describe(error: BaseException | None, folder: Path) -> Failure | None:
         pending += [e for e in (current.__cause__, current.__context__) if e is not None]
     if error is None:
         return None
-    try:
+    with contextlib.suppress(OSError):
         if shutil.disk_usage(folder).free < NEARLY_FULL_BYTES:
             return errno.ENOSPC, "No space left on device"
-    except OSError:
-        pass
     return None, str(error).splitlines()[0] if str(error) else type(error).__name__
 
 

@@ -131,13 +131,14 @@ def commit(staging: Path, step: int) -> Path:
     return final
 
 
-def set_aside(folder: Path) -> str:
-    """Renames a damaged checkpoint out of the way; says where it went (or why it stays)."""
-    aside = folder.with_name(folder.name + DAMAGED_SUFFIX)
+def set_aside(path: Path) -> str:
+    """Renames a damaged checkpoint (a folder, or a last-step file) out of the way, replacing an
+    earlier one set aside; says where it went (or why it stays)."""
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
     try:
-        if aside.exists():
+        if aside.is_dir():
             shutil.rmtree(aside)
-        os.replace(folder, aside)
+        os.replace(path, aside)
     except OSError as error:
         return f"left where it is ({error.strerror or error})"
     return f"kept as {aside.name}"

@@ -1,16 +1,8 @@
 """The state after the last completed step, saved by the ranks that survive a failure.
 
-DDP's replicas hold the same parameters and optimizer state after every step, so when a rank
-fails, any survivor's copy of step N is the job's state of step N (as in Just-In-Time
-checkpointing). A survivor writes it as one file, ``last-step/step-NNNNNNNNN-LAUNCH.pt`` in the
-checkpoint folder (LAUNCH: a token of the job's launch, the same on every rank, so that the
-survivors of one failure are told from those of an earlier one): into a hidden temporary file,
-flushed to the disk, then linked to its name.
-The first whole copy wins (link(2) fails on an existing name), so no reader ever sees a partial
-one, and the other survivors' copies are dropped; a copy marked preferred (the one whose buffers
-are rank 0's) replaces another instead. The file holds the flat tensors and skeleton
-of :mod:`.encoding` (loading runs no code) and a header with their CRC-32. A committed
-checkpoint of a later or equal step makes it obsolete.
+One file, ``last-step/step-NNNNNNNNN-LAUNCH.pt`` in the checkpoint folder, written to a temporary
+file and linked to its name: the first whole copy wins, unless a preferred one replaces it. A
+committed checkpoint of a later or equal step makes it obsolete (docs/runtime-design.md).
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from typing import Any
 
 import torch
 
-from phalanx.runtime.checkpoint.folder import DAMAGED_SUFFIX, fsync_folder
+from phalanx.runtime.checkpoint.folder import fsync_folder
 
 FOLDER = "last-step"
 FORMAT = 1
@@ -123,16 +115,6 @@ def read(path: Path, step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     if _crc32(flat) != header.get("crc32"):
         raise Damaged("its tensors are altered (their CRC-32 differs from its header's)")
     return header, flat
-
-
-def set_aside(path: Path) -> str:
-    """Renames a damaged file out of the way; says where it went (or why it stays)."""
-    aside = path.with_name(path.name + DAMAGED_SUFFIX)
-    try:
-        os.replace(path, aside)
-    except OSError as error:
-        return f"left where it is ({error.strerror or error})"
-    return f"kept as {aside.name}"
 
 
 def prune(directory: Path, up_to: int) -> None:

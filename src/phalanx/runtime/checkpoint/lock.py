@@ -1,17 +1,8 @@
 """One job per checkpoint folder: a lock file that names its holder.
 
-Two jobs on one folder delete each other's saves in progress (a start removes every staging
-folder) and commit the same step names over each other, so that a resume can load the other
-job's state. The first job to start on a folder writes ``phalanx.lock``: its job (the rendezvous
-ID and the store's address, which every rank and every restart of one job share), the host, the
-launcher's PID and start time. A job that finds the lock of another job that is still alive is
-refused; a lock whose holder is gone is taken over, and that is said. Alive means: on this host,
-its launcher process still runs; on another host, it refreshed the lock within
-:data:`STALE_S` (each holder refreshes it every :data:`REFRESH_S` from a daemon thread).
-
-Races are closed by the file system, not by timing: the lock is written to a file of its own
-and linked into place (link fails where the name exists), and a gone holder's lock is renamed
-away before that (only one of two jobs can rename it).
+A job that finds the lock of another job still alive is refused; a lock whose holder is gone is
+taken over, and that is said. Races are closed by link and rename, not by timing
+(docs/runtime-design.md).
 """
 
 from __future__ import annotations
@@ -140,11 +131,9 @@ class FolderLock:
         written.write_text(json.dumps(asdict(self.me)))
         try:
             for _ in range(3):
-                try:
+                with contextlib.suppress(FileExistsError):
                     _link_or_create(written, self.path)
                     return None
-                except FileExistsError:
-                    pass
                 holder = _read(self.path)
                 if holder is None:
                     continue

@@ -1,17 +1,8 @@
 """Checkpoints on torch.distributed.checkpoint: every rank writes its part, none is half-written.
 
-A save is a collective. The state every rank holds alike (DDP's replicated model and optimizer,
-the data position) is written once, spread over the ranks by DCP's planner; each rank's own
-state (its RNG, PowerSGD's error feedback) under its rank. Non-tensor values travel as JSON
-(:mod:`.encoding`), so loading runs no code. The files land in a staging folder; the commit
-marker (sizes and CRC-32s) is written last and the folder renamed (:mod:`.folder`): a crash
-leaves the previous checkpoints and a staging folder that the next start removes. A load reads
-each rank's own keys from the files directly (no rank sends another anything), after the ranks
-checked the files between them; a damaged checkpoint is set aside and the previous one used.
-
-On several nodes whose checkpoint folders are not one shared folder (each node sees only what
-it wrote), every node keeps a whole copy: its first process writes the replicated state and
-every rank's own state, so a node that holds rank 0 after a restart resumes like the others.
+A save is a collective: the replicated state is written once, each rank's own under its rank, in a
+staging folder that a commit marker and a rename make complete. With node-local folders every node
+keeps a whole copy (docs/runtime-design.md).
 """
 
 from __future__ import annotations
@@ -351,20 +342,15 @@ class CheckpointManager:
             if not any(problems):
                 return self._load(step, path, into)
             _refuse_unreadable(path, problems)
-            copies = (
-                [p for p, leader in zip(problems, leaders) if leader]
-                if self.node_local
-                else [next(filter(None, problems))]
-            )
-            if any(p is None for p in copies):
+            if self.node_local and None in [p for p, leader in zip(problems, leaders) if leader]:
                 somewhere = somewhere or step  # whole on some nodes, not on all
-            damaged = mine if self.node_local else copies[0]
+            damaged = mine if self.node_local else next(filter(None, problems))
             if damaged not in (None, _MISSING):
                 set_aside += 1
-            if self._writes_files and damaged not in (None, _MISSING):
-                where = folder.set_aside(path)
-                print(f"phalanx: checkpoint {path} is damaged ({damaged}); {where}, trying the previous one",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                if self._writes_files:
+                    where = folder.set_aside(path)
+                    print(f"phalanx: checkpoint {path} is damaged ({damaged}); {where}, trying the previous one",
+                          file=sys.stderr, flush=True)  # fmt: skip
             self._barrier()
         if somewhere is not None:
             raise SettingsRefused(
@@ -408,7 +394,7 @@ class CheckpointManager:
                 return Checkpoint(step, path, state, None, header["world_size"], survivor=True)
             if self._writes_files and problem not in (None, _MISSING):
                 print(f"phalanx: the state a survivor kept after step {step}, {path}, does not check out ({problem}); "
-                      f"{last_step.set_aside(path)}", file=sys.stderr, flush=True)  # fmt: skip
+                      f"{folder.set_aside(path)}", file=sys.stderr, flush=True)  # fmt: skip
             self._barrier()
         if failure and self.context.rank == 0:
             print(f"phalanx: WARNING: no state a survivor kept after a failure checks out; resuming from the newest "

@@ -1,12 +1,7 @@
 """DCP's file reader, with a metadata file that cannot run code when it is read.
 
-torch's FileSystemReader reads a checkpoint's ``.metadata`` with a plain ``pickle.load``: a
-crafted file would run code at the first load. :class:`SafeReader` unpickles it with an
-allowlist of what DCP writes there for phalanx's checkpoints (its metadata classes, dtypes,
-``torch.Size``, a path) and refuses anything else. ``BytesStorageMetadata`` is refused too: it
-marks a pickled value, which DCP's load would unpickle with ``weights_only=False``, and phalanx
-stores tensors only (:mod:`.encoding`). Checked against torch 2.13's
-``FileSystemReader.read_metadata``, which it replaces: the same result, the same ``load_id``.
+:class:`SafeReader` unpickles ``.metadata`` with an allowlist of what DCP writes there for
+phalanx's checkpoints, in place of torch's plain ``pickle.load`` (docs/runtime-design.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """The job's process group, formed again after each failure: one generation after another.
 
-Generation 0 is the group the job started with. A survivor of a failure in generation ``g``
-opens generation ``g + 1`` on the job's store and forms it; a replacement rank waits for the
-newest generation opened after the one it replaces died in, and forms it too. Each generation's
-group rendezvouses on its own prefix of the store, so no key of a broken group is read again.
-
-A generation's members are the ranks of the job's start (torch's RANK, which a replacement
-keeps) that form it; each rank's rank in the generation is its place among them. They are those
-of the generation before, unless the launcher that found a node lost in an elastic job left that
-node's ranks out (:func:`open_for_a_lost_node`): the world shrinks, and no process restarts. The
-first rank that sees every member arrive fixes them on the store: every rank forms the generation
-with the same.
-
-A generation opened ends the one before on every rank: each rank's watch (:class:`OpenedWatch`)
-waits on the store for the next generation's key and, when another rank opens it, notes the
-failure, which ends any wait of this rank on the old group (:mod:`.hook`). A rank waiting for a
-peer that already left learns it so, whatever the backend can tell it.
+Generation 0 is the group the job started with; a survivor of a failure in generation ``g`` opens
+generation ``g + 1`` on the job's store, and its members (a replacement among them) form it, each
+on its own prefix of the store. Opening a generation ends the one before on every rank
+(:meth:`Generations.watch`); docs/runtime-design.md has the details.
 """
 
 from __future__ import annotations
@@ -173,7 +161,7 @@ class Generations:
 
     def __init__(self, store: dist.Store, backend: str, rank: int, world_size: int, timeout_s: float) -> None:
         self.store, self.backend, self.start_rank = store, backend, rank
-        #: The ranks of the start that form the current generation (see the module's docstring).
+        #: The ranks of the start that form the current generation.
         self.members = list(range(world_size))
         self.timeout = timedelta(seconds=timeout_s)
         #: The generation this rank belongs to.
@@ -199,16 +187,15 @@ class Generations:
         """The job's start: forms generation 0."""
         self._form(0)
 
-    def next_after_failure(self) -> int:
+    def next_after_failure(self) -> None:
         """A survivor: leaves the broken group, opens the next generation and forms it."""
         target = self.current + 1
         self.store.compare_set(f"{_OPENED}{target}", "", f"rank {self.start_rank}")
         self._leave()
         self._arrive(target)
         self._form(target)
-        return target
 
-    def join_as_replacement(self) -> int:
+    def join_as_replacement(self) -> None:
         """A replacement: forms the generation the survivors open after the live one."""
         live = int(self.store.get(_LIVE))
         self.members = _members_of(self.store, live, self.world_size)
@@ -216,17 +203,12 @@ class Generations:
         self._wait_for(f"{_OPENED}{target}", f"the surviving ranks to open generation {target} of the group")
         self._arrive(target)
         self._form(target)
-        return target
 
     def _arrive(self, generation: int) -> None:
         """Waits until every member reached ``generation`` (before the backend's own rendezvous,
         which no signal interrupts), then takes its members: a rank left alone, or stopped, or
-        left out (its node was found lost), learns it within a second.
-
-        Each rank says it arrived under its own key (a rank that arrives and dies, and its
-        replacement, count once). The members are the generation before's, or those a launcher
-        proposed without a lost node's ranks; the first rank that sees every one of them arrived
-        fixes them on the store, and every rank forms the generation with those."""
+        left out (its node was found lost), learns it within a second. Each rank arrives under
+        its own key, so a rank that arrives and dies, and its replacement, count once."""
         self.store.set(_arrived_key(generation, self.start_rank), "1")
         proposed, formed_key = _proposed_key(generation), _formed_key(generation)
 
@@ -282,9 +264,23 @@ class Generations:
         self.store.set(_LIVE, str(generation))
 
     def watch(self, store: dist.Store, health: StepHealth) -> None:
-        """Starts this rank's :class:`OpenedWatch` on ``store`` (a client of its own: a wait
-        blocks the client it runs on)."""
-        threading.Thread(target=OpenedWatch(self, store, health).run, name="phalanx-heal-watch", daemon=True).start()
+        """Starts this rank's watch on ``store`` (a client of its own: a wait blocks the client it
+        runs on), which notes a failure when another rank opens the generation after this rank's."""
+        threading.Thread(target=self._watch, args=(store, health), name="phalanx-heal-watch", daemon=True).start()
+
+    def _watch(self, store: dist.Store, health: StepHealth) -> None:
+        while True:
+            current = self.current
+            key = f"{_OPENED}{current + 1}"
+            try:
+                store.wait([key], timedelta(hours=1))  # returns at once when the key is set
+            except dist.DistStoreError:
+                continue  # no failure in an hour: wait again
+            except Exception:
+                return  # the store is gone (the launch ended): nothing to watch
+            if self.current == current:
+                health.note(_opened(store.get(key).decode(), current + 1))
+            self.formed_after(current)
 
     def note_if_next_opened(self, health: StepHealth) -> None:
         """Notes a failure in ``health`` if another rank opened the generation after this rank's
@@ -297,30 +293,6 @@ class Generations:
         """Waits until this rank formed a generation after ``generation``."""
         with self._formed:
             self._formed.wait_for(lambda: self.current > generation)
-
-
-class OpenedWatch:
-    """Notes a failure when another rank opens the generation after this rank's."""
-
-    #: Seconds of one wait on the store (it returns at once when the key is set).
-    WAIT_S = 3600.0
-
-    def __init__(self, generations: Generations, store: dist.Store, health: StepHealth) -> None:
-        self.generations, self.store, self.health = generations, store, health
-
-    def run(self) -> None:
-        while True:
-            current = self.generations.current
-            key = f"{_OPENED}{current + 1}"
-            try:
-                self.store.wait([key], timedelta(seconds=self.WAIT_S))
-            except dist.DistStoreError:
-                continue  # no failure in an hour: wait again
-            except Exception:
-                return  # the store is gone (the launch ended): nothing to watch
-            if self.generations.current == current:
-                self.health.note(_opened(self.store.get(key).decode(), current + 1))
-            self.generations.formed_after(current)
 
 
 def _opened(opener: str, generation: int) -> PeerFailed:

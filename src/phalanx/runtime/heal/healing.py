@@ -79,13 +79,10 @@ class Healing:
         self._releases: list[Callable[[], None]] = []
 
     def on_new_group(self, regroup: Callable[[], None], release: Callable[[], None]) -> None:
-        """Calls ``release`` as this rank leaves a broken generation, and ``regroup`` once it
-        formed the next one for a heal, before the state is sent (the generation a replacement
-        joins at its start is the exception: it makes what ``regroup`` makes itself).
-
-        ``release`` drops the caller's hold on its group of the broken generation: the group is
-        freed as this rank leaves, and a peer still waiting on it in a collective learns that the
-        connection closed (a wait that no failure of this rank's would end otherwise)."""
+        """Calls ``release`` as this rank leaves a broken generation (its group is freed then, so
+        a peer waiting on it learns that the connection closed), and ``regroup`` once it formed
+        the next one for a heal, before the state is sent (not for the generation a replacement
+        joins at its start: it makes what ``regroup`` makes itself)."""
         self._regroups.append(regroup)
         self._releases.append(release)
 
@@ -113,17 +110,11 @@ class Healing:
         if isinstance(stateful, torch.optim.Optimizer):
             skip_failed_steps(stateful, self.health)
 
-    def join(self) -> None:
-        """A replacement: forms the generation the survivors are forming."""
-        self.generations.join_as_replacement()
-
     def heal(self, state_of_step: Any, step: int) -> tuple[dict[str, Any], Healed]:
         """After a failure (a survivor) or at the restore (a replacement): the next generation
         formed, then the state after the last step a survivor completed, from the lowest rank
-        that completed it (survivors' steps differ by one where a step's all-reduce completed on
-        some ranks only). A rank that fails in the exchange of the state (the one serving it
-        too) ends it on every rank, which heal again in the generation after (with that rank's
-        replacement, if its launcher starts one), for as long as a generation may take to form.
+        that completed it. A rank that fails in the exchange ends it on every rank, which heal
+        again in the generation after, for as long as a generation may take to form.
 
         Args:
             state_of_step: builds this rank's state after its last completed step (a survivor).

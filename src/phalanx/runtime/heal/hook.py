@@ -1,12 +1,7 @@
 """Heal mode's collectives: a failure is noted, never raised mid-step, and ends every wait on the group.
 
-gloo cannot abort a collective in progress (``ProcessGroup.abort()`` closes none of its
-connections: measured on torch 2.13), and a rank that leaves a broken collective leaves its peers
-waiting for its part. So no heal-mode wait blocks in the backend: each waits on an event that the
-work's completion sets, and that a failure sets too, wherever it is noted (a work that failed, or
-the watch of the store that sees another rank open the next generation of the group). A work left
-behind stays in the old group, which is never used again; its tensors are copies, so it never
-writes into the training's own.
+gloo cannot abort a collective in progress, so no heal-mode wait blocks in the backend: each waits
+on an event that the work's completion sets, and that a noted failure sets too.
 """
 
 from __future__ import annotations
@@ -120,18 +115,16 @@ def all_reduce_or_note(health, bucket):  # type: ignore[no-untyped-def]  # no an
     """
     buffer = bucket.buffer()
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    if health.failed:
-        result.set_result(buffer)
-        return result
-    sent = buffer / dist.get_world_size()  # a copy: a work left behind never writes into DDP's bucket
-    try:
-        work = dist.all_reduce(sent, async_op=True)
-    except Exception as error:  # the group is gone already
-        health.note(error)
-        result.set_result(buffer)
-        return result
-    token = health._until_failure(lambda: health.settle(result, buffer))
-    if token is None:
+    token = None
+    if not health.failed:
+        sent = buffer / dist.get_world_size()  # a copy: a work left behind never writes into DDP's bucket
+        try:
+            work = dist.all_reduce(sent, async_op=True)
+        except Exception as error:  # the group is gone already
+            health.note(error)
+        else:
+            token = health._until_failure(lambda: health.settle(result, buffer))
+    if token is None:  # the step failed: the bucket comes back as it was
         result.set_result(buffer)
         return result
 

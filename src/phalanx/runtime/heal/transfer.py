@@ -1,21 +1,7 @@
 """The state after the last completed step, sent from a surviving rank to the ranks that need it.
 
-The state is a nested structure of dicts, lists and tuples with tensors and plain values (what
-a checkpoint holds). Its skeleton, with each tensor's shape and dtype in place of the tensor,
-goes pickled (a peer of the same job sends it, as the store's keys come from one); the tensors go
-packed, one flat buffer per dtype. It goes point to point, to the receivers only: a survivor that
-holds the same state already receives nothing. It travels in CPU memory (gloo's sends and
-receives take CPU tensors only); ``load_state_dict`` moves each tensor to its place. The sends
-and receives are asynchronous and waited on through ``wait``, which a failure of a peer ends
-(:meth:`.hook.StepHealth.wait`).
-
-It goes over a group of its own, not the default group: a gloo send whose receiver dies keeps
-the sender's connections of its group open after the sender destroyed the group (torch 2.13), and
-a peer still in a collective of that group with the sender would wait until the group's timeout
-as it leaves it. In the transfer's group, no rank waits in a collective. The group costs a
-second set of connections between every pair of ranks per generation, made as it forms: a rank
-that dies then leaves the others waiting until the group's timeout, as in the forming of the
-default group (neither can be interrupted).
+The skeleton goes pickled, the tensors packed in one CPU buffer per dtype, point to point to the
+receivers only, over a group of its own (docs/runtime-design.md says why).
 """
 
 from __future__ import annotations
