@@ -1,12 +1,5 @@
-"""Runs one node: the lobby, then torchrun's elastic agent in this very process.
-
-Running the agent in-process (rather than spawning ``torchrun``) costs no second interpreter
-and no second ``import torch``, and lets phalanx see what torchrun decides: the ranks it
-assigns (printed as the rank table) and the failures it collects (reduced to a root cause).
-
-A simulated node runs this module as a process of its own: ``python -m phalanx.launch.agent
-SETUP.json``.
-"""
+"""Runs one node: the lobby, then torchrun's elastic agent in this very process (a simulated
+node's own process: ``python -m phalanx.launch.agent SETUP.json``)."""
 
 from __future__ import annotations
 
@@ -40,7 +33,7 @@ from phalanx.launch.reachability import CHECK_BOUND_S, Reachability, interface_v
 from phalanx.launch.restarts import RoundTimes, raise_if_signal, restarts_only_when_they_can_help
 from phalanx.launch.rounds import agree_on_round
 from phalanx.launch.second_signal import second_signal_kills
-from phalanx.launch.signals import PASSED_ON, die_with_parent, forwarding
+from phalanx.launch.signals import PASSED_ON, die_with_parent, handling
 from phalanx.launch.start_report import FIRST_START, START_FINISH_S, StartReporter, process_started_at, restart
 from phalanx.launch.torchrun import torchrun_argv, torchrun_env
 from phalanx.quick_exit import exit_quickly
@@ -64,8 +57,7 @@ class NodeAgent:
     def __init__(self, setup: NodeSetup) -> None:
         #: This node's setup (its endpoint gets the port the system picked, for a single node).
         self.setup = setup
-        #: The rendezvous store once the nodes met, shared with torchrun's c10d backend (None:
-        #: a single node, or before the lobby).
+        #: The rendezvous store once the nodes met, shared with torchrun's (None: a single node).
         self.store: Any = None
         #: The rank table of the current rendezvous round, on the store.
         self.board: NodeBoard | None = None
@@ -73,8 +65,7 @@ class NodeAgent:
         self.prefix = f"phalanx/{setup.rdzv_id}/"
         #: What the nodes tell each other on the store (:mod:`.crossnode`); its store is set once they met.
         self.crossnode = CrossNode(None, self.prefix, setup.node_label)
-        #: The rendezvous rounds this node's agent took part in; whether the latest is the job's
-        #: first, and when it began.
+        #: The rendezvous rounds this node took part in; whether the latest is the job's first, its times.
         self.rounds = 0
         self.round_is_first = True
         self.round_times = RoundTimes(None, 0.0)
@@ -100,7 +91,7 @@ class NodeAgent:
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
-        with forwarding(PASSED_ON):  # from the lobby on: a notice before the workers start is kept for them
+        with handling(PASSED_ON):  # from the lobby on: a notice before the workers start is kept for them
             return self._run()
 
     def _run(self) -> int:
@@ -131,17 +122,6 @@ class NodeAgent:
         except PhalanxError as error:
             say(error.render())
             return error.exit_code
-
-    def _check_the_rounds_reachability(self, row: dict[str, Any]) -> None:
-        """An elastic job's check, in each round (its nodes in their places of the round). A node
-        of the round that stops answering ends no job here: torch's agent forms a round without
-        it once its workers fail for it."""
-        try:
-            self._check_reachability(row["node"], row["nodes"], self.crossnode.round_prefix)
-        except JoinTimeout:
-            say(f"phalanx: {self.setup.node_label}: not every node of this round checked that its peers reach it "
-                f"within {CHECK_BOUND_S:g} s (a node gone?); starting the workers: torch's agent forms a round without "
-                "a node that is lost")  # fmt: skip
 
     def _check_reachability(self, index: int, count: int, prefix: str) -> None:
         """That the peers reach this node where its workers will listen (:mod:`.reachability`):
@@ -187,7 +167,8 @@ class NodeAgent:
             return everyone
 
         judge = lambda failures, left: self._restart_helps(found_in(failures), left)  # noqa: E731
-        self._watch_the_other_nodes()
+        if self.store is not None and not self.setup.nnodes.is_elastic:
+            self._start_liveness()  # an elastic job watches each round's nodes in heal mode, else none
         wait_s = getattr(config, "shutdown_timeout", None) or 30
         try:
             with (
@@ -240,8 +221,7 @@ class NodeAgent:
 
     # -- rounds ----------------------------------------------------------------------------
     def _new_round(self, round_store: Any, times: RoundTimes) -> None:
-        """After each rendezvous round: from now on, what this node posts and reads about the
-        workers is the new round's (the nodes of a round agree on its name)."""
+        """After each rendezvous round: from now on, what this node posts and reads is the new round's."""
         self.rounds += 1
         self.round_times = times
         self.round_name = None
@@ -257,10 +237,8 @@ class NodeAgent:
         self.board = NodeBoard(self.store, self.crossnode.round_prefix, "rank_table")
 
     def _is_the_jobs_first_round(self, name: str) -> bool:
-        """Whether round ``name`` is the job's first, alike on every node of the round: each
-        proposes its round as the first, and the first round's nodes write it (a node that joined
-        an elastic job later finds another round there). Where the store does not answer, this
-        node's first round is taken for it."""
+        """Whether round ``name`` is the job's first, alike on every node of the round (the first
+        round's nodes write its name; without the store, this node's first round is taken)."""
         try:
             return self.store.compare_set(f"{self.prefix}first_round", "", name).decode() == name
         except Exception as error:
@@ -268,19 +246,9 @@ class NodeAgent:
             return self.rounds == 1
 
     # -- nodes that are gone ---------------------------------------------------------------
-    def _watch_the_other_nodes(self) -> None:
-        """Starts the liveness watch of a multi-node job of a fixed size (see
-        :mod:`phalanx.launch.liveness`). An elastic job is left to torch's agent: a lost node there
-        is a new rendezvous round without it, not the end of the job; in heal mode, each round
-        watches its own nodes (:meth:`_watch_the_rounds_nodes`)."""
-        if self.store is None or self.setup.nnodes.is_elastic:
-            return
-        self._start_liveness()
-
     def _watch_the_rounds_nodes(self, row: dict[str, Any], rows: list[dict[str, Any]] | None) -> None:
-        """Heal mode in an elastic job: the liveness watch over this round's nodes (``rows``, its
-        rank table; None: not every node posted its row), in the table's order, and the ranks each
-        node holds, which leave the ranks' group when it is lost (:mod:`.heal_lost`)."""
+        """Heal mode in an elastic job: the liveness watch over this round's nodes (``rows``, its rank
+        table; None: not every node posted its row), and the ranks each holds (:mod:`.heal_lost`)."""
         assert self.heal is not None
         if self.liveness is not None:
             self.liveness.stop()
@@ -309,17 +277,10 @@ class NodeAgent:
         self.liveness.start()
 
     def _on_lost(self, why: str, store_lost: bool, heard: bool) -> None:
-        """From the liveness thread: says so, and stops this node's workers, whose collectives
-        wait for the lost node (they could not agree on a checkpoint with it either): first each
-        rank that listens keeps the state after its last step (:mod:`.keep_request`), then they are
-        killed. torchrun's agent then sees them fail, and the job exits with code 1, naming the
-        lost node.
-
-        Where the lost node is the store's host, this process ends here as well: torchrun's agent
-        would go on to close the rendezvous and phalanx to post the failures, on a store that no
-        longer answers (a minute's timeout each), and there is nothing left to save.
-
-        In heal mode the ranks heal instead where they can (:mod:`.heal_lost`)."""
+        """From the liveness thread: stops this node's workers, whose collectives wait for the lost
+        node, once each rank kept its state (:mod:`.keep_request`); in heal mode they heal instead
+        where they can (:mod:`.heal_lost`). Where the store's host is lost, this process ends too:
+        every store call left would wait out its timeout, and there is nothing left to save."""
         if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._heal_start()):
             return
         if self.liveness is not None:
@@ -330,9 +291,7 @@ class NodeAgent:
             "node: a phalanx.Run script resumes after the last step its ranks kept, else from its last checkpoint")  # fmt: skip
         if not store_lost and not heard:  # for the other nodes: each stops its workers, and says the cause first
             self.crossnode.post_lost(why)
-        workers = [
-            p for p in psutil.Process().children(recursive=True) if running(p)
-        ]  # not the zombies of a pod's PID 1
+        workers = [p for p in psutil.Process().children(recursive=True) if running(p)]  # no zombies
         self._keep_then_kill(workers, f"{why}, so its launcher stopped this rank")
         if store_lost or not workers:  # nothing of torch's agent to wait for (its exit barrier, a rendezvous)
             sys.stdout.flush()
@@ -387,10 +346,9 @@ class NodeAgent:
             say(f"phalanx: {self.setup.node_label}: rank {rank}: {said[rank]}")
 
     def _keep_store_for_the_verdict(self) -> None:
-        """On the store's host, stopped for a lost node: the store goes down with this process, and
-        a node that does not watch the lost one hears the verdict on its next beat. So it stays
-        up until every other node posted how it ended, at most two beats after their ranks kept
-        the state (the lost one never will)."""
+        """On the store's host, stopped for a lost node: keeps the store up until every other node
+        posted how it ended (one that does not watch the lost node hears the verdict on its next
+        beat), at most two beats after their ranks kept the state."""
         if not self.setup.is_host or self.store is None:
             return
         deadline = time.monotonic() + 2 * beat_of(self.setup.heartbeat_timeout) + KEEP_BOUND_S
@@ -448,9 +406,8 @@ class NodeAgent:
             f"{they} joined the job's process group (export {FLIGHT_RECORDER_VARIABLE}={FLIGHT_RECORDER_ENTRIES} lets it count them)")  # fmt: skip
 
     def _restart_helps(self, found: list[failure.RankFailure], remaining: int) -> bool:
-        """Whether to restart the workers after these failures, said on the console either way
-        (torch's agent says it at INFO only). A node that ends the job tells the others, whose
-        workers failed because its own stopped."""
+        """Whether to restart the workers after these failures, said on the console either way; a
+        node that ends the job tells the others."""
         node, most = self.setup.node_label, self.setup.max_restarts
         lost = self.lost or (self.heal.waited_for() if self.heal is not None else None)
         reason = failure.restart_cannot_help(found) or (f"{lost}: a restart would wait for it" if lost else None)
@@ -467,23 +424,32 @@ class NodeAgent:
 
     # -- hooks ---------------------------------------------------------------------------
     def _on_ranks_assigned(self, envs: dict[int, dict[str, str]]) -> None:
-        """Called by torch's agent right before it starts the workers (from their logs' layout). In
-        an elastic job, the round's nodes first prove that they reach each other: a refusal ends
-        the job on every node of the round, before any worker waits in ``init_process_group``."""
+        """Called by torch's agent right before it starts the workers (from their logs' layout): the
+        rank table, an elastic round's reachability check and liveness watch, the start report."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
         if self.heal is not None:
             for env in envs.values():  # the workers are started with these dicts
                 env.update(WorkerEnv(heal_start=self._heal_start()).to_env())
         self.nodes_in_job = row["nodes"]
         elastic = self.setup.nnodes.is_elastic and self.store is not None
-        if elastic:
-            self._check_the_rounds_reachability(row)
+        if elastic:  # each round's check; a node gone ends no job here: torch forms a round without it
+            try:
+                self._check_reachability(row["node"], row["nodes"], self.crossnode.round_prefix)
+            except JoinTimeout:
+                say(f"phalanx: {self.setup.node_label}: not every node of this round checked that its peers reach it "
+                    f"within {CHECK_BOUND_S:g} s (a node gone?); starting the workers: torch's agent forms a round "
+                    "without a node that is lost")  # fmt: skip
         watch = elastic and self.heal is not None
         if self.board is not None:
             self.board.post(row["node"], row)
-        rows = self._gather_the_rank_table(row) if watch or 0 in row["ranks"] else None
-        if 0 in row["ranks"]:
-            self._show_the_rank_table(rows)
+        rows = None  # also where not every node posted its row within GATHER_TIMEOUT_S
+        if watch or 0 in row["ranks"]:
+            rows = [row] if self.board is None else self.board.gather(row["nodes"])
+        if 0 in row["ranks"] and rows is not None:
+            say(format_rank_table(rows))
+        elif 0 in row["ranks"]:
+            say(f"phalanx: rank table: not every node posted its ranks within {GATHER_TIMEOUT_S:g} s; continuing "
+                "without the table")  # fmt: skip
         if watch:
             self._watch_the_rounds_nodes(row, rows)
         if self.setup.command_name == "phalanx run":
@@ -492,23 +458,9 @@ class NodeAgent:
             except Exception as error:  # a report, never a reason for torch's agent to fail
                 raise_if_signal(error)
 
-    def _gather_the_rank_table(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
-        """Every node's row of this round's rank table (None: not every node posted within
-        :data:`GATHER_TIMEOUT_S`)."""
-        return [row] if self.board is None else self.board.gather(row["nodes"])
-
-    def _show_the_rank_table(self, rows: list[dict[str, Any]] | None) -> None:
-        if rows is None:
-            say(f"phalanx: rank table: not every node posted its ranks within {GATHER_TIMEOUT_S:g} s; continuing "
-                "without the table")  # fmt: skip
-            return
-        say(format_rank_table(rows))
-
     def _report_the_start(self, row: dict[str, Any]) -> None:
-        """From each start of the workers on (this node's first, or a later round's): once they
-        stepped, where the start's seconds went (:mod:`.start_report`), said by the node that
-        holds rank 0 in the round. The round before's report, unsaid (its workers never stepped),
-        stops."""
+        """Reports where this start's seconds went once the workers stepped (:mod:`.start_report`);
+        the round before's report, unsaid, stops."""
         assert self.logs is not None
         if self.start_reporter is not None:
             self.start_reporter.stop()
@@ -544,10 +496,8 @@ class NodeAgent:
         return failure.exit_code_for(everyone)
 
     def _silent_nodes(self) -> list[str]:
-        """The nodes of this round that posted neither a finish nor a failure (best effort). The
-        round's nodes are those that posted their row of its rank table: in an elastic job, not
-        the nodes that met in the lobby (one of them may have left in an earlier round, and one
-        that joined later never met the others there)."""
+        """The nodes of this round (those that posted their row of its rank table, not those of the
+        lobby) that posted neither a finish nor a failure (best effort)."""
         if self.store is None or self.board is None:
             return []
         try:

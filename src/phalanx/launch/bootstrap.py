@@ -1,25 +1,8 @@
 """The entry point of every worker ``phalanx run`` starts: the user's script, run as python runs it.
 
-``python -m phalanx.launch.bootstrap SCRIPT ARGS`` (or ``-m MODULE ARGS``) runs the script as
-``__main__`` with the same ``sys.argv``, ``sys.path[0]``, traceback and exit code as ``python
-SCRIPT ARGS``, in a process that also:
-
-- dies with its node's launcher: the kernel SIGKILLs it when the process that started it ends
-  (``PR_SET_PDEATHSIG``), so a launcher killed with ``kill -9`` leaves no worker training on
-  unsupervised; and what the script started in the worker's process group ends with the worker
-  (:mod:`.group_guard`);
-- keeps a SIGUSR1 that arrives before the script handles it (SLURM's preemption notice, passed on
-  by the launcher): by default it would kill the process; it is noted in the environment instead
-  (``WorkerEnv.early_signal``), where PreemptionGuard finds it, and said at exit when no guard
-  ever took it;
-- records whether it joined the job's process group (:mod:`.group_record`), so that the launcher
-  can say when every rank trained alone, and when its first optimizer step ended
-  (:mod:`.start_report`), so that it can say where the start's seconds went;
-- writes the exception that ended the script to the worker's error file, as torch's ``@record``
-  does, where the launcher reads it;
-- tears down a process group the script left for interpreter shutdown, after the pause that lets
-  the backend's threads drop their Python callbacks (:func:`phalanx.runtime.context.destroy_process_group`):
-  gloo's threads otherwise abort some processes at exit after a successful run.
+``python -m phalanx.launch.bootstrap SCRIPT ARGS`` (or ``-m MODULE ARGS``), in a process that dies
+with its launcher, keeps an early SIGUSR1, records its process group and first step, and writes
+the exception that ended the script where the launcher reads it (docs/launch-design.md).
 """
 
 from __future__ import annotations
@@ -94,19 +77,18 @@ def run(argv: list[str]) -> int | str | None:
         watch.install()
         atexit.register(watch.write)
         FirstStepWatch(record.parent / START_RECORD_NAME, watch).install()
+    sys.argv = [target, *args]  # for a module, runpy puts its path in argv[0], as python -m does
     try:
         if is_module:
-            sys.argv = [target, *args]  # runpy puts the module's path in argv[0], as python -m does
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [target, *args]
             sys.path[0] = os.path.dirname(os.path.abspath(target))
             runpy.run_path(target, run_name="__main__")
     except SystemExit as stop:
         return stop.code
+    except KeyboardInterrupt:
+        raise
     except BaseException as error:
-        if isinstance(error, KeyboardInterrupt):
-            raise
         trimmed = _user_traceback(error.__traceback__)
         sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
         _record(error)

@@ -1,11 +1,6 @@
-"""The launch settings a cluster environment gives, merged with the user's own.
-
-The node count is the scheduler's: it starts exactly that many ``phalanx run``, so a flag, a
-variable or a config key that says otherwise is refused with a table before anything starts
-(a job whose nodes count differently never forms). The endpoint, the rendezvous ID and the
-processes per node are defaults: a value the user set wins, and the decision block says what
-the environment would have given. ``--simulate-nodes`` runs every node here and ignores it.
-"""
+"""The launch settings a cluster environment gives, merged with the user's own: the node count
+is the scheduler's (a contradiction is refused); the endpoint, rendezvous ID and processes per
+node are defaults the user may override."""
 
 from __future__ import annotations
 
@@ -17,9 +12,8 @@ from phalanx.console import format_table
 from phalanx.errors import SettingsRefused
 from phalanx.settings.values import NodeRange, Resolved
 
-#: The settings a cluster environment may give that the user may override.
-_DEFAULTS = (("rdzv_endpoint", "endpoint", "rdzv-endpoint"), ("rdzv_id", "rdzv_id", "rdzv-id"),
-             ("nproc_per_node", "nproc_per_node", "nproc-per-node"))  # fmt: skip
+#: The settings a cluster environment may give that the user may override: (setting, Placement attribute).
+_DEFAULTS = (("rdzv_endpoint", "endpoint"), ("rdzv_id", "rdzv_id"), ("nproc_per_node", "nproc_per_node"))
 
 
 #: torch's env:// variables, which a user may carry over from launching by hand: outside a
@@ -57,14 +51,15 @@ def with_cluster_environment(resolved: Mapping[str, Resolved], environ: Mapping[
         settings["nnodes"] = placement.nnodes.value
     single_node = settings.get("nnodes", NodeRange(1, 1)).max == 1
     endpoint_is_theirs = "rdzv_endpoint" not in resolved and placement.endpoint is not None and not single_node
-    for name, attribute, flag in _DEFAULTS:
+    for name, attribute in _DEFAULTS:
         found = getattr(placement, attribute)
         if found is None or (name == "rdzv_endpoint" and single_node):
             continue  # a single node meets nobody: a free port on this host, as without the environment
         if name in resolved:
             if resolved[name].value != found.value:
-                notes.append(f"{flag} {resolved[name].value} from {resolved[name].origin}, not {found.value} "
-                             f"({found.source})")  # fmt: skip
+                flag = name.replace("_", "-")
+                given = resolved[name]
+                notes.append(f"{flag} {given.value} from {given.origin}, not {found.value} ({found.source})")
             continue
         settings[name] = found.value
     _check_node_rank(placement, settings, resolved)

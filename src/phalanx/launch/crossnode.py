@@ -1,16 +1,6 @@
 """What the node agents of one job tell each other on the rendezvous store, and the waits that
-read it.
-
-Keys of the whole job, under ``phalanx/<rdzv id>/``: ``ended`` (the nodes whose agents ended,
-whose silence is no loss), ``lost`` (the liveness watch's verdicts) and the lobby's. Keys of one
-rendezvous round, under ``.../round/<name>/`` (:mod:`.rounds` names it alike on every node of the
-round): ``failures`` (each node's failure report, one JSON line), ``finished`` (the nodes whose
-workers finished), ``ends`` (a node's word that the job ends rather than restarts), the rank
-table (``rank_table/<node>``) and the start's phases (``start/<node>``). What a node said in an earlier round holds for that round only.
-
-Every post is best effort, and every read too where it says so: the store goes down with the
-node that hosts it, and what is left to say then is said on the console.
-"""
+read it: keys of the whole job, and keys of one rendezvous round (docs/launch-design.md). Every
+post is best effort: the store goes down with the node that hosts it."""
 
 from __future__ import annotations
 
@@ -29,12 +19,9 @@ GATHER_TIMEOUT_S = 30.0
 #: How long a node waits for the other nodes' failure reports before naming the root cause.
 FAILURE_GATHER_S = 3.0
 #: How long a node whose workers failed looks for another node's word that the job ends instead
-#: of restarting (a refusal there: its workers' exit is what failed these). Agents look at their
-#: workers every 0.1 s, so the word is posted within a fraction of this.
+#: of restarting (agents look at their workers every 0.1 s, so it comes within a fraction of this).
 ENDS_WORD_WAIT_S = 1.0
-#: After this long waiting for the other nodes' workers, a node whose workers finished says so
-#: (once): nodes usually finish within a fraction of it, and a wait can last the exit barrier's
-#: timeout (5 minutes).
+#: After this long waiting for the other nodes' workers, a node whose workers finished says so (once).
 SAY_WAITING_AFTER_S = 2.0
 
 
@@ -45,11 +32,11 @@ def posted(store: Any, prefix: str, name: str) -> list[str]:
 
 
 class CrossNode:
-    """One node's side of the protocol: ``node`` posts and reads on ``store`` (None: a job of one
-    node, which has nobody to tell), under ``prefix`` for the job and the round's own prefix.
+    """One node's side of the protocol: it posts and reads under ``prefix`` for the job, and under
+    the round's own prefix.
 
     Args:
-        store: the rendezvous store, or None.
+        store: the rendezvous store, or None (a job of one node: nobody to tell).
         prefix: the job's keys' prefix (``phalanx/<rdzv id>/``).
         node: this node's label.
     """
@@ -155,13 +142,10 @@ class CrossNode:
                          left: bool = False) -> bool:  # fmt: skip
         """Tells the other nodes that this node's workers finished, and waits up to ``timeout`` s
         until every one of ``nodes`` has (True: torch's exit barrier then passes at once). False
-        when a node's workers failed, or a node waits in the rendezvous to restart them: that node
-        never comes to the barrier (the failed one, torch's way, as long as the barrier's timeout).
-        The store's host (``is_host``) stays until the failed nodes could read the reports.
-
-        Where a node ``left`` the round (heal mode in an elastic job: the ranks went on without
-        it), torch's barrier would wait for it: False once every one of ``nodes`` finished, and
-        the store's host stays until each of them read that."""
+        when a node's workers failed or a node waits to restart them (it never comes to the
+        barrier); the store's host (``is_host``) stays until the failed nodes could read the
+        reports. Where a node ``left`` the round (heal mode, elastic), torch's barrier would wait
+        for it: False once every one of ``nodes`` finished, the store's host staying until all read it."""
         if self.store is None:
             return True  # a single node: torch's barrier waits for nobody else
         started = time.monotonic()
@@ -226,9 +210,8 @@ class CrossNode:
 
 
 class NodeBoard:
-    """One value per node of a rendezvous round, posted on the store under the round's prefix
-    (a node that joined later counts its attempts from 0: the round names the board on every
-    node alike), and gathered by one node: the rank table's rows, the start's phases.
+    """One value per node of a rendezvous round, posted on the store under the round's prefix, and
+    gathered by one node: the rank table's rows, the start's phases.
 
     Args:
         store: the rendezvous store.
@@ -245,9 +228,7 @@ class NodeBoard:
     def post(self, node: int, value: dict[str, Any]) -> None:
         self.store.set(self._key(node), json.dumps(value))
 
-    def gather(
-        self, nodes: int, timeout: float = GATHER_TIMEOUT_S, poll_s: float = 0.02
-    ) -> list[dict[str, Any]] | None:
+    def gather(self, nodes: int, timeout: float = GATHER_TIMEOUT_S) -> list[dict[str, Any]] | None:
         """Every node's value, in node order, once all ``nodes`` posted; None after ``timeout``.
         One store operation a poll, however many nodes."""
         keys = [self._key(node) for node in range(nodes)]
@@ -255,7 +236,7 @@ class NodeBoard:
         while not self.store.check(keys):
             if time.monotonic() > deadline:
                 return None
-            time.sleep(poll_s)
+            time.sleep(0.02)
         return [json.loads(value) for value in self.store.multi_get(keys)]
 
     def posted(self, nodes: int) -> list[dict[str, Any]]:

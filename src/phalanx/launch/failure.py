@@ -1,9 +1,7 @@
 """The root cause of a failed run: which rank died first, where, how, and its last words.
 
-When one worker dies, the others soon fail too (their collectives lose a peer), so torchrun's
-list of failures mixes the cause with its consequences. The root cause is the failure whose
-log went quiet first: a worker's stderr is written up to the moment it dies, and its peers only
-fail, and write their own tracebacks, after that.
+The others soon fail too (their collectives lose a peer), so the root cause is the failure whose
+log went quiet first: a worker's peers only fail, and write their tracebacks, after it died.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import importlib
 import json
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,26 +42,30 @@ class RankFailure:
     @property
     def how(self) -> str:
         if self.exitcode < 0:
-            try:
-                name = signal.Signals(-self.exitcode).name
-            except ValueError:
-                name = f"signal {-self.exitcode}"
-            return f"was killed by {name}"
+            return f"was killed by {signal_name(-self.exitcode)}"
         return f"exited with code {self.exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL``, or ``signal 77`` for a number no signal of this system has."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def log_lines(path: Path | None) -> list[str]:
     return path.read_text(errors="replace").splitlines() if path is not None and path.is_file() else []
 
 
-def tail_of(text: list[str], lines: int = TAIL_LINES) -> tuple[str, ...]:
+def tail_of(text: list[str]) -> tuple[str, ...]:
     """What a log ended with: the last lines, from its last traceback when there is one; or the
     stall watchdog's report from its first line, which names the collective."""
     starts = [i for i, line in enumerate(text) if "Traceback (most recent call last)" in line or STALL_REPORT in line]
     if starts and STALL_REPORT in text[starts[-1]]:
-        return tuple(text[starts[-1] :][:lines])
+        return tuple(text[starts[-1] :][:TAIL_LINES])
     chosen = text[starts[-1] :] if starts else text
-    return tuple(chosen[-lines:])
+    return tuple(chosen[-TAIL_LINES:])
 
 
 def failures_from(
@@ -97,9 +99,8 @@ def failures_from(
 
 
 def _callstack(failure: Any) -> list[str]:
-    """The traceback in the worker's error file, which the worker's bootstrap wrote with torch's
-    ErrorHandler (``@record``'s) and torch's ProcessFailure read back; [] without one (a worker
-    that ended by a signal, or by an exit code of its own)."""
+    """The traceback in the worker's error file (written by the bootstrap, read back by torch's
+    ProcessFailure); [] without one."""
     message = (getattr(failure, "error_file_data", None) or {}).get("message")
     if not isinstance(message, dict):
         return []
@@ -169,7 +170,7 @@ class PhalanxErrorEnding:
 def phalanx_error_in(text: list[str]) -> PhalanxErrorEnding | None:
     """The phalanx error the log's last traceback ends with; None when it ends with another (one
     raised while handling a phalanx error, say) or there is none."""
-    lines = _after_last_traceback([_RANK_PREFIX.sub("", line) for line in text])
+    lines = _last_traceback(text)
     starts = [(i, match) for i, line in enumerate(lines) if (match := _PHALANX_ERROR.match(line))]
     if not starts:
         return None
@@ -182,8 +183,10 @@ def phalanx_error_in(text: list[str]) -> PhalanxErrorEnding | None:
     return PhalanxErrorEnding(tuple(message), _exit_code_of(match.group(1), match.group(2)))
 
 
-def _after_last_traceback(lines: list[str]) -> list[str]:
-    """The lines from the last "Traceback" header on (all of them when there is none)."""
+def _last_traceback(text: Sequence[str]) -> list[str]:
+    """The lines from the last "Traceback" header on (all of them when there is none), without
+    torch's "[rankN]: " prefix."""
+    lines = [_RANK_PREFIX.sub("", line) for line in text]
     starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
     return lines[starts[-1] :] if starts else lines
 
@@ -191,7 +194,7 @@ def _after_last_traceback(lines: list[str]) -> list[str]:
 def last_words(tail: tuple[str, ...]) -> str:
     """A log tail's last words: the exception that ended its last traceback (not a warning printed
     after it), else its last line; without torch's "[rankN]: " prefix."""
-    lines = _after_last_traceback([_RANK_PREFIX.sub("", line) for line in tail])
+    lines = _last_traceback(tail)
     if lines and lines[0].startswith(_TRACEBACK):
         ended = [line for line in lines[1:] if line and not line.startswith(" ")]
         if ended:
@@ -248,12 +251,9 @@ def in_one_line(failures: list[RankFailure]) -> str:
 
 
 def restart_cannot_help(failures: list[RankFailure]) -> str | None:
-    """Why restarting the workers after these failures would only end the same way, as words that
-    follow "not restarting the workers:"; None when a restart may help (a crash, a kill, a stall).
-
-    A refusal of the settings comes back with the same settings, and a stop for preemption
-    would resume training on a machine that is being taken away (exit 75 asks the scheduler to
-    run the job again later instead)."""
+    """Why restarting the workers after these failures would only end the same way (a refusal of
+    the settings, a stop for preemption), as words that follow "not restarting the workers:";
+    None when a restart may help (a crash, a kill, a stall)."""
     if is_preemption(failures):
         return "they stopped for preemption (exit 75), which asks for the job to be started again later"
     causes = [f for f in failures if not stopped_by_agent(f, failures)]

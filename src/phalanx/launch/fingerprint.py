@@ -1,18 +1,14 @@
-"""A node's launch settings, as the cross-node check compares them.
-
-torchrun lets nodes started with different --nnodes, --nproc-per-node or scripts form a wrong
-world without a word; the lobby compares these fingerprints before the first step.
-"""
+"""A node's launch settings, as the lobby compares them across nodes before the first step."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 from pathlib import Path
 
 from phalanx import __version__
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.settings.entrypoint import Entrypoint
+from phalanx.torch_compat import installed_torch
 
 #: The settings compared, in the order the mismatch table lists them (extra ones follow, sorted).
 COMPARED = (
@@ -39,13 +35,6 @@ def file_sha256(path: Path | None) -> str:
         return f"(unreadable: {error.strerror})"
 
 
-def _torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
-
-
 def node_fingerprint(setup: NodeSetup) -> dict[str, str]:
     entrypoint = Entrypoint(setup.script, setup.script_args, setup.is_module)
     return {
@@ -57,7 +46,7 @@ def node_fingerprint(setup: NodeSetup) -> dict[str, str]:
         "script": ("-m " if setup.is_module else "") + setup.script,
         "script sha256": file_sha256(entrypoint.source_file()),
         "phalanx": __version__,
-        "torch": _torch_version(),
+        "torch": installed_torch() or "(not installed)",
         **setup.extra_fingerprint,
     }
 

@@ -1,27 +1,12 @@
 """A worker's descendants end with the worker: a small guard process stops the worker's process
-group as soon as the worker is gone, however it went (an exit 0, an exception, the kernel's
-SIGKILL when its launcher was killed).
-
-torch starts every worker in a session and process group of its own, and what the script starts
-(a subprocess, a server, a shell pipeline) joins that group unless it makes one of its own. The
-kernel ends a worker with its launcher (:func:`phalanx.launch.signals.die_with_parent`), but not
-the worker's children: they would run on after the job, holding ports, files and GPUs. The guard
-waits on a pidfd of the worker, which becomes readable when the worker ends, then stops the
-group (SIGTERM, then SIGKILL after a grace), itself included (its last member). It ignores the
-stop signals that a launcher sends the whole group, so that it outlives the worker it guards. A
-descendant that left the group (``setsid``, a daemon) is out of its reach.
-"""
+group as soon as the worker is gone, however it went (docs/launch-design.md)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-#: The guard itself: python -I -c GUARD WORKER_PID GRACE_S. It imports nothing beyond the interpreter's own.
-#: Only "no such process" means the worker has ended: a kernel without pidfds or a filter that
-#: forbids them makes it watch its parent instead (it is handed to another one when the worker
-#: ends). At the end: SIGTERM to the group first, so that a helper that cleans up after the worker
-#: (multiprocessing's resource tracker unlinks leaked shared memory) can, then SIGKILL.
+#: The guard itself: python -I -c GUARD WORKER_PID GRACE_S (docs/launch-design.md).
 _GUARD = """
 import os, select, signal, sys, time
 for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
@@ -63,10 +48,7 @@ GRACE_S = 2.0
 
 def guard_the_group() -> int | None:
     """Starts the guard, in this process's group, when this process leads it (as each worker of
-    torchrun does); returns its pid. Else, or where no process can be started, does nothing: None.
-
-    Spawned, not a :class:`subprocess.Popen`: nothing here waits for it, and it outlives this
-    process by design."""
+    torchrun does); returns its pid. Else, or where no process can be started, does nothing: None."""
     if os.getpgid(0) != os.getpid():
         return None
     quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]

@@ -1,19 +1,5 @@
-"""Whether a worker joined its job's process group: written by the worker, read by its launcher.
-
-A job of N ranks whose script never forms a group of N, or forms one and never communicates
-over it (Accelerate on CPUs without ``ACCELERATE_USE_CPU=1`` does the latter: it creates the
-group, then trains in every process alone), trains N times alone and exits 0: nothing says that
-nothing was distributed. Each worker writes one small JSON record (``process_group.json`` in its
-rank's log folder): the largest group it formed, and how many collectives it issued, as torch's
-flight recorder counted them (None where the recorder is off). The launcher names the ranks that
-ran alone.
-
-torch has no hook on process-group creation, so :class:`GroupWatch` wraps
-``torch.distributed.init_process_group`` as soon as ``torch.distributed.distributed_c10d`` is
-imported (:mod:`.import_hook`). The wrapper passes every argument
-through and only looks at the result. Checked against every release CI tests (phalanx.torch_compat),
-whose ``torch.distributed`` and ``torch.distributed.device_mesh`` take the function from that module.
-"""
+"""Whether a worker joined its job's process group: written by the worker, read by its launcher,
+which names the ranks that trained alone (docs/launch-design.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Heal mode's answer to a node that the liveness watch finds lost: the ranks heal instead of stopping.
-
-The launcher of a node that finds another lost opens the next generation of the ranks' group on
-the store (:func:`phalanx.runtime.heal.generations.open_for_a_lost_node`), which ends their waits
-on the lost node's ranks (a cut link closes no socket): they keep their processes and wait for
-the replacements. In an elastic job they go on without that node's ranks instead, in a smaller
-world, as long as the job keeps its minimum of nodes. The launcher of the node that lost the
-store (cut off, most likely) ends the scripts its supervisors run, after they kept their state;
-the supervisors start replacements, which join the others once the store answers again (in an
-elastic job, that node stops instead: it joins again in a later round).
-"""
+"""Heal mode's answer to a node that the liveness watch finds lost: the ranks heal instead of
+stopping (docs/launch-design.md)."""
 
 from __future__ import annotations
 

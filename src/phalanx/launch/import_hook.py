@@ -1,6 +1,5 @@
-"""Runs code right after a module is imported, without importing it first: a worker must not
-import torch before the script does (importing it early would change the script's behaviour,
-such as ``OMP_NUM_THREADS`` set before its own ``import torch``)."""
+"""Runs code right after a module is imported, without importing it first (a worker must not
+import torch before the script does)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,8 @@ from typing import Any
 
 
 def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
-    """Calls ``then(module)`` now if module ``name`` is imported, else right after it executes,
-    before anyone else gets it.
-
-    Args:
-        name: the module's full name, e.g. ``torch.optim.optimizer``.
-        then: what to call with the module.
+    """Calls ``then(module)`` now if module ``name`` (a full name, ``torch.optim.optimizer``) is
+    imported, else right after it executes, before anyone else gets it.
 
     Example:
         >>> when_imported("json", lambda module: print(module.__name__))
@@ -32,7 +27,7 @@ def when_imported(name: str, then: Callable[[ModuleType], None]) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs ``then(module)`` right after the module ``name`` executes, before anyone else gets it."""
+    """The finder, then loader, of :func:`when_imported`: wraps the module's own loader once."""
 
     def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
         self.name = name

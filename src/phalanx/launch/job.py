@@ -1,14 +1,11 @@
-"""Starting a job on this host from a :class:`LaunchSpec`: the one path every command shares.
-
-`phalanx run` starts the user's script this way; `phalanx doctor` and `phalanx bench` start
-phalanx's own worker modules the same way (:mod:`.tool`), so they meet the same launch problems
-a training job would, and report them the same way.
-"""
+"""Starting a job on this host from a :class:`LaunchSpec`: the one path `phalanx run`, doctor and
+bench share."""
 
 from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from phalanx.console import say
@@ -16,16 +13,6 @@ from phalanx.errors import SettingsRefused
 from phalanx.launch.node_setup import NodeSetup, decision_block, set_up_nodes
 from phalanx.launch.spec import LaunchSpec
 from phalanx.torch_compat import check_installed
-
-
-def dry_run_text(setups: list[NodeSetup]) -> str:
-    from phalanx.launch.torchrun import command_line
-
-    parts = [decision_block(setups)]
-    for setup in setups:
-        role = " (hosts the store)" if setup.is_host else ""
-        parts.append(f"\n# {setup.node_label} ({setup.local_addr}){role}:\n{command_line(setup)}")
-    return "\n".join(parts)
 
 
 def check_log_dir(
@@ -60,15 +47,34 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def check_run_log_dir(spec: LaunchSpec, setups: list[NodeSetup]) -> None:
-    """The log folder the setups' run writes under, made (or, for a dry run, tried and left as it
-    was), or refused naming where --log-dir came from."""
-    with spec.blamed("log_dir"):
+def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
+    """`phalanx run`: :func:`run_nodes` once torch is known to be installed."""
+    check_installed()
+    return run_nodes(spec, run_dir)
+
+
+def run_nodes(
+    spec: LaunchSpec, run_dir: Path | None = None, check_setups: Callable[[list[NodeSetup]], None] | None = None
+) -> int:
+    """Sets up this host's node agents (one, or K when simulated) and runs them; returns the job's
+    exit code. With --dry-run prints their setup and starts nothing.
+
+    ``check_setups`` sees the setups before anything starts (the backend is chosen by then), so
+    that a command can refuse settings the chosen backend cannot run.
+    """
+    setups = set_up_nodes(spec, run_dir)
+    if check_setups is not None:
+        check_setups(setups)
+    with spec.blamed("log_dir"):  # made (for a dry run: tried, and left as it was)
         check_log_dir(Path(setups[0].run_dir).parent, keep=not spec.dry_run)
+    if spec.dry_run:
+        from phalanx.launch.torchrun import command_line
 
-
-def start(setups: list[NodeSetup]) -> int:
-    """Runs this host's node agents (one, or K when simulated) and returns the job's exit code."""
+        print(decision_block(setups))
+        for setup in setups:
+            role = " (hosts the store)" if setup.is_host else ""
+            print(f"\n# {setup.node_label} ({setup.local_addr}){role}:\n{command_line(setup)}")
+        return 0
     say(decision_block(setups))
     if setups[0].is_simulated:
         from phalanx.launch.simulate import Simulation
@@ -77,14 +83,3 @@ def start(setups: list[NodeSetup]) -> int:
     from phalanx.launch.agent import NodeAgent
 
     return NodeAgent(setups[0]).run()
-
-
-def launch(spec: LaunchSpec, run_dir: Path | None = None) -> int:
-    """Sets up this host's nodes and starts them; with --dry-run prints their setup and starts nothing."""
-    check_installed()
-    setups = set_up_nodes(spec, run_dir)
-    check_run_log_dir(spec, setups)
-    if spec.dry_run:
-        print(dry_run_text(setups))
-        return 0
-    return start(setups)

@@ -1,12 +1,5 @@
-"""The launcher's side of a keep request: before it stops workers that wait for a lost node.
-
-A node that goes silent (its machine down, its network cut) raises nothing on the others: their
-workers wait in a collective until its timeout. The liveness watch (:mod:`.liveness`) declares
-the node lost and the launcher stops its own workers. First it writes why on each rank's keep
-request, a FIFO the rank listens on (``phalanx.runtime.survivor``), and waits until every rank
-it asked has written its keep report, at most :data:`KEEP_BOUND_S`: the ranks keep running
-meanwhile, so that torch's agent sees no failure and stops none of them in the middle of a write.
-"""
+"""The launcher's side of a keep request: before it stops workers that wait for a lost node, each
+rank gets to keep its state, at most :data:`KEEP_BOUND_S` (docs/launch-design.md)."""
 
 from __future__ import annotations
 

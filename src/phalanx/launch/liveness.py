@@ -1,26 +1,5 @@
 """Notices a node that is gone: each node agent beats on the rendezvous store, and watches the
-beats of the next :data:`WATCHED` nodes in the ring of the job's nodes.
-
-A node whose processes were killed ends its sockets, and its peers' collectives fail at once;
-a node whose machine died or whose link was cut ends nothing: its peers' collectives wait for
-it until the stall watchdog's bound (300 s by default). So every agent adds one to its counter
-on the store every sixth of ``--heartbeat-timeout`` (:func:`beat_of`), and declares lost a node
-whose counter has not moved for the timeout (by this node's own clock: no two clocks are
-compared), unless that node said it ended (its workers finished, or it posted its failures).
-An agent that cannot reach the store for as long declares the store's host lost. A node is
-named at most about three beats after the timeout: the beat that shows the silence, the
-round that confirms it, and the judge's own period.
-
-Each node watches a fixed number of peers, so its store operations per beat do not grow with
-the job (every node watching every other would be N² operations on the one store every beat).
-The watcher of a lost node posts its verdict, which every node reads on its next beat (one
-key): each then stops its own workers, whose collectives may wait on the lost node (a cut
-link closes no socket). Whatever set of nodes is lost, some live node watches one of them: the
-last live node before a run of lost ones in the ring.
-
-The beats go over a connection of their own, so that a store operation stuck on a cut link
-delays no other.
-"""
+beats of the next :data:`WATCHED` nodes in the ring of the job's nodes (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +14,7 @@ from phalanx.settings.values import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 #: Beats per timeout: six missed beats, far above a busy machine's scheduling delay.
 BEATS_PER_TIMEOUT = 6
-#: The shortest wait for one store operation: a beat of a tight timeout is a sixth of a second,
-#: and a reconnection after each slow answer would cost more than it saves.
+#: The shortest wait for one store operation (a reconnection after each slow answer costs more).
 MIN_STORE_TIMEOUT_S = 1.0
 #: The nodes each node watches, the next ones in the ring: two, so that a node is still watched
 #: when the node before it is lost with it.
@@ -61,9 +39,7 @@ class Liveness:
     lost is judged again once it beats again, the store once it answered again, and a verdict
     heard once; ``on_back(node)`` is called when a node declared lost beats again.
 
-    Two threads: one talks to the store, and may block for good (torch's store client has no
-    timeout on a connection whose peer went silent); the other judges from what the first last
-    read, and never blocks.
+    Two threads: one talks to the store (and may block for good), the other judges and never blocks.
     """
 
     def __init__(
@@ -102,11 +78,8 @@ class Liveness:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stops both threads and waits for them: at most a store call's timeout.
-
-        A thread still inside a store call when the interpreter exits is ended by it in C++ code,
-        which aborts the process ("terminate called without an active exception", seen with
-        torch 2.14.1): the launcher's exit code was lost after a good job."""
+        """Stops both threads and waits for them, at most a store call's timeout: a thread still in a
+        store call at interpreter exit aborts the process, and the launcher's exit code is lost."""
         self._stop.set()
         for thread in self._threads:
             if thread is not threading.current_thread():

@@ -1,15 +1,5 @@
-"""The lobby: nodes meet on the rendezvous store before torchrun's own rendezvous.
-
-It gives a multi-node start the two things torchrun lacks: a word every ~10 s about who has
-joined (and, on timeout, what a direct connect to the endpoint says), and a comparison of every
-node's launch settings that stops all nodes with a table instead of forming a wrong world.
-
-Each node's store operations are the same at 2 nodes as at 1,024 (benchmarks/control_plane.py):
-it compares its settings with the first node's only, and waits for one word, not by polling.
-
-The host node creates the store as torchrun's c10d backend would (``multi_tenant=True``), so
-the backend reuses this very server: one port, no window in which it is closed.
-"""
+"""The lobby: nodes meet on the rendezvous store before torchrun's own rendezvous, say who has
+joined, and compare their settings (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -61,12 +51,9 @@ def store_client(host: str, port: int, timeout_s: float) -> Any:
 
 
 def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
-    """The job's rendezvous store on the node that hosts it (its ``port``: the endpoint's, or the
-    one the system picked for port 0). torchrun's c10d backend then makes its own store on the same
-    port, multi-tenant, and so shares this one.
-
-    It listens on ``setup.store_address`` alone where the setup names one (torch's TCPStore would
-    otherwise listen on every address of the host: it has no authentication), else everywhere."""
+    """The job's rendezvous store on the node that hosts it, multi-tenant: torchrun's c10d backend
+    shares it. It listens on ``setup.store_address`` alone where the setup names one (the store has
+    no authentication), else on every address."""
     from torch.distributed import TCPStore
 
     _allow_a_connection_per_node()
@@ -92,9 +79,8 @@ def host_store(setup: NodeSetup, endpoint: Endpoint) -> Any:
 
 
 def _allow_a_connection_per_node() -> None:
-    """Raises this process's limit of open files to what the system allows: the store holds two
-    connections of each node while they meet, and one each after (1,024 nodes: 2,048 files, where
-    a login shell's limit is often 1,024)."""
+    """Raises this process's limit of open files to the hard limit: the store holds up to two
+    connections per node."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         with contextlib.suppress(ValueError, OSError):
@@ -102,8 +88,7 @@ def _allow_a_connection_per_node() -> None:
 
 
 def _listen(address: str, port: int) -> tuple[int, int]:
-    """A socket listening on ``address`` alone, to hand to the store as its own: its descriptor
-    and its port."""
+    """A socket listening on ``address`` alone, for the store to own: its descriptor and port."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     listening = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -118,7 +103,7 @@ def _listen(address: str, port: int) -> tuple[int, int]:
 
 
 class Meeting(NamedTuple):
-    """What a node learns in the lobby, in a constant number of store operations at any size."""
+    """What a node learns in the lobby."""
 
     #: The nodes that met (at least --nnodes' minimum; up to its maximum in an elastic job).
     count: int
@@ -130,19 +115,16 @@ class Meeting(NamedTuple):
 
 
 class Lobby:
-    """The lobby of one node. Each node's store operations do not grow with the job: it takes a
-    place (one counter), writes its fingerprint, compares it with the first node's (equal to the
-    first, all are equal; the one that differs is named with what differs), and waits for the
-    word that enough nodes agreed with one blocking wait, not a poll."""
+    """The lobby of one node: it takes a place, compares its fingerprint with the first node's, and
+    waits for the word that enough nodes agreed (docs/launch-design.md)."""
 
     def __init__(
-        self, setup: NodeSetup, fingerprint: dict[str, str], *, clock: Callable[[], float] = time.monotonic,
+        self, setup: NodeSetup, fingerprint: dict[str, str], *,
         connect: Callable[[str, int, float], Any] = store_client,
     ) -> None:  # fmt: skip
         self.setup = setup
         self.fingerprint = {"address": setup.local_addr, "label": setup.node_label, **fingerprint}
         self.endpoint = parse_endpoint(setup.rdzv_endpoint)
-        self.clock = clock
         self.connect_client = connect
         self.store: Any = None
         self.prefix = f"phalanx/{setup.rdzv_id}/"
@@ -159,11 +141,9 @@ class Lobby:
         )
 
     def _store_client(self, connect: Callable[[], Any], deadline: float) -> Any:
-        """The store client, within the join deadline. torch's client waits for its first answer
-        without a bound: a port that accepts but is no store (an HTTP server, another service)
-        would hold this node past --join-timeout, and one that answers garbage ends it with a page
-        of C++ frames. The client is made in a thread of its own (torch releases the GIL while it
-        waits), and whatever keeps it from answering as a store is refused here, in one message."""
+        """The store client, within the join deadline: made in a thread of its own, since torch's
+        client waits for its first answer without a bound (a port that accepts but is no store);
+        whatever keeps it from answering as a store is refused in one message."""
         outcome: dict[str, Any] = {}
 
         def run() -> None:
@@ -174,7 +154,7 @@ class Lobby:
 
         thread = threading.Thread(target=run, name="phalanx-store-connect", daemon=True)
         thread.start()
-        waited = max(STORE_ANSWER_MIN_S, deadline - self.clock())
+        waited = max(STORE_ANSWER_MIN_S, deadline - time.monotonic())
         thread.join(waited)
         if "store" in outcome:
             return outcome["store"]
@@ -197,7 +177,7 @@ class Lobby:
         )
 
     def _wait_until_reachable(self, deadline: float) -> None:
-        started = self.clock()
+        started = time.monotonic()
         self._next_progress = started + PROGRESS_EVERY_S
         while True:
             outcome = network.probe_tcp(
@@ -205,7 +185,7 @@ class Lobby:
             )
             if outcome.startswith("accepted"):
                 return
-            now = self.clock()
+            now = time.monotonic()
             if now >= deadline:
                 raise JoinTimeout(
                     f"the endpoint {self.endpoint} did not answer within {self.setup.join_timeout:g} s",
@@ -230,10 +210,10 @@ class Lobby:
         Args:
             watch: how many of the next nodes in the order of joining the meeting names.
         """
-        self._started = self.clock()
+        self._started = time.monotonic()
         deadline = self._started + self.setup.join_timeout
         self.connect(deadline)
-        self._next_progress = self.clock() + PROGRESS_EVERY_S
+        self._next_progress = time.monotonic() + PROGRESS_EVERY_S
         index = self.store.add(self.prefix + "joined", 1) - 1
         # An elastic job takes a node that comes back, or a spare: torch's rendezvous admits at
         # most MAX nodes to a round, and the others wait for a place.
@@ -278,19 +258,15 @@ class Lobby:
 
     def _wait_for_outcome(self, deadline: float) -> str:
         """Waits for the lobby's outcome, saying every PROGRESS_EVERY_S how many nodes joined; at
-        the deadline, decides that this node gives up (unless an outcome came first).
-
-        One blocking wait on a connection of its own (the main one stays free for the progress
-        count), not a poll: a node's operations do not grow with how long it waits, so not with
-        the job's size either. Should that connection fail, the node polls instead.
-        """
+        the deadline, decides that this node gives up (unless an outcome came first). One blocking
+        wait on a connection of its own, not a poll; should that connection fail, it polls."""
         waited, failed = threading.Event(), threading.Event()
 
         def wait() -> None:
             try:
                 waiter = self.connect_client(self.endpoint.host, self.endpoint.port, STORE_READ_TIMEOUT_S)
                 waiter.wait(
-                    [self._outcome_key], timedelta(seconds=max(0.1, deadline - self.clock()) + STORE_ANSWER_MIN_S)
+                    [self._outcome_key], timedelta(seconds=max(0.1, deadline - time.monotonic()) + STORE_ANSWER_MIN_S)
                 )
             except Exception:  # the deadline passed with no outcome, or the connection failed: polled below
                 failed.set()
@@ -300,7 +276,7 @@ class Lobby:
         thread.start()
         try:
             while not (waited.is_set() and not failed.is_set()):
-                now = self.clock()
+                now = time.monotonic()
                 if now >= deadline:
                     return self._decide(f"gave_up:{self.setup.node_label}")
                 if failed.is_set() and self.store.check([self._outcome_key]):
@@ -323,7 +299,7 @@ class Lobby:
 
     def _say_progress(self) -> None:
         joined = min(self.store.add(self.prefix + "joined", 0), self.setup.nnodes_max)
-        waited = self.clock() - self._started
+        waited = time.monotonic() - self._started
         names = f": {', '.join(fp['address'] for fp in self._joined(joined))}" if joined <= NAMED_NODES else ""
         say(f"phalanx: waiting for nodes ({waited:.0f} s of {self.setup.join_timeout:g}): "
             f"{joined} of {self.setup.nnodes_min} joined{names}")  # fmt: skip
@@ -362,8 +338,8 @@ class Lobby:
         except (NodesDisagree, JoinTimeout) as refusal:
             readers = self.store.add(self.prefix + "outcome_seen", 1)
             if self.setup.is_host:
-                until = self.clock() + ABORT_GRACE_S
-                while readers < self.store.add(self.prefix + "joined", 0) and self.clock() < until:
+                until = time.monotonic() + ABORT_GRACE_S
+                while readers < self.store.add(self.prefix + "joined", 0) and time.monotonic() < until:
                     time.sleep(POLL_EVERY_S)
                     readers = self.store.add(self.prefix + "outcome_seen", 0)
             raise refusal from None

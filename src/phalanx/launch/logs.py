@@ -1,17 +1,5 @@
-"""Per-rank log files, named by global rank, and which ranks the console shows.
-
-torchrun's default layout names folders by *local* rank inside a random folder per node, so
-"rank 5's traceback" is hard to find. Here each attempt gets::
-
-    <run dir>/attempt_<n>/rank<R>/stdout.log, stderr.log, error.json, process_group.json,
-                                  keep-request (a FIFO, while phalanx.Run listens on it),
-                                  keep-report (what the rank kept after a failure),
-                                  start.json (when its first optimizer step ended)
-
-and the console shows global rank 0 only, unless local ranks are named with
-``--local-ranks-filter`` (``phalanx run --all-ranks`` names all of them). It plugs into torchrun
-as a ``torchrun.logs_specs`` entry point, so ``torchrun --logs-specs phalanx`` works as well.
-"""
+"""Per-rank log files, named by global rank (``<run dir>/attempt_<n>/rank<R>/``), and which ranks
+the console shows; also torchrun's ``--logs-specs phalanx`` (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +13,6 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME
 from phalanx.launch.start_report import START_RECORD_NAME
 from phalanx.worker_env import KEEP_REPORT_NAME, KEEP_REQUEST_NAME, WorkerEnv
 
-RanksAssigned = Callable[[dict[int, dict[str, str]]], None]
-
 
 class RankLogsSpecs(LogsSpecs):
     def __init__(
@@ -35,7 +21,7 @@ class RankLogsSpecs(LogsSpecs):
         redirects: Std | dict[int, Std] = Std.ALL,
         tee: Std | dict[int, Std] = Std.ALL,
         local_ranks_filter: set[int] | None = None,
-        on_ranks_assigned: RanksAssigned | None = None,
+        on_ranks_assigned: Callable[[dict[int, dict[str, str]]], None] | None = None,
     ) -> None:
         super().__init__(log_dir or "phalanx-logs", redirects, tee, local_ranks_filter)
         self.on_ranks_assigned = on_ranks_assigned
@@ -57,11 +43,7 @@ class RankLogsSpecs(LogsSpecs):
         return self._starts - 1
 
     def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-        # Every node's agent starts its workers once per rendezvous round, so counting the starts
-        # numbers the rounds alike on every node. TORCHELASTIC_RESTART_COUNT does not: it counts
-        # the restarts after a failure of this node's own workers, and a node whose healthy
-        # workers were stopped for another node's restart keeps its count (its second round
-        # then overwrote the first round's logs, and looked up the rank table of the wrong round).
+        # counting the starts numbers the rounds alike on every node (TORCHELASTIC_RESTART_COUNT does not)
         attempt_number, self._starts = self._starts, self._starts + 1
         attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         self.folder_of_rank = {int(env["RANK"]): attempt / f"rank{env['RANK']}" for env in envs.values()}

@@ -1,11 +1,5 @@
-"""Which local address and interface reach the rendezvous endpoint, and whether this host is it.
-
-Plain torchrun guesses these from the hostname, which on many clusters (and in containers)
-resolves to 127.0.0.1: the main node then does not recognise its own endpoint, and the other
-nodes are told to reach the workers at 127.0.0.1. phalanx asks the kernel instead: the
-endpoint is ours when its address is on one of our interfaces, and the address we advertise is
-the source address of the route to the endpoint.
-"""
+"""Which local address and interface reach the rendezvous endpoint, and whether this host is it:
+asked of the kernel, not guessed from the hostname."""
 
 from __future__ import annotations
 
@@ -14,7 +8,7 @@ import errno
 import ipaddress
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -123,27 +117,21 @@ RESOLVE_RETRY_S = 1.0
 RESOLVE_PROGRESS_EVERY_S = 10.0
 
 
-def resolve_host(
-    host: str, *, wait_s: float = 0.0, what: str | None = None, clock: Callable[[], float] = time.monotonic
-) -> str:
-    """The host's address, IPv4 preferred.
-
-    Refused at once when it does not resolve (``wait_s`` 0: most likely a typo); with ``wait_s``,
-    tried again every second until it does, saying so every ~10 s, and a join timeout after that.
-    Never falls back to another address. ``what`` names the host in a refusal (default: the
-    --rdzv-endpoint flag).
-    """
-    started = clock()
+def resolve_host(host: str, *, wait_s: float = 0.0, what: str | None = None) -> str:
+    """The host's address, IPv4 preferred. Refused at once when it does not resolve, unless
+    ``wait_s``: then tried again every second (a join timeout after that). ``what`` names the host
+    in a refusal (default: the --rdzv-endpoint flag)."""
+    started = time.monotonic()
     next_word = started + RESOLVE_PROGRESS_EVERY_S
     while True:
         try:
             infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
             break
         except socket.gaierror as error:
-            waited = clock() - started
+            waited = time.monotonic() - started
             if waited >= wait_s:
                 _refuse_unresolved(what or f"--rdzv-endpoint host {host!r}", error.strerror, wait_s)
-            if clock() >= next_word:
+            if time.monotonic() >= next_word:
                 say(f"phalanx: waiting for the endpoint's name {host!r} to resolve ({waited:.0f} s of {wait_s:g}): "
                     f"{error.strerror}")  # fmt: skip
                 next_word += RESOLVE_PROGRESS_EVERY_S
@@ -196,15 +184,14 @@ def choose(
     origin: str | None = None,
     allow_public: bool = False,
 ) -> NetworkChoice:
-    """Decides for a real node (not simulated) how it reaches ``endpoint``, and what the choice
-    means here: where the store listens if this node hosts it, and the /etc/hosts trap.
+    """Decides for a real node (not simulated) how it reaches ``endpoint``, where the store
+    listens if this node hosts it, and whether its hostname resolves to loopback.
 
     ``node_rank``, where a cluster environment gives it with the endpoint, decides who hosts the
-    store (node 0): on that node the endpoint's name may resolve to a loopback address (the
-    /etc/hosts trap), and it then advertises the address that routes to the other nodes
-    (``peers``, every node's host in rank order) instead. ``origin`` says where the endpoint came
-    from, for messages (default: the --rdzv-endpoint flag). An endpoint on a globally
-    routable address is refused unless ``allow_public``: the store has no authentication.
+    store (node 0), which advertises the address that routes to node 1 (``peers``: every node's
+    host in rank order) where the endpoint's name resolves to loopback there. ``origin`` says where
+    the endpoint came from, for messages. A globally routable endpoint is refused unless
+    ``allow_public``: the store has no authentication.
     """
     choice = _route(endpoint, interface_name, multi_node, node_rank, peers, resolve_wait_s, origin, allow_public)
     return dataclasses.replace(
@@ -213,11 +200,9 @@ def choose(
 
 
 def _store_address(choice: NetworkChoice, multi_node: bool) -> str | None:
-    """Where the host node's store listens: the endpoint's address, which every node dials, when
-    this host owns it (for one node, loopback too: nobody else dials it); every address when the
-    endpoint's name resolves to loopback here (the /etc/hosts trap) or to an address this host
-    does not have (a Kubernetes Service's, a NAT's), since the other nodes then dial another
-    address of this host."""
+    """Where the host node's store listens: the endpoint's address when this host owns it; every
+    address when the endpoint resolves to loopback here (with several nodes) or to an address this
+    host does not have (a Kubernetes Service's, a NAT's): the other nodes then dial another one."""
     if not choice.is_host or (multi_node and ipaddress.ip_address(choice.endpoint_ip).is_loopback):
         return None
     owner = interface_owning(choice.endpoint_ip, local_interfaces())
@@ -255,20 +240,18 @@ def _route(
             "could never reach the store through it.",
             "give the main node's IP address on the network the nodes share (ip -br addr shows it)",
         )
-    is_host = interface_owning(endpoint_ip, interfaces) is not None
+    owner = interface_owning(endpoint_ip, interfaces)
     if interface_name is not None:
         interface = _named_interface(interface_name, interfaces)
-        local_addr = endpoint_ip if is_host else interface.addresses[0]
-        return NetworkChoice(endpoint, endpoint_ip, is_host, local_addr, interface.name, "--interface given")
-    if is_host:
-        owner = interface_owning(endpoint_ip, interfaces)
-        assert owner is not None  # is_host says so
+        local_addr = endpoint_ip if owner is not None else interface.addresses[0]
+        return NetworkChoice(endpoint, endpoint_ip, owner is not None, local_addr, interface.name, "--interface given")
+    if owner is not None:
         return NetworkChoice(
             endpoint, endpoint_ip, True, endpoint_ip, owner.name, "the endpoint is this host's address"
         )
-    local_addr, owner = _routed_address(endpoint_ip, endpoint.port, interfaces, named)
+    local_addr, via = _routed_address(endpoint_ip, endpoint.port, interfaces, named)
     return NetworkChoice(
-        endpoint, endpoint_ip, False, local_addr, owner.name, f"the route to {endpoint_ip} leaves through {owner.name}"
+        endpoint, endpoint_ip, False, local_addr, via.name, f"the route to {endpoint_ip} leaves through {via.name}"
     )
 
 
@@ -392,7 +375,7 @@ def _holder(port: int) -> str:
     return ""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

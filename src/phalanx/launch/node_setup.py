@@ -1,9 +1,5 @@
-"""NodeSetup: what one node agent runs, with every decision already made.
-
-:func:`set_up_nodes` turns a spec into the setups of the nodes this host runs: one for a real
-node, K for ``--simulate-nodes K``. A setup is plain data (JSON round-trips), so a simulated
-node's agent process receives exactly the setup the parent printed.
-"""
+"""NodeSetup: what one node agent runs, with every decision already made (plain data, JSON
+round-trips, so a simulated node's process gets exactly the setup the parent printed)."""
 
 from __future__ import annotations
 
@@ -26,9 +22,8 @@ from phalanx.worker_env import WorkerEnv, job_name
 
 @dataclass(frozen=True)
 class NodeSetup:
-    """Everything one node agent needs to run its node, decided before it starts: what the
-    launcher sets up on this host (one, or K when simulated), written to JSON for a simulated
-    node's own process, and what the decision block and the torchrun command are made of."""
+    """Everything one node agent needs to run its node, decided before it starts: what the decision
+    block and the torchrun command are made of."""
 
     # -- what runs
     #: The training script's path, or the module's name with ``is_module``.
@@ -180,18 +175,6 @@ def _resources(spec: LaunchSpec, nodes_on_host: int) -> _Resources:
     return _Resources(nproc, backend, gpu_count, tuple(notes))
 
 
-def _interface_env(interface: str) -> tuple[dict[str, str], str]:
-    env, kept = {}, []
-    for name in network.INTERFACE_VARIABLES:
-        if os.environ.get(name):
-            kept.append(f"{name}={os.environ[name]}")
-        else:
-            env[name] = interface
-    if kept:
-        return env, f"interface  {interface}; kept {', '.join(kept)} from the environment"
-    return env, f"interface  {interface} (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)"
-
-
 def _faster_network_note(chosen: str) -> list[str]:
     """A line when this host has a faster network than the one that routes to the endpoint: on
     hosts with a management and a data network the endpoint is often on the slow one."""
@@ -207,37 +190,33 @@ def _faster_network_note(chosen: str) -> list[str]:
     ]
 
 
-def _thread_env(nproc: int) -> tuple[dict[str, str], str | None]:
-    # torchrun sets this too, with a warning banner; say it once here instead.
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
-        return {"OMP_NUM_THREADS": "1"}, "threads    OMP_NUM_THREADS=1 per worker (set it to override)"
-    return {}, None
-
-
 #: torch's switch for a fresh worker store per restart (read by its c10d rendezvous handler).
 FRESH_STORE_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-
-
-def _restart_env(spec: LaunchSpec) -> tuple[dict[str, str], str | None]:
-    # With the store torchrun shares between agent and workers (its default since 2.4), a
-    # restart finds the previous attempt's keys and gloo dials dead ports: the restarted
-    # workers fail or hang in init_process_group. A fresh store per attempt, on the node that
-    # holds rank 0, avoids it.
-    if spec.max_restarts == 0 or FRESH_STORE_VARIABLE in os.environ:
-        return {}, None
-    return {FRESH_STORE_VARIABLE: "1"}, (
-        f"restarts   up to {spec.max_restarts}, each with a fresh worker store ({FRESH_STORE_VARIABLE}=1)"
-    )
 
 
 def _common_env(spec: LaunchSpec, interface: str, resources: _Resources) -> tuple[dict[str, str], list[str]]:
     """The environment every node of this host gets, and one note line per decision."""
     env: dict[str, str] = {}
-    notes: list[str] = []
-    for part, note in (_interface_env(interface), _thread_env(resources.nproc), _restart_env(spec)):
-        env.update(part)
-        notes += [note] if note else []
-    return env, [notes[0], *resources.notes, *notes[1:]]
+    kept = []
+    for name in network.INTERFACE_VARIABLES:
+        if os.environ.get(name):
+            kept.append(f"{name}={os.environ[name]}")
+        else:
+            env[name] = interface
+    if kept:
+        notes = [f"interface  {interface}; kept {', '.join(kept)} from the environment"]
+    else:
+        notes = [f"interface  {interface} (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)"]
+    notes += resources.notes
+    if resources.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:  # as torchrun would, without its banner
+        env["OMP_NUM_THREADS"] = "1"
+        notes.append("threads    OMP_NUM_THREADS=1 per worker (set it to override)")
+    # With the store torchrun shares between agent and workers (its default since 2.4), restarted
+    # workers find the previous attempt's keys and fail or hang in init_process_group.
+    if spec.max_restarts and FRESH_STORE_VARIABLE not in os.environ:
+        env[FRESH_STORE_VARIABLE] = "1"
+        notes.append(f"restarts   up to {spec.max_restarts}, each with a fresh worker store ({FRESH_STORE_VARIABLE}=1)")
+    return env, notes
 
 
 def new_run_dir(spec: LaunchSpec) -> Path:
@@ -295,15 +274,11 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
     job = job_name(spec.rdzv_id, str(spec.rdzv_endpoint)) if spec.rdzv_endpoint is not None else None
     worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr, job=job)
     return NodeSetup(
-        **_job_fields(spec, str(choice.endpoint)),
-        nproc_per_node=resources.nproc,
-        backend=resources.backend,
+        **_shared_fields(spec, str(choice.endpoint), resources, run_dir),
         is_host=choice.is_host,
         local_addr=choice.local_addr,
         interface=choice.interface,
         node_label=label,
-        run_dir=str(run_dir),
-        all_ranks=spec.all_ranks,
         env={**common_env, **worker_env.to_env()},
         notes=tuple(lines),
         store_address=choice.store_address,
@@ -334,15 +309,11 @@ def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[index * resources.nproc : (index + 1) * resources.nproc])
         setups.append(
             NodeSetup(
-                **_job_fields(spec, endpoint),
-                nproc_per_node=resources.nproc,
-                backend=resources.backend,
+                **_shared_fields(spec, endpoint, resources, run_dir),
                 is_host=index == 0,
                 local_addr=address,
                 interface=interface,
                 node_label=f"node{index}",
-                run_dir=str(run_dir),
-                all_ranks=spec.all_ranks,
                 simulated_index=index,
                 env=env,
                 notes=tuple(lines),
@@ -375,7 +346,8 @@ def _cluster_lines(spec: LaunchSpec) -> list[str]:
     return [("cluster    " if i == 0 else "           ") + note for i, note in enumerate(spec.cluster_notes)]
 
 
-def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
+def _shared_fields(spec: LaunchSpec, endpoint: str, resources: _Resources, run_dir: Path) -> dict[str, object]:
+    """The fields every node agent of this host shares."""
     nnodes = spec.simulate_nodes or None
     return {
         "script": spec.entrypoint.target,
@@ -392,6 +364,10 @@ def _job_fields(spec: LaunchSpec, endpoint: str) -> dict[str, object]:
         "heartbeat_timeout": spec.heartbeat_timeout,
         "extra_fingerprint": dict(spec.extra_fingerprint),
         "independent_ranks": spec.independent_ranks,
+        "nproc_per_node": resources.nproc,
+        "backend": resources.backend,
+        "run_dir": str(run_dir),
+        "all_ranks": spec.all_ranks,
     }
 
 

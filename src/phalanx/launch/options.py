@@ -7,7 +7,6 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from phalanx.errors import SettingsRefused
 from phalanx.launch.cluster import with_cluster_environment
 from phalanx.launch.spec import LaunchSpec
 from phalanx.settings.entrypoint import Entrypoint
@@ -26,11 +25,8 @@ def spec_from_args(
     given, config_path, _ = given_settings(args, environ)
     settings = with_cluster_environment(given, environ)
     if entrypoint is None:
-        if not args.training_script:
-            raise SettingsRefused(
-                "no training script given",
-                hint="phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]",
-            )
-        entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
+        entrypoint = Entrypoint.from_args(
+            args, "phalanx run [options] train.py [ARGS...], or -m package.module [ARGS...]"
+        )
     origins = {name: item.origin for name, item in given.items()}
     return LaunchSpec(entrypoint=entrypoint, config_file=config_path, origins=origins, **settings)

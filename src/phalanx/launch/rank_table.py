@@ -1,9 +1,5 @@
-"""The rank table: which node holds which global and local ranks, as the tutorial's table shows.
-
-torchrun assigns ranks inside each agent after its rendezvous; phalanx reads them where the
-agent hands them to its workers (:class:`~phalanx.launch.logs.RankLogsSpecs`), every node posts
-its row on the store, and the node that holds rank 0 prints the whole table.
-"""
+"""The rank table: which node holds which global and local ranks; the node that holds rank 0
+prints it."""
 
 from __future__ import annotations
 

@@ -1,28 +1,5 @@
-"""Before the workers start, each node proves that its peers reach it where its workers will listen.
-
-gloo and NCCL connect the workers to each other on the address of the interface that
-GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME names, not on the rendezvous endpoint. On hosts with
-several networks that address can be on a network some peers cannot reach, and then
-``init_process_group`` hangs until its timeout, with no word of which host or network is at fault.
-
-So, once the lobby met, each node listens on that interface's address and connects to the
-listeners of its two neighbours in the ring of the lobby's order: two connects per node at any job
-size, and every node is reached by its two neighbours. A ring cannot be split in two parts
-without two of its links crossing the split, so nodes that fall into groups that cannot reach
-each other are caught; two nodes that are not neighbours and cannot reach each other are not.
-
-Every node takes part, also one that cannot listen (its failure is a row of the table) or whose
-interface variable names no single interface (it posts that it is not checked). Each posts its
-failed connects; the outcome is one key, written once (the first write wins, as the lobby's): the
-table of failures or none, by the last node to post, or ``gave_up`` by a node whose deadline
-passed first. Every node obeys the value that holds: all stop with the same table, all give up,
-or all go on.
-
-A job of a fixed size checks once, when its nodes met in the lobby. An elastic job's nodes come
-and go, and each rendezvous round of torch's forms its world anew: there every round's nodes check,
-in their places of that round and on the round's keys, once torch gave them their ranks and before
-it starts their workers.
-"""
+"""Before the workers start, each node proves that its ring neighbours reach it where its workers
+will listen (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -128,10 +105,9 @@ class Reachability:
 
     def check(self) -> None:
         """Listens, connects to the neighbours, posts the failures, reads the outcome: returns when
-        every connect of every node succeeded. Raises :class:`PeersUnreachable` (every node alike,
-        exit code 2) when one failed, and :class:`JoinTimeout` (exit code 3) when a node's wait
-        ended first or the store went away. At most CHECK_BOUND_S (plus READ_GRACE_S on the
-        store's host after a refusal), as long as the store answers its operations."""
+        every connect of every node succeeded, within about CHECK_BOUND_S. Raises
+        :class:`PeersUnreachable` (on every node) when one failed, :class:`JoinTimeout` when a
+        node's wait ended first or the store went away."""
         self._deadline = time.monotonic() + CHECK_BOUND_S
         try:
             outcome = self._run()
@@ -156,7 +132,7 @@ class Reachability:
         if self.me.port:  # a node that cannot listen has its own row; one not checked connects to none
             failed = self._probe_neighbours()
             if failed is None:
-                return self._decide({"gave_up": self.me.label, "posted": self.store.add(self.prefix + "posted", 0)})
+                return self._give_up()
         self.store.set(f"{self.prefix}result/{self.index}", json.dumps(failed))
         if failed:
             self.store.add(self.prefix + "failed", len(failed))
@@ -164,6 +140,9 @@ class Reachability:
             return self._decide(self._outcome())
         if self._wait([self.prefix + "outcome"], self._deadline):
             return json.loads(self.store.get(self.prefix + "outcome"))
+        return self._give_up()
+
+    def _give_up(self) -> dict[str, Any]:
         return self._decide({"gave_up": self.me.label, "posted": self.store.add(self.prefix + "posted", 0)})
 
     # -- the listener ----------------------------------------------------------------------

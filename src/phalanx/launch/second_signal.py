@@ -1,17 +1,5 @@
-"""A stop that says what it waits for, and a second Ctrl-C that ends the workers at once.
-
-torchrun's agent answers SIGINT or SIGTERM by passing it to its workers and waiting up to its
-shutdown timeout (30 s) before SIGKILL. A worker that ignores the signal kept the console silent
-for that long, and a second signal, raised inside the wait, made the agent's cleanup wait the
-whole timeout again. Within :func:`second_signal_kills`, the first signal is said (what happens,
-for how long), and the second SIGKILLs every process the agent started, so the waits end at once.
-
-torch installs its handler when it starts the workers, by the module-level name
-``_terminate_process_handler`` of ``torch.distributed.elastic.multiprocessing.api``; that name
-is wrapped for the block's duration (this module is the only place phalanx touches it; the canary
-of phalanx.torch_compat checks it on every release CI tests); where the name is missing, the block
-changes nothing.
-"""
+"""A stop that says what it waits for, and a second Ctrl-C that ends the workers at once
+(docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -27,11 +15,8 @@ import psutil
 def second_signal_kills(on_first: Callable[[signal.Signals], None]) -> Iterator[None]:
     """Within: ``on_first(signal)`` at the first stop signal, SIGKILL to every descendant at the
     next; torch's own handler runs after each (it raises ``SignalException``)."""
-    try:
-        from torch.distributed.elastic.multiprocessing import api
-    except ImportError:  # pragma: no cover - torch is a dependency
-        yield
-        return
+    from torch.distributed.elastic.multiprocessing import api
+
     original = getattr(api, "_terminate_process_handler", None)
     if original is None:
         yield

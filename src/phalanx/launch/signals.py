@@ -1,12 +1,5 @@
-"""Signals between a launcher and the processes it starts.
-
-A started process dies with its launcher (:func:`die_with_parent`): a launcher killed with
-``kill -9`` leaves nothing running. And some signals the launcher passes on instead of dying of
-them (:func:`forwarding`): SLURM announces preemption and the time limit with a signal (``--signal=USR1@120``), which a
-batch script hands to ``phalanx run`` on every node; the workers' PreemptionGuard acts on it (one
-agreed checkpoint, exit 75). Left to its default action, SIGUSR1 would end the launcher itself.
-SIGTERM and SIGINT stay torchrun's: it stops the workers, then itself.
-"""
+"""Signals between a launcher and the processes it starts: they die with it, and SIGUSR1/SIGUSR2
+are passed on to them (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -15,8 +8,9 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -42,14 +36,14 @@ def pass_on(signum: int, _frame: FrameType | None = None) -> None:
 
 
 @contextlib.contextmanager
-def forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """Within, these signals are passed on to the children instead of acting on this process."""
-    previous = {sig: signal.signal(sig, pass_on) for sig in signals}
+def handling(signals: tuple[signal.Signals, ...], handler: Callable[[int, Any], object] = pass_on) -> Iterator[None]:
+    """Within, ``handler`` handles these signals (by default they are passed on to the children)."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def die_with_parent(parent: int | None) -> None:

@@ -1,10 +1,5 @@
-"""``--simulate-nodes K``: K node agents on this host, the tutorial's "debug on one machine first".
-
-Each simulated node is a real torchrun agent in a process of its own, with its own address on
-the loopback network (127.0.0.101, .102, ...), meeting the others through the same lobby and
-c10d rendezvous a real multi-node job uses. This parent only starts them, relays signals,
-bounds how long the survivors may run after one node fails, and names the root cause once.
-"""
+"""``--simulate-nodes K``: K node agents on this host, each a real torchrun agent in a process
+of its own on its own loopback address."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ from phalanx.exit_codes import ExitCode
 from phalanx.launch import failure
 from phalanx.launch.agent import failure_file
 from phalanx.launch.node_setup import NodeSetup
-from phalanx.launch.signals import PASSED_ON, forwarding
+from phalanx.launch.signals import PASSED_ON, handling
 from phalanx.worker_env import WorkerEnv
 
 #: After a node has failed, how long the other nodes may take to notice and stop by themselves.
@@ -35,18 +30,16 @@ class Simulation:
         self.setups = setups
         self.nodes: list[subprocess.Popen[bytes]] = []
         self._signalled: int | None = None
-        self._stopped: set[int] = set()  # the nodes this process signalled (the others ended by themselves)
+        self._stopped: set[subprocess.Popen[bytes]] = set()  # signalled here (the others ended by themselves)
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            with forwarding(PASSED_ON):
-                self._start()
-                codes = self._supervise()
-        finally:
-            self._stop_all()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with handling((signal.SIGINT, signal.SIGTERM), self._on_signal):
+            try:
+                with handling(PASSED_ON):
+                    self._start()
+                    codes = self._supervise()
+            finally:
+                self._stop_all()
         return self._outcome(codes)
 
     def _start(self) -> None:
@@ -62,9 +55,9 @@ class Simulation:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signalled = signum
-        for index, node in enumerate(self.nodes):
+        for node in self.nodes:
             if node.poll() is None:
-                self._stopped.add(index)
+                self._stopped.add(node)
                 node.send_signal(signum)
 
     def _supervise(self) -> list[int]:
@@ -82,7 +75,7 @@ class Simulation:
     def _stop_all(self) -> None:
         running = [node for node in self.nodes if node.poll() is None]
         for node in running:
-            self._stopped.add(self.nodes.index(node))
+            self._stopped.add(node)
             node.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + TERMINATE_GRACE_S
         for node in running:
@@ -104,8 +97,8 @@ class Simulation:
         found = [item for path in reports if path.exists() for item in failure.load_failures(path)]
         # ended by a signal phalanx did not send, before it could write its report (an agent that
         # reported and then aborted at exit is not the cause: its report says what was)
-        killed = [(setup, -code) for index, (setup, code) in enumerate(zip(self.setups, codes)) if code < 0
-                  and index not in self._stopped and not failure_file(setup).exists()]  # fmt: skip
+        killed = [(setup, -code) for setup, node, code in zip(self.setups, self.nodes, codes) if code < 0
+                  and node not in self._stopped and not failure_file(setup).exists()]  # fmt: skip
         if killed:
             say(_killed_node(*killed[0], found))
             return ExitCode.FAILED
@@ -119,13 +112,9 @@ class Simulation:
 def _killed_node(setup: NodeSetup, signum: int, consequences: list[failure.RankFailure]) -> str:
     """The root cause when a simulated node's agent was killed from outside (kill -9, the
     out-of-memory killer): its workers died with it, and the other nodes' failures came after."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
     lines = [
-        f"phalanx: root cause: {setup.node_label} ({setup.local_addr}): its node agent was killed by {name}, "
-        "not by phalanx; its workers ended with it"
+        f"phalanx: root cause: {setup.node_label} ({setup.local_addr}): its node agent was killed by "
+        f"{failure.signal_name(signum)}, not by phalanx; its workers ended with it"
     ]
     if consequences:
         ranks = ", ".join(str(item.rank) for item in sorted(consequences, key=lambda item: item.rank))

@@ -1,9 +1,4 @@
-"""LaunchSpec: everything `phalanx run` was asked to do, typed and checked.
-
-The spec is built once, at the edge (:mod:`.options`), and validated in ``__post_init__`` so
-that no code behind it ever sees settings that cannot work. Checks that depend on this host
-(interfaces, GPUs) belong to the node setup (:mod:`.node_setup`), not here.
-"""
+"""LaunchSpec: everything `phalanx run` was asked to do, typed and checked once, at the edge."""
 
 from __future__ import annotations
 
@@ -34,13 +29,11 @@ def is_loopback_host(host: str) -> bool:
 @dataclass(frozen=True)
 class LaunchSpec:
     """A launch as the user asked for it, typed and checked: what `phalanx run` sets nodes up from.
+    Made by :func:`phalanx.launch.options.spec_from_args`; refuses settings that contradict each other.
 
-    The fields from ``nnodes`` to ``headless_service`` are the launch options, each documented
-    once, in its entry of :data:`phalanx.settings.options.LAUNCH_OPTIONS` (``--help`` shows the
-    same text); the defaults here are what an option left unset means. The fields after them
-    are what phalanx found: the config file, the cluster environment and where each value came
-    from. Made by :func:`phalanx.launch.options.spec_from_args`; refuses, when made, settings
-    that contradict each other.
+    The fields from ``nnodes`` to ``headless_service`` are the launch options, documented in
+    :data:`phalanx.settings.options.LAUNCH_OPTIONS`; the defaults here are what an option left
+    unset means. The fields after them are what phalanx found.
     """
 
     #: What every worker runs.
@@ -68,16 +61,16 @@ class LaunchSpec:
     config_file: Path | None = field(default=None, compare=False)
     #: Where the cluster environment (SLURM, Kubernetes, ...) places this node: None without one.
     placement: Placement | None = field(default=None, compare=False)
-    #: This node's rank by the cluster environment, when the endpoint is the environment's too:
-    #: node 0 hosts the store (its own name may resolve to a loopback address there).
+    #: This node's rank by the cluster environment, when the endpoint is the environment's too.
     node_rank: int | None = None
     #: Lines for the decision block: the environment, what was read, what the user overrode.
     cluster_notes: tuple[str, ...] = ()
     #: Where the endpoint came from when the cluster environment gave it (None: the user set it).
     endpoint_origin: str | None = None
-    #: Where each setting the user gave came from, by field: ``--nnodes``, ``PHALANX_NNODES=2``,
-    #: ``nnodes in launch.toml``.
+    #: Where each setting the user gave came from, by field: ``--nnodes``, ``PHALANX_NNODES=2``, ...
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: Settings beyond the launch settings that every node must share (phalanx's own tools' settings).
+    extra_fingerprint: tuple[tuple[str, str], ...] = ()
 
     @property
     def endpoint_text(self) -> str:
@@ -85,10 +78,6 @@ class LaunchSpec:
         if self.endpoint_origin:
             return f"the endpoint {self.rdzv_endpoint} ({self.endpoint_origin})"
         return f"--rdzv-endpoint {self.rdzv_endpoint}"
-
-    #: Settings beyond the launch settings that every node must share, compared by the lobby
-    #: like them (phalanx's own tools put theirs here: nodes measuring differently would hang).
-    extra_fingerprint: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         self._check_node_count()

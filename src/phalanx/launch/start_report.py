@@ -1,25 +1,5 @@
-"""Where the seconds of a start went: from `phalanx run` to the first optimizer step, in phases,
-with the node the others waited for named.
-
-Each worker notes, at its first ``optimizer.step()``, when it called ``init_process_group``,
-when that returned (:class:`~phalanx.launch.group_record.GroupWatch` times it) and when the
-step ended, in ``start.json`` in its rank's log folder (:class:`FirstStepWatch`; torch's global
-optimizer-step hook, registered once torch.optim is imported). Its node agent, which knows
-when the launcher started, when the nodes met and when the workers were started, turns its
-ranks' records into the node's phases (:func:`node_phases`), posts them on the store, and the
-node that holds rank 0 prints one line for the job and writes every node's phases to
-``start.json`` in the run's log folder. Each node's phases are differences of its own clock's
-times: no two machines' clocks are compared.
-
-Every later rendezvous round of the job (a restart after a failure, or an elastic job's change
-of nodes) gets its own line, from the end of the round before to the first step
-(:data:`RESTART_PHASES`; a node new to the job counts from its rendezvous), said by the node
-that holds rank 0 in that round and recorded in the round's attempt folder of its logs.
-
-Each node posts its phases as its workers finish at the latest, before it tells the others so;
-the node that holds rank 0 gathers them once every node finished, while the store's host still
-waits in torch's exit barrier: a job that ends right after its first step gets its line too.
-"""
+"""Where the seconds of a start went: from `phalanx run` (or a later round's start) to the first
+optimizer step, in phases, with the node the others waited for named (docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -124,9 +104,8 @@ class FirstStepWatch:
 
 
 def process_started_at(pid: int) -> float:
-    """When process ``pid`` started (Unix time), to the kernel's clock tick: psutil's
-    ``create_time`` counts from the boot time in whole seconds, up to a second early (it is
-    the answer where /proc cannot be read)."""
+    """When process ``pid`` started (Unix time), to the kernel's clock tick (psutil's ``create_time``,
+    the fallback, may be up to a second early)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         ticks_since_boot = int(fields[19])  # the 22nd field of stat(5), the first two cut off above
@@ -141,11 +120,8 @@ def process_started_at(pid: int) -> float:
 def node_phases(
     times: dict[str, float], records: list[dict[str, Any]], phases: tuple[str, ...] = PHASES
 ) -> dict[str, float] | None:
-    """A node's ``phases`` in seconds, from its agent's ``times`` (Unix times in order, the
-    workers' start, ``started``, last: ``launched``, ``agent``, ``met`` before it for a first
-    start, ``ended`` and ``began`` for a later round's) and its ranks' records; None where a rank
-    formed no process group before its first step (a script that trains alone: nothing to break
-    down)."""
+    """A node's ``phases`` in seconds, from its agent's ``times`` (Unix times in order, ``started``
+    last) and its ranks' records; None where a rank formed no process group before its first step."""
     if not records or any(record.get("group_formed") is None for record in records):
         return None
     points = [
@@ -159,15 +135,8 @@ def node_phases(
 
 
 def start_line(nodes: list[dict[str, Any]], kind: StartKind = FIRST_START) -> str:
-    """The one line of a start: the phases of the node whose start took longest, which saw the
-    whole start of the job (it waited for the others), and the node the others waited for: the
-    one that waited least where the nodes wait for each other (the lobby, or a later round's
-    rendezvous, and the process group).
-
-    Args:
-        nodes: each node's ``{"label", "phases"}``.
-        kind: which start it is.
-    """
+    """The one line of a start (``nodes``: each node's ``{"label", "phases"}``): the phases of the
+    node whose start took longest, and the node the others waited for (the one that waited least)."""
     longest = max(nodes, key=lambda node: sum(node["phases"].values()))
     phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in longest["phases"].items())
     total = f"{sum(longest['phases'].values()):.1f} s{kind.since} to the first step"
@@ -187,9 +156,8 @@ def _waiting(node: dict[str, Any]) -> float:
 
 class StartReporter:
     """In a node agent: looks, from a thread, for its ranks' start records; posts the node's
-    phases (``post``) once they are in, and where ``gather`` is given (the node that holds rank
-    0), gathers every node's, says the line and writes the run's record. :meth:`finish` makes
-    the last looks before the agent ends (a short job ends soon after its first step).
+    phases once they are in, and on the node that holds rank 0, gathers every node's, says the
+    line and writes the run's record.
 
     Args:
         times: the agent's points of the start (Unix times, in order; :func:`node_phases`),
@@ -249,9 +217,8 @@ class StartReporter:
             self._stop.wait(POLL_S)
 
     def _look(self, final: bool) -> bool:
-        """One look, under the lock: posts this node's phases once its ranks' records are in
-        (``final``: or that it has none); says the line once every node posted, on the
-        gathering node. True when nothing is left to do."""
+        """One look, under the lock (``final``: a missing record never comes); True when nothing is
+        left to do."""
         if not self._done:
             try:
                 self._done = self._next(final)

@@ -1,12 +1,5 @@
-"""Heal mode's worker: the script runs in a child process, which is replaced when it fails.
-
-torchrun's agent restarts every worker of every node when one fails. In heal mode the process
-the agent started supervises the script instead: when its child dies of a failure, it starts a
-replacement (``WorkerEnv.replacement``), which joins the surviving ranks at their next step
-(:mod:`phalanx.runtime.heal`), and the agent sees nothing fail. It passes the launcher's signals
-on, and a child that ends after one, or once the replacements allowed (``WorkerEnv.heal``) are
-spent, ends the supervisor with the child's exit code: then torchrun's own restart path runs.
-"""
+"""Heal mode's worker: the script runs in a child process, which is replaced when it fails
+(docs/launch-design.md)."""
 
 from __future__ import annotations
 
@@ -35,13 +28,12 @@ class Supervisor:
     Args:
         argv: the script and its arguments (or ``-m MODULE ARGS``).
         allowed: how many replacements of this rank may start.
-        armed: the file whose existence says the script's loop can heal (None: replace any failure).
+        armed: the file phalanx.Run writes once its loop can heal; a failure before it is not
+            healed (None: replace any failure).
     """
 
     def __init__(self, argv: list[str], allowed: int, armed: Path | None = None) -> None:
-        self.argv, self.allowed = argv, allowed
-        #: The file phalanx.Run writes once its loop can heal; a failure before it is not healed.
-        self.armed = armed
+        self.argv, self.allowed, self.armed = argv, allowed, armed
         self.signalled: int | None = None
         #: The signal the last child died of, if it died of one.
         self.died_of: int | None = None
@@ -71,9 +63,7 @@ class Supervisor:
                   "which joins the surviving ranks", file=sys.stderr, flush=True)  # fmt: skip
 
     def _run_child(self, before: int | None) -> int:
-        env = {**os.environ, **WorkerEnv(supervisor_pid=os.getpid()).to_env()}
-        if before is not None:
-            env.update(WorkerEnv(replacement=before).to_env())
+        env = {**os.environ, **WorkerEnv(supervisor_pid=os.getpid(), replacement=before).to_env()}
         # In a session of its own: the launcher's signals to this process's group reach it once,
         # passed on by this process, and it leads its own group (which its entry point guards).
         self._child = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.bootstrap", *self.argv], env=env,

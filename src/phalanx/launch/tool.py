@@ -1,10 +1,5 @@
-"""phalanx's own programs (doctor, bench) run as a job's workers, through the same launcher.
-
-Running them through `phalanx run`'s path means they meet the same launch problems a training
-job would. Both ends of the hand-over live here: the command hands every worker its typed
-settings as one JSON argument and a path where global rank 0 writes its report; after the job,
-the command on the node that ran rank 0 reads that report and prints it.
-"""
+"""phalanx's own programs (doctor, bench) run as a job's workers, through the same launcher: both
+ends of the hand-over (settings in, rank 0's report out)."""
 
 from __future__ import annotations
 
@@ -35,13 +30,10 @@ def run_tool(
     settings: Mapping[str, Any],
     check_setups: Callable[[Any], None] | None = None,
 ) -> ToolOutcome:
-    """Launches ``python -m module`` on this host's nodes with the launch options in ``args``.
-
-    ``check_setups`` sees the node setups before anything starts (the backend is chosen by then),
-    so that a command can refuse settings the chosen backend cannot run.
-    """
-    from phalanx.launch.job import check_run_log_dir, dry_run_text, start
-    from phalanx.launch.node_setup import new_run_dir, set_up_nodes
+    """Launches ``python -m module`` on this host's nodes with the launch options in ``args``;
+    ``check_setups`` as in :func:`phalanx.launch.job.run_nodes`."""
+    from phalanx.launch.job import run_nodes
+    from phalanx.launch.node_setup import new_run_dir
     from phalanx.launch.options import spec_from_args
     from phalanx.settings.entrypoint import Entrypoint
 
@@ -51,15 +43,8 @@ def run_tool(
     worker_args = (SETTINGS_FLAG, json.dumps(dict(settings), sort_keys=True), REPORT_FLAG, str(report_path))
     # nodes started with different tool settings would issue different collectives and hang
     spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True), extra_fingerprint=_flat(settings))
-    setups = set_up_nodes(spec, run_dir)
-    if check_setups is not None:
-        check_setups(setups)
-    check_run_log_dir(spec, setups)
-    if spec.dry_run:
-        print(dry_run_text(setups))
-        return ToolOutcome(0, None, report_path)
-    exit_code = start(setups)
-    return ToolOutcome(exit_code, read_report(report_path), report_path)
+    exit_code = run_nodes(spec, run_dir, check_setups)
+    return ToolOutcome(exit_code, None if spec.dry_run else read_report(report_path), report_path)
 
 
 def _flat(settings: Mapping[str, Any], prefix: str = "") -> tuple[tuple[str, str], ...]:

@@ -1,9 +1,5 @@
-"""A node setup as torchrun's command line and environment.
-
-The argv built here is what the node agent hands to torch.distributed.run's own parser, and
-what ``--dry-run`` prints: the printed command is the command that runs (the agent hands its
-per-rank log layout to torchrun as an object instead of naming it by its entry point).
-"""
+"""A node setup as torchrun's command line and environment: what the agent hands to
+torch.distributed.run's parser, and what ``--dry-run`` prints."""
 
 from __future__ import annotations
 
