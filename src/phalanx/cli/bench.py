@@ -16,6 +16,7 @@ import argparse
 from typing import Any
 
 from phalanx.bench.ddp_models import MODELS
+from phalanx.settings.arguments import parsed
 from phalanx.settings.options import add_launch_options
 
 COLLECTIVES_HELP = """\
@@ -198,15 +199,13 @@ def collective_settings_from_args(args: argparse.Namespace) -> Any:
 
 def _line_rate(text: str | None) -> float | None:
     from phalanx.bench.link import parse_bandwidth
-    from phalanx.errors import SettingsRefused
-    from phalanx.settings.values import InvalidValue
 
-    if text is None:
-        return None
-    try:
-        return parse_bandwidth(text, name="--line-rate")
-    except InvalidValue as invalid:
-        raise SettingsRefused(invalid.why, hint=invalid.hint) from None
+    return None if text is None else parsed(lambda value: parse_bandwidth(value, name="--line-rate"), text)
+
+
+def _world(setups: list[Any]) -> tuple[str, int]:
+    """The launched job's backend and process count: the same on every node."""
+    return setups[0].backend, setups[0].nnodes_max * setups[0].nproc_per_node
 
 
 def _show(outcome: Any, args: argparse.Namespace, format_report: Any, plot: Any) -> bool:
@@ -236,20 +235,13 @@ def run_collectives(args: argparse.Namespace) -> int:
     line_rate = _line_rate(args.line_rate)
     if args.plot:
         check_plot_path(args.plot)
-
-    def check_world(setups: list[Any]) -> None:
-        setup = setups[0]  # every node of a job runs the same backend and process count
-        settings.check_world(setup.backend, setup.nnodes_max * setup.nproc_per_node)
-
     outcome = run_tool(
         args,
         "phalanx.bench.collectives_worker",
         {"collectives": settings.to_dict(), "line_rate": line_rate},
-        check_world,
+        lambda setups: settings.check_world(*_world(setups)),
     )
-    if not _show(outcome, args, format_report, plot_busbw):
-        return outcome.exit_code
-    if total_wrong(outcome.report):
+    if _show(outcome, args, format_report, plot_busbw) and total_wrong(outcome.report):
         return ExitCode.FAILED
     return outcome.exit_code
 
@@ -309,11 +301,8 @@ def run_ddp(args: argparse.Namespace) -> int:
     settings = ddp_settings_from_args(args)
     if args.plot:
         check_plot_path(args.plot)
-
-    def check_world(setups: list[Any]) -> None:
-        setup = setups[0]  # every node of a job runs the same backend and process count
-        settings.runnable(setup.backend, setup.nnodes_max * setup.nproc_per_node)
-
-    outcome = run_tool(args, "phalanx.bench.ddp_worker", {"ddp": settings.to_dict()}, check_world)
+    outcome = run_tool(
+        args, "phalanx.bench.ddp_worker", {"ddp": settings.to_dict()}, lambda setups: settings.runnable(*_world(setups))
+    )
     _show(outcome, args, format_report, plot_ddp_throughput)
     return outcome.exit_code

@@ -28,15 +28,7 @@ import sys
 from typing import NoReturn
 
 from phalanx import __version__
-from phalanx.cli import bench as bench_cli
-from phalanx.cli import doctor as doctor_cli
-from phalanx.cli import env as env_cli
-from phalanx.cli import k8s as k8s_cli
-from phalanx.cli import launch as launch_cli
-from phalanx.cli import plan as plan_cli
-from phalanx.cli import run as run_cli
-from phalanx.cli import slurm as slurm_cli
-from phalanx.cli import testbed as testbed_cli
+from phalanx.cli import bench, doctor, env, k8s, launch, plan, run, slurm, testbed
 from phalanx.errors import PhalanxError
 from phalanx.quick_exit import exit_quickly
 
@@ -53,15 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run_cli.add_parser(commands)
-    launch_cli.add_parser(commands)
-    slurm_cli.add_parser(commands)
-    k8s_cli.add_parser(commands)
-    env_cli.add_parser(commands)
-    doctor_cli.add_parser(commands)
-    bench_cli.add_parser(commands)
-    plan_cli.add_parser(commands)
-    testbed_cli.add_parser(commands)
+    for command in (run, launch, slurm, k8s, env, doctor, bench, plan, testbed):
+        command.add_parser(commands)
     return parser
 
 

@@ -43,6 +43,8 @@ from typing import Any
 from phalanx.cli import command_parser
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
+from phalanx.settings.arguments import parsed
+from phalanx.settings.values import parse_int, parse_nnodes
 
 DEFAULT_NETWORK_LATENCY = "50us"
 DEFAULT_INTRA_NODE_LATENCY = "10us"
@@ -94,7 +96,7 @@ def plan(args: argparse.Namespace) -> int:
     from phalanx.bench.plan_report import format_report, report_as_dict
 
     layout = _layout(args)
-    powersgd_rank = _parsed(_rank, args.powersgd_rank)
+    powersgd_rank = parsed(lambda value: parse_int(value, minimum=1, name="--powersgd-rank"), args.powersgd_rank)
     network, intra_node = _network_link(args, layout), _intra_node_link(args, layout)
     size = _model_size(args)  # last: --model imports torch and the user's code
     prediction = predict(size, layout, ring_bound(layout, network, intra_node), powersgd_rank)
@@ -102,32 +104,16 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parsed(parse: Any, value: object) -> Any:
-    from phalanx.settings.values import InvalidValue
-
-    try:
-        return parse(value)
-    except InvalidValue as invalid:
-        raise SettingsRefused(invalid.why, hint=invalid.hint) from None
-
-
-def _rank(value: object) -> int:
-    from phalanx.settings.values import parse_int
-
-    return parse_int(value, minimum=1, name="--powersgd-rank")
-
-
 def _layout(args: argparse.Namespace) -> Any:
     from phalanx.bench.cost_model import Layout
-    from phalanx.settings.values import parse_int, parse_nnodes
 
-    nodes = _parsed(parse_nnodes, args.nnodes)
+    nodes = parsed(parse_nnodes, args.nnodes)
     if nodes.is_elastic:
         raise SettingsRefused(
             f"--nnodes {nodes}: plan predicts one layout, and an elastic job's size changes",
             hint=f"plan each size you expect: --nnodes {nodes.min}, then --nnodes {nodes.max}",
         )
-    per_node = _parsed(lambda value: parse_int(value, minimum=1, name="--nproc-per-node"), args.nproc_per_node)
+    per_node = parsed(lambda value: parse_int(value, minimum=1, name="--nproc-per-node"), args.nproc_per_node)
     return Layout(nodes.min, per_node)
 
 
@@ -135,8 +121,8 @@ def _latency(args: argparse.Namespace, default: str, default_origin: str) -> tup
     from phalanx.bench.link import parse_latency
 
     if args.latency is not None:
-        return _parsed(parse_latency, args.latency), f"--latency {args.latency}"
-    return _parsed(parse_latency, default), f"{default_origin}; set --latency"
+        return parsed(parse_latency, args.latency), f"--latency {args.latency}"
+    return parsed(parse_latency, default), f"{default_origin}; set --latency"
 
 
 def _network_link(args: argparse.Namespace, layout: Any) -> Any:
@@ -178,7 +164,7 @@ def _network_link(args: argparse.Namespace, layout: Any) -> Any:
             "the ring between nodes is bounded by the slowest link between them.",
             "give --bandwidth (e.g. --bandwidth 10gbit), or --from-doctor FILE from `phalanx doctor --json` on the cluster",
         )
-    bandwidth = _parsed(parse_bandwidth, args.bandwidth)
+    bandwidth = parsed(parse_bandwidth, args.bandwidth)
     latency, latency_origin = _latency(args, DEFAULT_NETWORK_LATENCY, "default for TCP over Ethernet")
     return Link(bandwidth, latency, f"--bandwidth {args.bandwidth}", latency_origin)
 
@@ -188,7 +174,7 @@ def _intra_node_link(args: argparse.Namespace, layout: Any) -> Any:
 
     if args.intra_bandwidth is None:
         return None
-    bandwidth = _parsed(lambda value: parse_bandwidth(value, name="--intra-bandwidth"), args.intra_bandwidth)
+    bandwidth = parsed(lambda value: parse_bandwidth(value, name="--intra-bandwidth"), args.intra_bandwidth)
     if layout.nnodes > 1:
         # Between nodes the network's latency is counted on every ring step (the output says so).
         return Link(bandwidth, 0.0, f"--intra-bandwidth {args.intra_bandwidth}", "not used: the network's applies")
@@ -206,5 +192,5 @@ def _model_size(args: argparse.Namespace) -> Any:
             "for example --params 25M, or --model mymodels:build_model",
         )
     if args.params is not None:
-        return _parsed(size_from_count, args.params)
+        return parsed(size_from_count, args.params)
     return size_from_model(args.model)

@@ -1,9 +1,7 @@
 """Cluster environments: where ``phalanx run`` runs (SLURM, Kubernetes, SkyPilot, torchrun's
-``PET_`` variables), each one small class behind :func:`detect`, and the job scripts phalanx
-writes for them."""
+``PET_`` variables), each one small class behind :func:`detect`."""
 
-from phalanx.clusters.detect import ENVIRONMENTS, detect
-from phalanx.clusters.environment import ClusterEnvironment, Found, Placement
-from phalanx.clusters.nodelist import expand_nodelist
+from phalanx.clusters.detect import detect
+from phalanx.clusters.environment import Placement
 
-__all__ = ["ENVIRONMENTS", "ClusterEnvironment", "Found", "Placement", "detect", "expand_nodelist"]
+__all__ = ["Placement", "detect"]

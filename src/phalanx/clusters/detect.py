@@ -35,19 +35,10 @@ def inside_torchrun(environ: Mapping[str, str]) -> list[str]:
 
 
 def detect(environ: Mapping[str, str], *, headless_service: str | None = None) -> ClusterEnvironment | None:
-    """The cluster environment this process runs in, or None where only the launch flags count.
-
-    Args:
-        environ: the process environment (``os.environ``).
-        headless_service: the headless Service of a Kubernetes Indexed Job (``--headless-service``),
-            which the pod's environment does not name.
-
-    Returns:
-        The environment whose variables are set, or None.
-
-    Raises:
-        SettingsRefused: this process is a torchrun worker already, or the variables of two
-            environments that contradict each other are set.
+    """The cluster environment whose variables ``environ`` sets, or None where only the launch flags
+    count; refused inside a torchrun worker, or where two environments contradict each other.
+    ``headless_service`` is an Indexed Job's (``--headless-service``): the pod's environment does
+    not name it.
 
     Example:
         >>> env = detect({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "1"})

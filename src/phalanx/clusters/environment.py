@@ -85,12 +85,8 @@ class ClusterEnvironment(abc.ABC):
 
     @abc.abstractmethod
     def placement(self) -> Placement:
-        """This node's place in the job.
-
-        Raises:
-            SettingsRefused: a variable that does not parse, or variables that contradict each
-                other or what ``phalanx run`` can do (one launcher per node).
-        """
+        """This node's place in the job; refused where a variable does not parse, or variables
+        contradict each other or what ``phalanx run`` can do (one launcher per node)."""
 
     # -- reading variables, with refusals that name them -----------------------------------
     def _text(self, *names: str) -> Found[str] | None:
@@ -108,6 +104,11 @@ class ClusterEnvironment(abc.ABC):
         if not found.value.isdigit() or int(found.value) < minimum:
             raise self._refuse_variable(found.source, f"a whole number of at least {minimum}")
         return Found(int(found.value), found.source)
+
+    def _gpus(self, name: str) -> Found[int | str] | None:
+        """A GPU count variable as the processes per node, where it is set and positive."""
+        gpus = self._int(name)
+        return Found(gpus.value, gpus.source) if gpus is not None and gpus.value > 0 else None
 
     def _nodes_of(
         self, hosts: list[str], listed: str, count: Found[int] | None, rank_variable: str

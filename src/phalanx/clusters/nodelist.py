@@ -23,17 +23,9 @@ class NodelistError(ValueError):
 
 
 def expand_nodelist(text: str) -> list[str]:
-    """The host names of a SLURM host list, in order.
-
-    Args:
-        text: a host list such as ``gpu-[01-03,07],cpu5``.
-
-    Returns:
-        The host names, e.g. ``["gpu-01", "gpu-02", "gpu-03", "gpu-07", "cpu5"]``.
-
-    Raises:
-        NodelistError: the text does not parse (an unclosed bracket, a range that runs
-            backwards, a group with no numbers) or names more than :data:`MAX_HOSTS` hosts.
+    """The host names of a SLURM host list, in order; :class:`NodelistError` where it does not parse
+    (an unclosed bracket, a range that runs backwards, a group with no numbers) or names more than
+    :data:`MAX_HOSTS` hosts.
 
     Example:
         >>> expand_nodelist("n[1-2],login")

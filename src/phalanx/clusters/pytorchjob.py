@@ -41,7 +41,7 @@ class PyTorchJob(ClusterEnvironment):
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        # A pod's node-level RANK; a torchrun worker's RANK comes with LOCAL_RANK (InsideTorchrun).
+        # A pod's node-level RANK; a torchrun worker's RANK comes with LOCAL_RANK (inside_torchrun).
         return bool(environ.get("KUBERNETES_SERVICE_HOST")) and all(environ.get(name) for name in cls.markers) \
             and not environ.get("LOCAL_RANK")  # fmt: skip
 
@@ -55,15 +55,14 @@ class PyTorchJob(ClusterEnvironment):
             nnodes = Found(values.NodeRange(world.value, world.value), f"{world.source} (pods, as up to v1.6)")
         else:
             nnodes = pods
-            if isinstance(nproc.value if nproc else 1, int):
-                per_pod = nproc.value if nproc else 1
-                if world.value != pods.value.max * per_pod:
-                    raise SettingsRefused(
-                        f"{self.name}: {world.source} is neither the pod count of {pods.source} nor its "
-                        f"processes ({pods.value.max} x {per_pod})",
-                        "from v1.7 the operator sets WORLD_SIZE to pods x nprocPerNode; these variables contradict it.",
-                        "unset WORLD_SIZE if the pod spec sets it by hand",
-                    )
+            per_pod = nproc.value if nproc else 1
+            if isinstance(per_pod, int) and world.value != pods.value.max * per_pod:
+                raise SettingsRefused(
+                    f"{self.name}: {world.source} is neither the pod count of {pods.source} nor its "
+                    f"processes ({pods.value.max} x {per_pod})",
+                    "from v1.7 the operator sets WORLD_SIZE to pods x nprocPerNode; these variables contradict it.",
+                    "unset WORLD_SIZE if the pod spec sets it by hand",
+                )
         if rank.value >= nnodes.value.max:
             raise self._refuse_variable(f"{rank.source} with {nnodes.source}", "a pod index below the pod count")
         master = self._text("MASTER_ADDR")

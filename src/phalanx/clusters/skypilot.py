@@ -30,7 +30,6 @@ class SkyPilot(ClusterEnvironment):
             endpoint = values.parse_endpoint(ips[0])
         except values.InvalidValue:
             raise self._refuse_variable("SKYPILOT_NODE_IPS", "one IP address per line") from None
-        gpus = self._int("SKYPILOT_NUM_GPUS_PER_NODE")
         task = self.environ.get("SKYPILOT_TASK_ID", "")
         rdzv_id = re.sub(r"[^A-Za-z0-9_.-]", "-", task)[-64:].strip("-.")
         return Placement(
@@ -40,6 +39,6 @@ class SkyPilot(ClusterEnvironment):
             node_rank=rank,
             endpoint=Found(endpoint, f"the first line of SKYPILOT_NODE_IPS, port {values.DEFAULT_RDZV_PORT}"),
             rdzv_id=Found(rdzv_id, "SKYPILOT_TASK_ID") if rdzv_id else None,
-            nproc_per_node=Found(gpus.value, gpus.source) if gpus and gpus.value > 0 else None,
+            nproc_per_node=self._gpus("SKYPILOT_NUM_GPUS_PER_NODE"),
             hosts=tuple(ips),
         )

@@ -82,7 +82,7 @@ class Slurm(ClusterEnvironment):
             endpoint=Found(Endpoint(hosts[0], rendezvous_port(job.value)),
                            f"the first host of {nodelist.source}, port {DEFAULT_RDZV_PORT} + job ID mod {PORT_SPREAD}"),
             rdzv_id=Found(f"slurm-{self._job_name(job.value)}", job.source),
-            nproc_per_node=self._gpus(),
+            nproc_per_node=self._gpus("SLURM_GPUS_ON_NODE"),
             hosts=tuple(hosts),
             notes=self._restart_note(),
         )  # fmt: skip
@@ -122,10 +122,6 @@ class Slurm(ClusterEnvironment):
             "(--nproc-per-node); several launchers on one node would form separate worlds or fight over a port.",
             f"srun --nodes={nodes} --ntasks-per-node=1 phalanx run --nproc-per-node {most} [options] SCRIPT",
         )
-
-    def _gpus(self) -> Found[int | str] | None:
-        gpus = self._int("SLURM_GPUS_ON_NODE")
-        return Found(gpus.value, gpus.source) if gpus is not None and gpus.value > 0 else None
 
     def _restart_note(self) -> tuple[str, ...]:
         count = self.environ.get("SLURM_RESTART_COUNT")

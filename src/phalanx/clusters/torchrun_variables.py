@@ -58,11 +58,8 @@ class TorchrunVariables(ClusterEnvironment):
         if address is None:
             return None
         port = self._int("PET_MASTER_PORT", minimum=1) or Found(TORCHRUN_MASTER_PORT, "torchrun's default port")
-        joined = f"{address.value}:{port.value}"
-        if ":" in address.value:  # IPv6
-            joined = f"[{address.value}]:{port.value}"
         try:
-            endpoint = values.parse_endpoint(joined)
+            endpoint = values.parse_endpoint(str(values.Endpoint(address.value, port.value)))  # IPv6 in []
         except values.InvalidValue:
             raise self._refuse_variable(
                 f"{address.source}, {port.source}", "a host name or IP address and a port"

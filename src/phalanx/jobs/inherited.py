@@ -11,19 +11,10 @@ from phalanx.errors import SettingsRefused
 def refuse_torchrun_markers(
     environ: Mapping[str, str], inherit: str, where: str = "set in this shell", drop: str = "unset"
 ) -> None:
-    """Refuses torchrun's PET_ variables that describe a job (PET_NNODES, PET_NODE_RANK, ...) where
-    every node inherits them: there, beside the scheduler's own (or the flags each host gets),
-    they describe the job twice, the same on every node, and phalanx run refuses to start.
-
-    Args:
-        environ: the variables every node inherits.
-        inherit: how the nodes inherit them, as a clause ("the batch job's nodes inherit this
-            shell's variables").
-        where: where the variables were set, as the refusal says it.
-        drop: how to drop them, as the HINT says it (``unset``, ``leave out --env``).
-
-    Raises:
-        SettingsRefused: one is set.
+    """Refuses torchrun's PET_ variables that describe a job (PET_NNODES, PET_NODE_RANK, ...) in
+    ``environ``, which every node inherits: beside the scheduler's own (or the flags each host
+    gets) they describe the job twice, and phalanx run refuses to start. ``inherit``, ``where``
+    and ``drop`` word the refusal: how the nodes inherit them, where they were set, how to drop them.
     """
     inherited = [name for name in TorchrunVariables.markers if name in environ]
     if inherited:

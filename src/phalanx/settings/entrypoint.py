@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -18,6 +19,18 @@ class Entrypoint:
     target: str
     args: tuple[str, ...] = ()
     is_module: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, usage: str) -> Entrypoint:
+        """SCRIPT (or -m MODULE) and its arguments as parsed; refused, ``usage`` the HINT, without one."""
+        if not args.training_script:
+            raise SettingsRefused("no training script given", hint=usage)
+        return cls(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
+
+    @property
+    def argv(self) -> list[str]:
+        """As ``python`` and ``phalanx run`` take it: ``[-m] TARGET ARGS...``."""
+        return [*(["-m"] if self.is_module else []), self.target, *self.args]
 
     def source_file(self) -> Path | None:
         """The file whose content identifies the program (hashed in the cross-node check)."""
@@ -55,4 +68,4 @@ class Entrypoint:
             )
 
     def __str__(self) -> str:
-        return " ".join((["-m"] if self.is_module else []) + [self.target, *self.args])
+        return " ".join(self.argv)

@@ -1,14 +1,11 @@
 """Where launch settings come from: the option table, the config file and the one resolver.
 
-Every setting has one entry in :data:`LAUNCH_OPTIONS`. From it come the command-line flag
-(dashed, with torchrun's underscore spelling as an alias), the ``PHALANX_<FLAG>`` environment
-variable, the key in a ``--config`` TOML file and, for the flags torchrun has too, torchrun's own
-``PET_<FLAG>`` variable. Precedence, highest first:
-flag > PET_<FLAG> > PHALANX_<FLAG> > config file > the cluster environment > default.
-torchrun reads its PET_ twins just below its flags; Kubernetes controllers set them per pod.
-A cluster environment (:mod:`phalanx.clusters`) then fills what none of these set, and refuses
-a node count that contradicts it (:mod:`phalanx.launch.cluster`). This package imports none of
-phalanx's others but errors: every command and every cluster reader builds on it.
+Every setting has one entry in :data:`LAUNCH_OPTIONS`, which gives its flag (dashed, with
+torchrun's underscore spelling as an alias), its ``PHALANX_<FLAG>`` variable, its key in a
+``--config`` TOML file and, for the flags torchrun has too, torchrun's ``PET_<FLAG>`` variable
+(which Kubernetes controllers set per pod). Precedence, highest first: flag > PET_<FLAG> >
+PHALANX_<FLAG> > config file > the cluster environment (:mod:`phalanx.launch.cluster`) > default.
+This package imports none of phalanx's others but errors: every command and cluster reader builds on it.
 """
 
 from __future__ import annotations
@@ -47,11 +44,15 @@ class Option:
     parse: Callable[[object], Any]
     help: str
     metavar: str | None = None
-    is_switch: bool = False  # a flag that takes no value
     torchrun_has_it: bool = False  # torchrun has the same flag, and reads it from PET_<FLAG>
     #: The class of value it takes, one of VALUE_KINDS: the bad-input matrix tests each class's
     #: bad values for every option of it, in every command and every way of giving it.
     kind: str = "switch"
+
+    @property
+    def is_switch(self) -> bool:
+        """A flag that takes no value."""
+        return self.kind == "switch"
 
     @property
     def field(self) -> str:
@@ -182,7 +183,6 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "standalone",
         values.parse_flag,
         "single node with a private local rendezvous (as torchrun --standalone)",
-        is_switch=True,
         torchrun_has_it=True,
     ),
     Option(
@@ -198,22 +198,17 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         values.parse_flag,
         "let the endpoint be a globally routable address: torch's rendezvous store has no authentication, so "
         "anyone who reaches its port could join or disturb the job",
-        is_switch=True,
     ),
     Option(
         "independent-ranks",
         values.parse_flag,
         "the ranks are meant to work alone (an evaluation sharded by RANK): no check that they communicated",
-        is_switch=True,
     ),
-    Option(
-        "all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's", is_switch=True
-    ),
+    Option("all-ranks", values.parse_flag, "show every rank's output on the console, not only rank 0's"),
     Option(
         "dry-run",
         values.parse_flag,
         "print the plan and the torchrun command of each node, start nothing",
-        is_switch=True,
     ),
 )
 
@@ -255,13 +250,9 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
         spellings = [(f"--{option.flag}", option.help)]
         if "-" in option.flag:
             spellings.append((f"--{option.field}", argparse.SUPPRESS))  # torchrun's spelling, kept out of --help
+        takes = {"action": "store_const", "const": True} if option.is_switch else {"metavar": option.metavar}
         for name, help_text in spellings:
-            if option.is_switch:
-                group.add_argument(
-                    name, dest=option.field, action="store_const", const=True, default=None, help=help_text
-                )
-            else:
-                group.add_argument(name, dest=option.field, default=None, metavar=option.metavar, help=help_text)
+            group.add_argument(name, dest=option.field, default=None, help=help_text, **takes)
     group.add_argument(
         "--config", dest="config", default=None, metavar="FILE", help="TOML file of launch settings; flags override it"
     )
@@ -278,16 +269,9 @@ def add_script_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def given_flags(flags: Mapping[str, object], leave_out: Collection[str] = ()) -> list[str]:
-    """The launch flags set, as ``phalanx run`` takes them: for the command that another tool (a
-    batch script, a remote host, a pod) runs on every node.
-
-    Args:
-        flags: field -> value as given (``{"nproc_per_node": "4"}``; None or absent: not given),
-            such as ``vars(args)`` of a parser with :func:`add_launch_options`.
-        leave_out: fields (``"nnodes"``) the caller sets itself or refuses.
-
-    Returns:
-        ``["--nproc-per-node", "4", "--all-ranks", ...]`` in :data:`LAUNCH_OPTIONS`' order.
+    """The launch flags set in ``flags`` (field -> value; None or absent: not given), less the fields
+    in ``leave_out``, as ``phalanx run`` takes them, in :data:`LAUNCH_OPTIONS`' order: for the
+    command that another tool (a batch script, a remote host, a pod) runs on every node.
 
     Example:
         >>> given_flags({"nproc_per_node": "4", "all_ranks": True, "nnodes": "2"}, leave_out={"nnodes"})
@@ -303,18 +287,9 @@ def given_flags(flags: Mapping[str, object], leave_out: Collection[str] = ()) ->
 
 
 def refuse_settings(settings: Mapping[str, Resolved], refused: Mapping[str, str], command: str, instead: str) -> None:
-    """Refuses the settings among ``refused`` (field -> why it does not apply) that are set, from a
-    flag, a variable or the config file: for commands that start jobs elsewhere.
-
-    Args:
-        settings: from :func:`resolve_settings`.
-        refused: field -> why (``{"standalone": "means one node with a private rendezvous"}``).
-        command: the command, for the message (``"phalanx slurm"``).
-        instead: what to do, after "drop it".
-
-    Raises:
-        SettingsRefused: the first refused setting that is set.
-    """
+    """Refuses the first of ``refused`` (field -> why it does not apply) that ``settings`` sets, from
+    a flag, a variable or the config file: for commands that start jobs elsewhere. The refusal
+    names ``command`` and says ``instead`` after "drop it"."""
     for name, why in refused.items():
         if name in settings and settings[name].value:
             flag = name.replace("_", "-")
@@ -323,13 +298,8 @@ def refuse_settings(settings: Mapping[str, Resolved], refused: Mapping[str, str]
 
 
 def read_config_file(path: Path, given: str | None = None) -> dict[str, object]:
-    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores).
-
-    Args:
-        path: the file.
-        given: how the user named it, for refusals (default ``--config PATH``; the variable
-            ``PHALANX_CONFIG=PATH`` where that named it).
-    """
+    """A TOML file of launch settings, keys spelled as the flags (dashes or underscores). Refusals
+    name it as ``given`` (default ``--config PATH``; ``PHALANX_CONFIG=PATH`` where that named it)."""
     given = given or f"--config {path}"
     try:
         with path.open("rb") as handle:
@@ -381,11 +351,7 @@ def resolve_settings(
 @contextlib.contextmanager
 def blaming(origin: str) -> Iterator[None]:
     """Within, a refusal of one setting's value (a check against this host: its interfaces, its
-    folders) names where the value came from, as a refusal by its parser does.
-
-    Args:
-        origin: the setting's :attr:`Resolved.origin` ("" or a flag: the message names it).
-    """
+    folders) names ``origin``, where the value came from, as a refusal by its parser does."""
     try:
         yield
     except SettingsRefused as refused:
@@ -406,11 +372,7 @@ class GivenSettings(NamedTuple):
 
 def read_config(config_flag: str | None, environ: Mapping[str, str]) -> tuple[Path | None, dict[str, object]]:
     """The config file every command reads, and its settings: --config, else $PHALANX_CONFIG, else
-    none (no settings). Refusals name the one that named the file.
-
-    Raises:
-        SettingsRefused: the file cannot be read as launch settings.
-    """
+    none (no settings). Refusals name the one that named the file."""
     if config_flag is not None:
         text, given = config_flag, f"--config {config_flag}"
     else:
@@ -428,18 +390,8 @@ def given_settings(
 
     Every command that starts a job (run, launch, slurm, k8s) resolves its settings here, so the
     same flags, variables and config file give the same job whichever command starts it.
-
-    Args:
-        args: the parsed command line (its launch options and ``config``).
-        environ: this shell's variables, where ``PHALANX_CONFIG`` is read.
-        variables: the variables the nodes will see, where ``PET_``/``PHALANX_<FLAG>`` are
-            read (default ``environ``; `phalanx k8s` gives the pods' ``--env``).
-
-    Returns:
-        The settings, the config file's path and its settings.
-
-    Raises:
-        SettingsRefused: a value, or the config file, cannot be used.
+    ``PHALANX_CONFIG`` is read from ``environ``, ``PET_``/``PHALANX_<FLAG>`` from ``variables``,
+    those the nodes will see (default ``environ``; `phalanx k8s` gives the pods' ``--env``).
     """
     config_path, config = read_config(args.config, environ)
     flags = {option.field: getattr(args, option.field) for option in LAUNCH_OPTIONS}

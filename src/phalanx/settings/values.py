@@ -77,17 +77,18 @@ def _as_text(value: object) -> str:
 
 
 def parse_int(value: object, *, minimum: int, name: str) -> int:
+    hint = f"for example {name} {minimum}"
     if isinstance(value, bool):
-        raise InvalidValue(f"{name} takes a whole number, not {value!r}", f"for example {name} {minimum}")
+        raise InvalidValue(f"{name} takes a whole number, not {value!r}", hint)
     if isinstance(value, int):
         number = value
     else:
         text = _as_text(value)
         if not re.fullmatch(r"[+-]?\d+", text):
-            raise InvalidValue(f"{name} takes a whole number, not {text!r}", f"for example {name} {minimum}")
+            raise InvalidValue(f"{name} takes a whole number, not {text!r}", hint)
         number = int(text)
     if number < minimum:
-        raise InvalidValue(f"{name} must be at least {minimum}, not {number}", f"for example {name} {minimum}")
+        raise InvalidValue(f"{name} must be at least {minimum}, not {number}", hint)
     return number
 
 
@@ -108,13 +109,14 @@ def seconds_problem(seconds: float) -> str | None:
 
 def parse_seconds(value: object, *, name: str, example: int = 300) -> float:
     text = _as_text(value)
+    hint = f"for example {name} {example}"
     try:
         seconds = float(text)
     except ValueError:
-        raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", f"for example {name} {example}") from None
+        raise InvalidValue(f"{name} takes a number of seconds, not {text!r}", hint) from None
     problem = seconds_problem(seconds)
     if problem:
-        raise InvalidValue(f"{name} {text} {problem}", f"for example {name} {example}")
+        raise InvalidValue(f"{name} {text} {problem}", hint)
     return seconds
 
 
@@ -171,18 +173,13 @@ def parse_nproc_per_node(value: object) -> int | str:
     text = _as_text(value).lower()
     if text in NPROC_KEYWORDS:
         return text
+    hint = "write a number (usually the GPUs per node), or auto (GPUs if any, else CPU cores), gpu or cpu"
     if re.fullmatch(r"[+-]?\d+", text) and int(text) < 1:
-        raise InvalidValue(
-            f"--nproc-per-node {text}: a node runs at least 1 worker process",
-            "write a number (usually the GPUs per node), or auto (GPUs if any, else CPU cores), gpu or cpu",
-        )
+        raise InvalidValue(f"--nproc-per-node {text}: a node runs at least 1 worker process", hint)
     try:
         return parse_int(text, minimum=1, name="--nproc-per-node")
     except InvalidValue:
-        raise InvalidValue(
-            f"--nproc-per-node {text!r} is not a number of processes",
-            "write a number (usually the GPUs per node), or auto (GPUs if any, else CPU cores), gpu or cpu",
-        ) from None
+        raise InvalidValue(f"--nproc-per-node {text!r} is not a number of processes", hint) from None
 
 
 def parse_backend(value: object) -> str:

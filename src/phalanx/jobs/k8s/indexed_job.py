@@ -1,11 +1,7 @@
-"""A Kubernetes Indexed Job and its headless Service: plain Kubernetes, no operator.
-
-The Job controller gives pod ``i`` the host name ``<job>-<i>`` and ``JOB_COMPLETION_INDEX=i``;
-with the pod template's ``subdomain`` naming a headless Service that selects the Job's pods,
-pod 0 is ``<job>-0.<service>`` in DNS, which ``phalanx run --headless-service`` makes the
-endpoint (:mod:`phalanx.clusters.indexed_job`). The pod count is not in a pod's environment, so
-the command carries ``--nnodes``. ``publishNotReadyAddresses`` lets pod 0's name resolve before
-every pod is ready. Needs Kubernetes 1.26 or newer (``podFailurePolicy``).
+"""A Kubernetes Indexed Job and its headless Service: plain Kubernetes (1.26+ for
+``podFailurePolicy``), no operator. What a pod reads back is :mod:`phalanx.clusters.indexed_job`'s;
+the pod count is not in a pod's environment, so the command carries ``--nnodes``, and
+``publishNotReadyAddresses`` lets pod 0's name resolve before every pod is ready.
 """
 
 from __future__ import annotations
@@ -24,13 +20,7 @@ PERMANENT_EXIT_CODES = (int(ExitCode.REFUSED), int(ExitCode.NOT_DISTRIBUTED))
 
 
 def render(spec: ManifestSpec) -> list[Manifest]:
-    """The headless Service, then the Indexed Job whose pods it names.
-
-    Args:
-        spec: what to render; ``spec.service`` names the Service (default: the job's name).
-
-    Returns:
-        [Service, Job].
+    """The headless Service ``spec.service`` (default: the job's name), then the Indexed Job whose pods it names.
 
     Example:
         >>> from phalanx.settings.entrypoint import Entrypoint

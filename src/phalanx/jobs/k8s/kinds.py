@@ -7,7 +7,6 @@ from phalanx.jobs.k8s import indexed_job, pytorchjob, trainjob
 from phalanx.jobs.k8s.spec import Kind
 
 KINDS: tuple[Kind, ...] = (indexed_job.KIND, trainjob.KIND, pytorchjob.KIND)
-DEFAULT_KIND = indexed_job.KIND.name
 
 
 def kind_named(name: str) -> Kind:

@@ -1,9 +1,6 @@
 """The parts every kind's pods share: metadata and labels, the container, its resources and
-variables, and a memory-backed /dev/shm.
-
-A container's /dev/shm is 64 MiB unless a volume replaces it: too small for PyTorch's DataLoader
-workers (they pass batches through shared memory) and for NCCL's shared-memory transport
-between the GPUs of one node, which then fail with "Bus error" or "No space left on device".
+variables, and a memory-backed /dev/shm: a container's own 64 MiB is too small for DataLoader
+workers and NCCL's shared-memory transport ("Bus error", "No space left on device").
 """
 
 from __future__ import annotations
@@ -44,11 +41,6 @@ def resources(spec: ManifestSpec) -> Manifest:
     return {key: value for key, value in (("limits", limits), ("requests", requests)) if value}
 
 
-def env(spec: ManifestSpec) -> list[Manifest]:
-    """The variables the manifest sets on every pod, as a container's ``env`` list."""
-    return [{"name": name, "value": value} for name, value in spec.pod_env]
-
-
 def claim_volumes(spec: ManifestSpec) -> list[Manifest]:
     """The pods' volumes of ``--volume CLAIM:PATH``, each a PersistentVolumeClaim."""
     return [
@@ -63,32 +55,16 @@ def mounts(spec: ManifestSpec) -> list[Manifest]:
 
 
 def container(spec: ManifestSpec, name: str, command: list[str], **more: Any) -> Manifest:
-    """The training container: the image, the command, its variables, resources and /dev/shm.
-
-    Args:
-        spec: what to render.
-        name: the container's name (a controller may require one: a PyTorchJob's is ``pytorch``).
-        command: what it runs, ``phalanx run ...``.
-        more: further fields of the container (``ports``).
-
-    Returns:
-        A container, as a pod spec lists it.
-    """
-    optional = {"env": env(spec), "resources": resources(spec)}
+    """The training container ``name`` (a PyTorchJob's must be ``pytorch``) running ``command``:
+    the image, its variables, resources, /dev/shm, and ``more`` fields (``ports``)."""
+    env = [{"name": key, "value": value} for key, value in spec.pod_env]
+    optional = {"env": env, "resources": resources(spec)}
     return {"name": name, "image": spec.image, "command": command, **{k: v for k, v in optional.items() if v},
             **more, "volumeMounts": mounts(spec)}  # fmt: skip
 
 
 def pod_template(spec: ManifestSpec, training: Manifest, **more: Any) -> Manifest:
-    """A pod template around the training container, with the /dev/shm volume and ``--volume``'s.
-
-    Args:
-        spec: what to render.
-        training: the container, from :func:`container`.
-        more: further fields of the pod spec (``subdomain``, ``restartPolicy``).
-
-    Returns:
-        A pod template: labelled metadata and the pod's spec.
-    """
+    """A labelled pod template around the ``training`` container, with the /dev/shm volume,
+    ``--volume``'s, and ``more`` fields of the pod spec (``subdomain``, ``restartPolicy``)."""
     volumes = [SHM_VOLUME, *claim_volumes(spec)]
     return {"metadata": {"labels": labels(spec)}, "spec": {**more, "containers": [training], "volumes": volumes}}

@@ -1,11 +1,7 @@
-"""A Kubeflow PyTorchJob (``kubeflow.org/v1``, the training operator v1.x).
-
-One Master and ``nodes - 1`` Workers, container ``pytorch``. The operator gives every pod
-``MASTER_ADDR`` (``<job>-master-0``, a Service of its own), ``MASTER_PORT`` (the container's
-``pytorchjob-port``), ``RANK`` (0 for the master, 1 + i for worker i) and ``WORLD_SIZE``, and from
-v1.7 ``PET_NNODES``, ``PET_NODE_RANK`` and ``PET_NPROC_PER_NODE`` (from ``nprocPerNode``), which
-``phalanx run`` reads (:mod:`phalanx.clusters.pytorchjob`). Read from training-operator v1.9.4,
-pkg/controller.v1/pytorch/envvar.go and master.go.
+"""A Kubeflow PyTorchJob (``kubeflow.org/v1``, the training operator v1.x): one Master and
+``nodes - 1`` Workers, container ``pytorch``. The variables the operator gives every pod, which
+``phalanx run`` reads, are :mod:`phalanx.clusters.pytorchjob`'s (training-operator v1.9.4,
+pkg/controller.v1/pytorch/envvar.go and master.go).
 """
 
 from __future__ import annotations
@@ -22,12 +18,6 @@ PORT = {"name": "pytorchjob-port", "containerPort": DEFAULT_PORT}
 
 def render(spec: ManifestSpec) -> list[Manifest]:
     """The PyTorchJob: a Master, and Workers for the other nodes.
-
-    Args:
-        spec: what to render.
-
-    Returns:
-        [PyTorchJob].
 
     Example:
         >>> from phalanx.settings.entrypoint import Entrypoint

@@ -41,14 +41,8 @@ def document(manifest: Manifest) -> str:
 
 
 def to_yaml(manifests: Sequence[Manifest], header: str = "") -> str:
-    """Every object as one multi-document stream, as ``kubectl apply -f -`` reads it.
-
-    Args:
-        manifests: the objects, in the order kubectl should create them.
-        header: comment lines to start the stream with (each starting with ``#``).
-
-    Returns:
-        The YAML text.
+    """The objects, in the order kubectl should create them, as one multi-document stream that
+    ``kubectl apply -f -`` reads, after the ``header`` comment lines.
 
     Example:
         >>> print(to_yaml([{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "t"}}]), end="")
@@ -67,20 +61,8 @@ def file_name(manifest: Manifest) -> str:
 
 
 def write_folder(manifests: Sequence[Manifest], folder: Path, header: str = "") -> list[Path]:
-    """One file per object in ``folder`` (created if missing); all of them or none.
-
-    Args:
-        manifests: the objects.
-        folder: where the files go; files of the same names there are replaced.
-        header: comment lines each file starts with.
-
-    Returns:
-        The files written.
-
-    Example:
-        >>> write_folder(manifests, Path("k8s"))  # doctest: +SKIP
-        [PosixPath('k8s/service-train.yaml'), PosixPath('k8s/job-train.yaml')]
-    """
+    """Writes one file per object (:func:`file_name`, after the ``header``) into ``folder``, created
+    if missing, replacing files of the same names: all of them or none. Returns the files."""
     check_folder(folder)
     finals = [folder / file_name(manifest) for manifest in manifests]
     for final in finals:

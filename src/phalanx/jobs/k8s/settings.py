@@ -1,9 +1,6 @@
 """``phalanx k8s``'s command line as a :class:`ManifestSpec`; what cannot work in a pod is refused
-before anything is written.
-
-The launch options are resolved as the pods will see them: from the flags, the ``--config``
-file (read here: the pods do not have it, so its settings become flags) and the ``--env``
-variables (``PHALANX_<FLAG>``), never from this shell's variables, which do not reach the pods.
+before anything is written. The launch options are resolved as the pods will see them: the flags,
+the ``--config`` file as flags, and ``--env``'s variables, never this shell's.
 """
 
 from __future__ import annotations
@@ -11,12 +8,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from phalanx.errors import SettingsRefused
+from phalanx.jobs import command_line
 from phalanx.jobs.k8s.kinds import kind_named
 from phalanx.jobs.k8s.spec import ManifestSpec, check_env, parse_env, parse_volumes
 from phalanx.jobs.k8s.trainjob import KIND as TRAINJOB
@@ -33,13 +29,7 @@ _IN_THE_MANIFEST = ("nnodes", "nproc_per_node", "headless_service")
 
 
 def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
-    """The manifests ``phalanx k8s`` was asked for.
-
-    Args:
-        args: ``phalanx k8s``'s parsed command line.
-
-    Returns:
-        The checked spec.
+    """The checked spec of the manifests ``phalanx k8s`` was asked for.
 
     Example:
         >>> from phalanx.cli.main import build_parser
@@ -56,12 +46,9 @@ def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
             "and the training script.",
             "for example --image registry.example.com/me/train:1.0",
         )
-    if not args.training_script:
-        raise SettingsRefused("no training script given", hint="phalanx k8s --image IMAGE [options] train.py [ARGS...]")
-    entrypoint = Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module))
+    entrypoint = Entrypoint.from_args(args, "phalanx k8s --image IMAGE [options] train.py [ARGS...]")
     env = parse_env(args.env)
     check_env(env, kind)
-    # The config file is read here (its settings become flags); the pods see only --env.
     settings, _, config = given_settings(args, os.environ, variables=dict(env))
     command = f"phalanx k8s --kind {kind.name}"
     refuse_settings(
@@ -87,7 +74,7 @@ def spec_from_args(args: argparse.Namespace) -> ManifestSpec:
         env=env,
         volumes=parse_volumes(args.volume),
         backoff_limit=args.backoff_limit,
-        written_by=shlex.join(["phalanx", *sys.argv[1:]]) if sys.argv[1:2] == ["k8s"] else "phalanx k8s",
+        written_by=command_line("k8s"),
         **({"runtime": args.runtime} if args.runtime else {}),
     )
 
@@ -169,8 +156,7 @@ def _nproc_per_node(nproc: Resolved | None, gpus_per_node: int | None) -> int:
 
 
 def unseen_variables(environ: Mapping[str, str], spec: ManifestSpec) -> list[str]:
-    """This shell's ``PHALANX_<FLAG>`` variables that the pods will not see, since a pod's
-    variables are the manifest's: the ones ``--env`` does not give them. (A pod's ``PET_``
-    variables are its controller's, or refused for an Indexed Job.)"""
+    """This shell's ``PHALANX_<FLAG>`` variables that ``--env`` does not give the pods, which see
+    only the manifest's variables (their ``PET_`` ones are the controller's, or refused)."""
     given = {name for name, _ in spec.env}
     return [option.env_var for option in LAUNCH_OPTIONS if option.env_var in environ and option.env_var not in given]

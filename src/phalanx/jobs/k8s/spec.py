@@ -1,9 +1,6 @@
-"""What ``phalanx k8s`` renders: one typed, checked :class:`ManifestSpec`, and the :class:`Kind` of
-object it becomes (an Indexed Job, a TrainJob, a PyTorchJob).
-
-The spec is checked in ``__post_init__``, so that no renderer ever sees a name Kubernetes would
-refuse, an empty image or a resource quantity it cannot read: each is refused before anything is
-written, saying what was set and what to write instead.
+"""What ``phalanx k8s`` renders: one :class:`ManifestSpec`, checked in ``__post_init__`` so that no
+renderer sees a name, image or quantity Kubernetes would refuse, and the :class:`Kind` of object
+it becomes (an Indexed Job, a TrainJob, a PyTorchJob).
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ class Kind:
 
     #: ``--kind`` on the command line: ``indexed-job``.
     name: str
-    #: One line for ``--help``: what it is and what the cluster needs for it.
+    #: One line for the manifests' header and refusals: what it is and what the cluster needs for it.
     summary: str
     render: Callable[[ManifestSpec], list[Manifest]]
     #: The pods' host names, in node-rank order, for a job's name and node count.
@@ -145,8 +142,7 @@ class ManifestSpec:
             >>> spec.run_command()
             ['phalanx', 'run', '--max-restarts', '1', 'train.py', '--epochs', '3']
         """
-        script = (["-m"] if self.entrypoint.is_module else []) + [self.entrypoint.target, *self.entrypoint.args]
-        return ["phalanx", "run", *first, *self.launch_flags, *script]
+        return ["phalanx", "run", *first, *self.launch_flags, *self.entrypoint.argv]
 
 
 def parse_volumes(items: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -1,12 +1,8 @@
-"""A Kubeflow Trainer v2 TrainJob (``trainer.kubeflow.org/v1alpha1``), on a torch runtime.
-
-The runtime (``torch-distributed`` by default, a ClusterTrainingRuntime that Kubeflow Trainer
-installs) makes a JobSet whose replicated job ``node`` runs ``numNodes`` pods, container
-``node``; the Trainer's torch plugin sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
-``PET_NODE_RANK``, ``PET_MASTER_ADDR`` (``<trainjob>-node-0-0.<trainjob>``) and
-``PET_MASTER_PORT`` on every pod, which ``phalanx run`` reads
-(:mod:`phalanx.clusters.torchrun_variables`). The /dev/shm volume goes in through
-``runtimePatches``, which needs Trainer v2.2 or newer (read from v2.3.0).
+"""A Kubeflow Trainer v2 TrainJob (``trainer.kubeflow.org/v1alpha1``) on a torch runtime
+(``torch-distributed`` by default), whose JobSet runs ``numNodes`` pods of replicated job and
+container ``node``; the Trainer gives each pod the ``PET_`` variables that
+:mod:`phalanx.clusters.torchrun_variables` reads. The /dev/shm volume goes in through
+``runtimePatches``: Trainer v2.2 or newer (read from v2.3.0).
 """
 
 from __future__ import annotations
@@ -23,13 +19,7 @@ PATCH_MANAGER = "phalanx.dev/k8s"
 
 
 def render(spec: ManifestSpec) -> list[Manifest]:
-    """The TrainJob.
-
-    Args:
-        spec: what to render; ``spec.runtime`` names the ClusterTrainingRuntime.
-
-    Returns:
-        [TrainJob].
+    """The TrainJob, on the ClusterTrainingRuntime ``spec.runtime``.
 
     Example:
         >>> from phalanx.settings.entrypoint import Entrypoint

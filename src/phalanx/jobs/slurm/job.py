@@ -15,19 +15,18 @@ from pathlib import Path
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs import command_line, run_arguments
 from phalanx.jobs.inherited import refuse_torchrun_markers
 from phalanx.jobs.slurm.sbatch import SlurmJob
 from phalanx.launch.job import check_log_dir
 from phalanx.settings.entrypoint import Entrypoint
-from phalanx.settings.options import blaming, given_flags, given_settings, refuse_settings
+from phalanx.settings.options import blaming, given_settings, refuse_settings
 from phalanx.settings.values import NodeRange
 
 #: Launch options that describe a run on this machine, not a SLURM job.
 _NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs on SLURM's nodes",
                   "standalone": "means one node with a private rendezvous; a SLURM job runs on SLURM's nodes",
                   "dry_run": "prints the plan; phalanx slurm prints the script unless --submit is given"}  # fmt: skip
-#: Launch options SLURM's variables give every node (the node count goes into #SBATCH --nodes).
-_FROM_SLURM = ("nnodes",)
 
 
 #: What a name written into an #SBATCH line may hold besides letters and digits, by flag, and an
@@ -60,25 +59,24 @@ def _check_names(args: argparse.Namespace) -> None:
 
 def job_from_args(args: argparse.Namespace) -> SlurmJob:
     """The job ``phalanx slurm`` was asked for; refuses what cannot work before anything is written."""
-    if not args.training_script:
-        raise SettingsRefused("no training script given", hint="phalanx slurm [options] train.py [ARGS...]")
-    Entrypoint(args.training_script, tuple(args.training_script_args), is_module=bool(args.module)).check_exists()
+    entrypoint = Entrypoint.from_args(args, "phalanx slurm [options] train.py [ARGS...]")
+    entrypoint.check_exists()
     _check_names(args)
     refuse_torchrun_markers(os.environ, "the batch job's nodes inherit this shell's variables")
     settings, config_path, _ = given_settings(args, os.environ)
     config_path = config_path.resolve() if config_path else None  # the batch script runs elsewhere
-    # from a flag, a variable every node would inherit, or the config
     refuse_settings(settings, _NOT_FOR_SLURM, "phalanx slurm", "to rehearse first: phalanx run --simulate-nodes N ...")
     nnodes = settings["nnodes"].value if "nnodes" in settings else NodeRange(1, 1)
     log_dir = settings["log_dir"].value if "log_dir" in settings else Path("phalanx-logs")
     # SLURM creates no folder for the job's log: a job whose folder is missing fails with no word
     with blaming(settings["log_dir"].origin if "log_dir" in settings else ""):
         check_log_dir(Path(os.getcwd()) / log_dir, "SLURM writes the batch job's log there (slurm-<job ID>.out).")
-    script = args.training_script
+    script = entrypoint.target if entrypoint.is_module else Path(entrypoint.target).stem
+    run = run_arguments(args, {"nnodes", *_NOT_FOR_SLURM}, config_path, entrypoint)  # nnodes: #SBATCH --nodes
     return SlurmJob(
-        run_command=_run_command(args, config_path),
+        run_command=[sys.executable, "-m", "phalanx", "run", *run],
         nodes=nnodes,
-        job_name=args.job_name or re.sub(r"[^A-Za-z0-9_.-]", "-", Path(script).stem if not args.module else script),
+        job_name=args.job_name or re.sub(r"[^A-Za-z0-9_.-]", "-", script),
         workdir=os.getcwd(),
         output=str(log_dir / "slurm-%j.out"),
         signal_lead_s=args.signal_lead,
@@ -89,24 +87,8 @@ def job_from_args(args: argparse.Namespace) -> SlurmJob:
         gpus_per_node=args.gpus_per_node,
         cpus_per_task=args.cpus_per_task,
         extra=tuple(args.sbatch),
-        written_by=shlex.join(["phalanx", *sys.argv[1:]]) if sys.argv[1:2] == ["slurm"] else "phalanx slurm",
+        written_by=command_line("slurm"),
     )
-
-
-def _run_command(args: argparse.Namespace, config_path: Path | None) -> list[str]:
-    """``python -m phalanx run`` with the launch flags given, as every node runs it."""
-    command = [
-        sys.executable,
-        "-m",
-        "phalanx",
-        "run",
-        *given_flags(vars(args), leave_out={*_FROM_SLURM, *_NOT_FOR_SLURM}),
-    ]
-    if config_path is not None:
-        command += ["--config", str(config_path)]
-    if args.module:
-        command.append("-m")
-    return [*command, args.training_script, *args.training_script_args]
 
 
 def submit(job: SlurmJob, text: str) -> int:

@@ -1,14 +1,6 @@
 """The batch script ``phalanx slurm`` writes: one ``phalanx run`` per node, and preemption that
-ends in an exact resume.
-
-The flow, on preemption and at the time limit alike: SLURM sends SIGUSR1 to the batch shell
-(``--signal=B:USR1@<lead>``), whose trap passes it to ``srun`` and so to ``phalanx run`` on
-every node, which passes it to its workers; their PreemptionGuard stops every rank after the
-same step, saves one agreed checkpoint and exits 75. The batch shell then requeues the job with
-``scontrol`` (it runs outside any container the step may run in), within a budget counted by
-``SLURM_RESTART_COUNT``; the requeued job runs the same command, which resumes from that
-checkpoint. ``srun --kill-on-bad-exit=1`` ends the step when one node dies, instead of leaving
-the others waiting in a collective.
+ends in an exact resume (the flow is in the script's comments). The batch shell, not a node,
+requeues the job: it runs outside any container the step may run in, where ``scontrol`` is.
 """
 
 from __future__ import annotations
@@ -74,13 +66,7 @@ class SlurmJob:
 
 
 def render(job: SlurmJob) -> str:
-    """The batch script's text.
-
-    Args:
-        job: what to ask SLURM for and what every node runs.
-
-    Returns:
-        A bash script for ``sbatch``.
+    """The batch script's text, for ``sbatch``.
 
     Example:
         >>> job = SlurmJob(["phalanx", "run", "train.py"], NodeRange(2, 2), "train", "/home/me", "slurm-%j.out")
@@ -89,13 +75,10 @@ def render(job: SlurmJob) -> str:
     """
     srun = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1", *job.run_command]
     directives = "\n".join(f"#SBATCH {line}" for line in job.directives())
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     return _TEMPLATE.format(
         version=__version__,
-        stamp=stamp,
-        written_by=(job.written_by or "phalanx slurm").replace(
-            "\n", "\n#   "
-        ),  # an argument's line breaks stay comments
+        stamp=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        written_by=(job.written_by or "phalanx slurm").replace("\n", "\n#   "),  # line breaks stay comments
         directives=directives,
         lead=job.signal_lead_s,
         max_requeues=job.max_requeues,

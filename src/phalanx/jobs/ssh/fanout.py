@@ -2,9 +2,8 @@
 job everywhere as one: Ctrl-C, SIGTERM or one host's failure stops every host, and the job
 exits with one code, its root cause's.
 
-Each remote command runs under :mod:`phalanx.jobs.ssh.remote`, which takes a word a line on its
-standard input (INT, TERM, KILL) and ends its process group when that input closes. ssh runs in
-a session of its own here, so a Ctrl-C in the terminal reaches this launcher only, which then
+Each remote command runs under :mod:`phalanx.jobs.ssh.remote`, which this launcher talks to. ssh
+runs in a session of its own here, so a Ctrl-C in the terminal reaches this launcher only, which
 says INT to every host: each ``phalanx run`` sees a Ctrl-C, as if typed on its own terminal.
 """
 
@@ -87,21 +86,11 @@ class _Streams:
 
 
 def run_on_hosts(hosts: Sequence[SshHost], ssh: Ssh, commands: Sequence[str], grace_s: float) -> int:
-    """Runs ``commands[i]`` on ``hosts[i]`` (each under :mod:`phalanx.jobs.ssh.remote`) until all end.
-
-    Args:
-        hosts: where.
-        ssh: how to reach them.
-        commands: one remote shell line per host.
-        grace_s: how long hosts get to end on their own after a failure or a stop, before SIGTERM
-            (and as long again before SIGKILL).
-
-    Returns:
-        The job's exit code: the first failing host's, else 130 (Ctrl-C) or 143 (SIGTERM) after
-        a stop (or the code every host ended with, such as 75), else 0.
-
-    Example:
-        >>> run_on_hosts([SshHost("gpu1"), SshHost("gpu2")], Ssh(), lines, grace_s=30)  # doctest: +SKIP
+    """Runs the shell line ``commands[i]`` on ``hosts[i]`` (each under :mod:`phalanx.jobs.ssh.remote`)
+    until all end; after a failure or a stop, hosts get ``grace_s`` to end on their own before
+    SIGTERM, and as long again before SIGKILL. Returns the job's exit code: the first failing
+    host's, else 130 (Ctrl-C) or 143 (SIGTERM) after a stop (or the code every host ended with,
+    such as 75), else 0.
     """
     events: queue.SimpleQueue[tuple[str, int, int]] = queue.SimpleQueue()  # put() is safe in a signal handler
     streams = _Streams(max(len(host.label) for host in hosts))

@@ -28,13 +28,8 @@ class SshHost:
 
 
 def parse_host_list(text: str) -> list[SshHost]:
-    """``h1,h2:4,user@h3`` as hosts; ``:N`` is the host's slots.
-
-    Args:
-        text: the value of ``--hosts``.
-
-    Returns:
-        The hosts, in order; the first hosts the rendezvous.
+    """``--hosts h1,h2:4,user@h3`` as hosts, in order (the first hosts the rendezvous); ``:N`` is
+    the host's slots.
 
     Example:
         >>> parse_host_list("gpu1:4,gpu2:4")
@@ -59,19 +54,8 @@ def parse_host_list(text: str) -> list[SshHost]:
 
 
 def read_hostfile(path: Path) -> list[SshHost]:
-    """A hostfile: a host per line, ``slots=N`` after it, ``#`` comments and blank lines ignored.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The hosts, in the file's order.
-
-    Example:
-        >>> Path("hosts").write_text("gpu1 slots=4\\ngpu2 slots=4\\n")  # doctest: +SKIP
-        >>> read_hostfile(Path("hosts"))  # doctest: +SKIP
-        [SshHost(name='gpu1', slots=4), SshHost(name='gpu2', slots=4)]
-    """
+    """The hosts of a hostfile, in order: a host per line, ``slots=N`` after it, ``#`` comments
+    and blank lines ignored."""
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:

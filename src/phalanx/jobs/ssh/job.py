@@ -14,16 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from phalanx import __version__
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
+from phalanx.jobs import run_arguments
 from phalanx.jobs.inherited import refuse_torchrun_markers
 from phalanx.jobs.ssh.fanout import run_on_hosts
 from phalanx.jobs.ssh.hosts import SshHost, parse_host_list, read_hostfile
-from phalanx.jobs.ssh.preflight import Expectation, run_preflight
+from phalanx.jobs.ssh.preflight import run_preflight
 from phalanx.jobs.ssh.transport import Ssh
-from phalanx.settings.options import CONFIG_VARIABLE, given_flags, given_settings, refuse_settings
+from phalanx.settings.entrypoint import Entrypoint
+from phalanx.settings.options import CONFIG_VARIABLE, given_settings, refuse_settings
 from phalanx.settings.values import DEFAULT_RDZV_PORT, Resolved
 
 #: Variables passed on to every host unless --no-default-env: NCCL's, Gloo's, Python's and phalanx's own.
@@ -43,7 +44,7 @@ class SshJob:
     hosts: tuple[SshHost, ...]
     nproc: str  # on every host
     port: int
-    endpoint_host: str | None
+    endpoint_host: str | None  # --rdzv-endpoint's host; None: the preflight finds one
     rdzv_id: str
     python: str
     cwd: str
@@ -61,19 +62,12 @@ class SshJob:
         guard = [self.python, "-m", "phalanx.jobs.ssh.remote", "--grace", f"{self.grace_s:g}", "--"]
         return f"cd {shlex.quote(self.cwd)} && exec " + shlex.join(["env", *env, *guard, *run])
 
-    def expectation(self) -> Expectation:
-        return Expectation(python=self.python, cwd=self.cwd, files=self.files, phalanx=__version__, port=self.port,
-                           nproc=self.nproc, endpoint_host=self.endpoint_host, env=self.environment)  # fmt: skip
-
 
 def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> SshJob:
     """The job ``phalanx launch`` was asked for; refuses what cannot work before connecting."""
     environ = os.environ if environ is None else environ
     hosts = _hosts(args)
-    if not args.training_script:
-        raise SettingsRefused(
-            "no training script given", hint="phalanx launch --hosts h1,h2 [options] train.py [ARGS...]"
-        )
+    entrypoint = Entrypoint.from_args(args, "phalanx launch --hosts h1,h2 [options] train.py [ARGS...]")
     # The hosts resolve PHALANX_<FLAG> and PET_<FLAG> from what they get; so is the plan here.
     environment = _environment(environ, args.env, default=not args.no_default_env)
     given = {item.partition("=")[0] for item in args.env}
@@ -98,14 +92,11 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     files = {} if args.module else {args.training_script: _sha256(Path(args.training_script))}
     if config_path is not None:
         files[str(config_path)] = _sha256(config_path)
-    run_args = [*given_flags(vars(args), leave_out=(*_SET_HERE, *_NOT_FOR_HOSTS))]
-    run_args += ["--config", str(config_path)] if config_path else []
-    run_args += ["-m"] if args.module else []
-    run_args += [args.training_script, *args.training_script_args]
+    run_args = run_arguments(args, (*_SET_HERE, *_NOT_FOR_HOSTS), config_path, entrypoint)
     rdzv_id = str(settings["rdzv_id"].value) if "rdzv_id" in settings else f"launch-{secrets.token_hex(4)}"
     return SshJob(
         hosts=tuple(hosts),
-        nproc=_nproc(hosts, settings["nproc_per_node"] if "nproc_per_node" in settings else None),
+        nproc=_nproc(hosts, settings.get("nproc_per_node")),
         port=endpoint.port if endpoint else DEFAULT_RDZV_PORT,
         endpoint_host=endpoint.host if endpoint else None,
         rdzv_id=rdzv_id,
@@ -121,21 +112,9 @@ def job_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = 
 
 def launch(job: SshJob, ssh: Ssh, preflight_timeout_s: float) -> int:
     """The preflight on every host, its table, then ``phalanx run`` on each (or, with --dry-run,
-    the command each would run).
-
-    Args:
-        job: from :func:`job_from_args`.
-        ssh: how to reach the hosts.
-        preflight_timeout_s: the bound for the preflight.
-
-    Returns:
-        The job's exit code (see :func:`phalanx.jobs.ssh.fanout.run_on_hosts`); 2 when refused.
-
-    Example:
-        >>> launch(job_from_args(args), Ssh(), preflight_timeout_s=30)  # doctest: +SKIP
-    """
+    the command each would run); returns the job's exit code (:func:`.fanout.run_on_hosts`)."""
     ssh.check()
-    found = run_preflight(job.hosts, ssh, job.expectation(), preflight_timeout_s)
+    found = run_preflight(job, ssh, preflight_timeout_s)
     hosts = f"{len(job.hosts)} host{'s' if len(job.hosts) > 1 else ''}"
     say(f"phalanx launch: preflight of {hosts} in {found.seconds:.1f} s\n{found.table()}")
     if not found.ok:

@@ -1,12 +1,8 @@
 """``phalanx launch``'s preflight: every host asked at once, over ssh, within a time bound, whether
-the job can start there; one table of the answers, and a refusal naming each host that cannot.
-
-Per host: ssh works without a question, the same Python (major.minor), phalanx and torch as the
-others, the working folder exists, the script (and config file) is the same file as here (by
-SHA-256), enough GPUs for the processes asked, a route towards the first host, and a connection
-to the rendezvous port on it. For the last one the first host listens on that port during the
-preflight (which also proves the port free there), answering with a token, so that a
-connection that reaches some other program does not count.
+the job can start there (the checks are listed in docs/clusters.md); one table of the answers,
+and a refusal naming each host that cannot. The first host listens on the rendezvous port
+meanwhile (which proves it free there), answering with a token, so that a connection that
+reaches some other program does not count.
 """
 
 from __future__ import annotations
@@ -20,26 +16,19 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from phalanx import __version__
 from phalanx.console import format_table
 from phalanx.errors import SettingsRefused
 from phalanx.jobs.ssh.hosts import SshHost
 from phalanx.jobs.ssh.transport import SSH_FAILED, Ssh, probe_command
 
+if TYPE_CHECKING:
+    from phalanx.jobs.ssh.job import SshJob
 
-@dataclass(frozen=True)
-class Expectation:
-    """What every host must have: the launcher's view of the job."""
-
-    python: str  # the interpreter to run on each host
-    cwd: str
-    files: dict[str, str | None]  # path (as given) -> its SHA-256 here, None where the file is not here
-    phalanx: str  # the launcher's phalanx version
-    port: int
-    nproc: str  # each host's processes, as --nproc-per-node takes them (a number, auto, gpu, cpu)
-    endpoint_host: str | None = None  # the user's --rdzv-endpoint host; None: find one
-    env: dict[str, str] = field(default_factory=dict)  # the variables the job runs with there
+#: The preflight table's columns: the host, then the keys of each check's cells.
+COLUMNS = ("host", "ssh", "python", "phalanx", "torch", "files", "gpus", "route to first host", "rendezvous port")
 
 
 @dataclass
@@ -68,19 +57,8 @@ class Preflight:
         return self.endpoint is not None and not any(check.problems for check in self.checks)
 
     def table(self) -> str:
-        headers = [
-            "host",
-            "ssh",
-            "python",
-            "phalanx",
-            "torch",
-            "files",
-            "gpus",
-            "route to first host",
-            "rendezvous port",
-        ]
-        rows = [[check.host.label, *(check.cells.get(h, "-") for h in headers[1:])] for check in self.checks]
-        return format_table(headers, rows)
+        rows = [[check.host.label, *(check.cells.get(column, "-") for column in COLUMNS[1:])] for check in self.checks]
+        return format_table(COLUMNS, rows)
 
     def refusal(self) -> SettingsRefused:
         failing = [check for check in self.checks if check.problems]
@@ -93,46 +71,35 @@ class Preflight:
         )
 
 
-def run_preflight(hosts: Sequence[SshHost], ssh: Ssh, expect: Expectation, timeout_s: float) -> Preflight:
-    """Asks every host in parallel; returns within about ``timeout_s`` whatever the hosts do.
-
-    Args:
-        hosts: the job's hosts; the first will host the rendezvous.
-        ssh: how to reach them.
-        expect: what each must have.
-        timeout_s: the bound for the whole preflight.
-
-    Returns:
-        A :class:`Preflight`; ``ok`` when the job can start, with the endpoint every host reached.
-
-    Example:
-        >>> found = run_preflight(hosts, Ssh(), expect, timeout_s=30)  # doctest: +SKIP
-        >>> print(found.table()); found.ok  # doctest: +SKIP
-    """
+def run_preflight(job: SshJob, ssh: Ssh, timeout_s: float) -> Preflight:
+    """Asks every host of the job in parallel (the first will host the rendezvous) whether it can
+    start there; returns within about ``timeout_s`` whatever the hosts do. The :class:`Preflight`
+    is ``ok`` when the job can start, with the endpoint every host reached."""
+    hosts = job.hosts
     started = time.monotonic()
     deadline = started + timeout_s
     checks = [HostCheck(host) for host in hosts]
     token = secrets.token_hex(8)
-    listen = probe_command(expect.python, "listen", {"port": expect.port, "token": token}, expect.env)
+    listen = probe_command(job.python, "listen", {"port": job.port, "token": token}, job.environment)
     listener = subprocess.Popen(ssh.argv(hosts[0].name, listen), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
-        facts = probe_command(expect.python, "facts", {"cwd": expect.cwd, "files": list(expect.files)}, expect.env)
+        facts = probe_command(job.python, "facts", {"cwd": job.cwd, "files": list(job.files)}, job.environment)
         answers = _on_every_host(hosts, ssh, facts, deadline)
         for check, answer in zip(checks, answers):
-            _read_facts(check, answer, expect)
-        _compare_hosts(checks, expect)
+            _read_facts(check, answer, job)
+        _compare_hosts(checks, job)
         endpoint = None
-        if not checks[0].problems and _listening(listener, checks[0], expect.port, deadline):
-            candidates = _candidates(hosts[0], ssh, checks[0].facts or {}, expect.endpoint_host)
-            request = {"candidates": candidates, "port": expect.port, "token": token}
-            reach = probe_command(expect.python, "reach", request, expect.env)
+        if not checks[0].problems and _listening(listener, checks[0], job.port, deadline):
+            candidates = _candidates(hosts[0], ssh, checks[0].facts or {}, job.endpoint_host)
+            request = {"candidates": candidates, "port": job.port, "token": token}
+            reach = probe_command(job.python, "reach", request, job.environment)
             reachable = [check for check in checks if check.facts is not None]
             # a round of its own, however long the first took: a connect may take its 3 s
             answers = _on_every_host(
                 [check.host for check in reachable], ssh, reach, max(deadline, time.monotonic() + 10)
             )
-            endpoint = _read_reach(reachable, answers, candidates, expect.port)
+            endpoint = _read_reach(reachable, answers, candidates, job.port)
     finally:
         _close(listener, deadline)
     return Preflight(checks, endpoint, time.monotonic() - started)
@@ -179,7 +146,7 @@ def _json_line(answer: _Answer) -> dict[str, Any] | None:
     return None
 
 
-def _read_facts(check: HostCheck, answer: _Answer, expect: Expectation) -> None:
+def _read_facts(check: HostCheck, answer: _Answer, job: SshJob) -> None:
     name = check.host.label
     if answer.code is None:
         check.cells["ssh"] = "no answer"
@@ -197,7 +164,7 @@ def _read_facts(check: HostCheck, answer: _Answer, expect: Expectation) -> None:
     facts = _json_line(answer)
     if facts is None:
         check.cells["python"] = "missing" if answer.code in (126, 127) else "failed"
-        check.refuse(f"{expect.python} did not run there ({_last_line(answer.stderr)})",
+        check.refuse(f"{job.python} did not run there ({_last_line(answer.stderr)})",
                      f"install the same environment on {name}, or name its Python with --remote-python PATH")  # fmt: skip
         return
     check.facts = facts
@@ -205,37 +172,37 @@ def _read_facts(check: HostCheck, answer: _Answer, expect: Expectation) -> None:
     check.cells["phalanx"] = facts["phalanx"] or "missing"
     check.cells["torch"] = facts["torch"] or "missing"
     check.cells["gpus"] = str(facts["gpus"])
-    if facts["phalanx"] != expect.phalanx:
-        check.refuse(f"phalanx {facts['phalanx'] or 'is not installed'} (this machine has {expect.phalanx})",
-                     f"install phalanx {expect.phalanx} into {expect.python} on {name}")  # fmt: skip
+    if facts["phalanx"] != __version__:
+        check.refuse(f"phalanx {facts['phalanx'] or 'is not installed'} (this machine has {__version__})",
+                     f"install phalanx {__version__} into {job.python} on {name}")  # fmt: skip
     if facts["torch"] is None:
-        check.refuse("torch is not installed", f"install the torch of the other hosts into {expect.python} on {name}")
+        check.refuse("torch is not installed", f"install the torch of the other hosts into {job.python} on {name}")
     if "cwd_error" in facts:
         check.cells["files"] = "no folder"
-        check.refuse(f"the working folder {expect.cwd} is missing ({facts['cwd_error']})",
+        check.refuse(f"the working folder {job.cwd} is missing ({facts['cwd_error']})",
                      "every host runs in this same folder: put the project there (rsync, or a shared file system), "
                      "or launch from a folder every host has")  # fmt: skip
         return
-    _compare_files(check, facts["files"], expect)
+    _compare_files(check, facts["files"], job)
 
 
-def _compare_files(check: HostCheck, found: dict[str, str], expect: Expectation) -> None:
+def _compare_files(check: HostCheck, found: dict[str, str], job: SshJob) -> None:
     differ = []
-    for path, ours in expect.files.items():
+    for path, ours in job.files.items():
         theirs = found.get(path, "error: no answer")
         if theirs.startswith("error: "):
             check.refuse(
-                f"{path} cannot be read there ({theirs[7:]})", f"copy it: scp {path} {check.host.name}:{expect.cwd}/"
+                f"{path} cannot be read there ({theirs[7:]})", f"copy it: scp {path} {check.host.name}:{job.cwd}/"
             )
             differ.append(path)
         elif ours is not None and theirs != ours:
             check.refuse(f"{path} differs from this machine's (SHA-256 {theirs[:12]} there, {ours[:12]} here)",
-                         f"copy it: scp {path} {check.host.name}:{expect.cwd}/ (or rsync the project)")  # fmt: skip
+                         f"copy it: scp {path} {check.host.name}:{job.cwd}/ (or rsync the project)")  # fmt: skip
             differ.append(path)
     check.cells["files"] = "ok" if not differ else "differ"
 
 
-def _compare_hosts(checks: list[HostCheck], expect: Expectation) -> None:
+def _compare_hosts(checks: list[HostCheck], job: SshJob) -> None:
     """The versions and files of every host against the first that answered; GPUs against nproc."""
     answered = [check for check in checks if check.facts is not None]
     if not answered:
@@ -250,12 +217,12 @@ def _compare_hosts(checks: list[HostCheck], expect: Expectation) -> None:
         if facts["torch"] and reference["torch"] and facts["torch"] != reference["torch"]:
             check.refuse(f"torch {facts['torch']}, {first.host.label} has {reference['torch']}",
                          f"install torch=={reference['torch']} on every host")  # fmt: skip
-        for path, ours in expect.files.items():  # a file that is not here: every host's must match the first's
+        for path, ours in job.files.items():  # a file that is not here: every host's must match the first's
             if ours is None and facts["files"].get(path) != reference["files"].get(path) and "cwd_error" not in facts:
                 check.refuse(f"{path} differs from {first.host.label}'s", f"copy the same {path} to every host")
                 check.cells["files"] = "differ"
     with_gpus = [check.host.label for check in answered if (check.facts or {})["gpus"] > 0]
-    nproc = expect.nproc
+    nproc = job.nproc
     for check in answered:
         gpus = (check.facts or {})["gpus"]
         if nproc.isdigit() and gpus and int(nproc) > gpus:

@@ -56,22 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    guard = _Guard(args.grace)
-    guard.child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
-                                   preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=functools.partial(die_with_parent, os.getpid()))  # fmt: skip
+    guard = _Guard(child, args.grace)
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # sshd's or a user's signal: as the end of input
         signal.signal(number, lambda *_: threading.Thread(target=guard.stop).start())
     threading.Thread(target=guard.listen, args=(args.silence,), daemon=True).start()
-    code = guard.child.wait()
+    code = child.wait()
     guard.ended.set()
     guard.kill_all()
     return exit_code_of(code)
 
 
 class _Guard:
-    def __init__(self, grace: float) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], grace: float) -> None:
+        self.child = child
         self.grace = grace
-        self.child: subprocess.Popen[bytes] | None = None
         self.ended = threading.Event()
         self.heard = time.monotonic()
 
@@ -104,20 +104,18 @@ class _Guard:
 
     def kill_all(self) -> None:
         """SIGKILL to the command's group and to every descendant of this guard."""
-        if self.child is not None:
-            self._signal_group(signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         for process in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
 
     def _signal_child(self, number: signal.Signals) -> None:
-        if self.child is not None and self.child.poll() is None:
+        if self.child.poll() is None:
             self.child.send_signal(number)
 
     def _signal_group(self, number: signal.Signals) -> None:
-        if self.child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.child.pid, number)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, number)
 
 
 if __name__ == "__main__":

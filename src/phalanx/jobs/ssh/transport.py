@@ -20,23 +20,21 @@ from phalanx.jobs.ssh import probe
 SSH_FAILED = 255
 #: ssh never prompts (a password, an unknown host key): a prompt nobody answers would hang.
 _FORCED = ("BatchMode=yes",)
-#: Defaults that notice a dead connection within 15 s; the user's -o options come first, and
-#: the first value ssh reads wins, so theirs apply.
-_DEFAULTS = ("ServerAliveInterval=5", "ServerAliveCountMax=3", "LogLevel=ERROR")
+#: Defaults that open a connection within 10 s and notice a dead one within 15 s; the user's -o
+#: options come first, and the first value ssh reads wins, so theirs apply.
+_DEFAULTS = ("ConnectTimeout=10", "ServerAliveInterval=5", "ServerAliveCountMax=3", "LogLevel=ERROR")
 
 
 @dataclass(frozen=True)
 class Ssh:
-    """How to reach the hosts: ssh's config file (``-F``), extra ``-o`` options, and how long a
-    connection may take to open."""
+    """How to reach the hosts: ssh's config file (``-F``) and extra ``-o`` options."""
 
     config: Path | None = None
     options: tuple[str, ...] = ()
-    connect_timeout_s: int = 10
 
     def argv(self, host: str, remote_command: str) -> list[str]:
         """``ssh ... HOST REMOTE_COMMAND``; the remote command is one shell line."""
-        options = [*_FORCED, *self.options, f"ConnectTimeout={self.connect_timeout_s}", *_DEFAULTS]
+        options = [*_FORCED, *self.options, *_DEFAULTS]
         return ["ssh", "-T", *self._config(), *(word for option in options for word in ("-o", option)), host,
                 remote_command]  # fmt: skip
 
