@@ -6,6 +6,7 @@ in a log file.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Sequence
 
@@ -25,12 +26,8 @@ def say(message: str) -> None:
 
 def ranges(numbers: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5': rank lists as the tutorial's table writes them."""
-    parts, start = [], None
-    ordered = sorted(numbers)
-    for i, number in enumerate(ordered):
-        if start is None:
-            start = number
-        if i + 1 == len(ordered) or ordered[i + 1] != number + 1:
-            parts.append(str(start) if start == number else f"{start}-{number}")
-            start = None
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(numbers)), key=lambda pair: pair[1] - pair[0]):
+        values = [number for _, number in run]  # consecutive: their difference to the index is the same
+        parts.append(str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}")
     return ",".join(parts)

@@ -12,9 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-#: How the stall watchdog's report begins, in the log of a worker that exits with
-#: ExitCode.STALLED: the watchdog writes it (phalanx.runtime.watchdog) and the launcher finds the
-#: report by it (phalanx.launch.failure), to show it as the root cause.
+#: How the stall watchdog's report begins in the log of a worker that exits with ExitCode.STALLED:
+#: the launcher finds the report by it, to show it as the root cause.
 STALL_REPORT = "phalanx: stall:"
 #: In each rank's log folder: its keep request (a FIFO it listens on, :attr:`WorkerEnv.keep_request`),
 #: its keep report (the line that says what it kept after a failure, written once it did), and in

@@ -1,16 +1,15 @@
 """Measures collectives on the job's process group the way nccl-tests does.
 
-Per row: one call to connect and settle, a barrier, ``iters`` calls timed back to back (on a
-GPU the clock stops after the stream is synchronised), the per-call time combined over the
-ranks as ``-a`` says, then ``check`` calls on fresh data compared element by element with the
-values every rank can compute by itself. Buffers are allocated once at the largest size and
-viewed per row, as nccl-tests does.
+Per row: one call to settle, a barrier, ``iters`` calls timed back to back, the per-call time
+combined over the ranks as ``-a`` says, then ``check`` calls on fresh data compared element by
+element with the values every rank can compute by itself.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,39 +40,13 @@ class Row:
     in_place: Measurement | None
 
 
-class _Buffers:
-    """Send and receive buffers for the largest row, viewed per row and per variant."""
-
-    def __init__(self, largest: Counts, uses_send: bool, dtype: torch.dtype, device: torch.device) -> None:
-        self.send = torch.zeros(max(largest.send, 1) if uses_send else 1, dtype=dtype, device=device)
-        self.recv = torch.zeros(max(largest.recv, 1), dtype=dtype, device=device)
-
-
-#: A hash of (position, rank, repetition): xorshift-multiply rounds on 32 bits, so that no two
-#: ranks' chunks, and no two checks, hold the same values: a misplaced chunk shows.
-_MASK32 = 0xFFFFFFFF
-
-
-def _pattern(rank: int, start: int, length: int, rep: int, op: str, device: torch.device) -> torch.Tensor:
-    """Small integers (int64) every rank can recompute: 1..5, or 1..2 for prod."""
-    index = torch.arange(start, start + length, dtype=torch.int64, device=device)
-    mixed = (index + rank * 1_000_003 + rep * 7_777_777) & 0x7FFFFFFF
-    for multiplier, shift in ((0x9E3779B1, 15), (0x85EBCA77, 13)):
-        mixed = (mixed * multiplier) & _MASK32
-        mixed = mixed ^ (mixed >> shift)
-    return mixed % (2 if op == "prod" else 5) + 1
-
-
 def _combine(parts: list[torch.Tensor], op: str, ranks: int) -> torch.Tensor:
     """The exact result, in int64 (integer types) or float64: cast to the type it is what a
     correct backend returns, as long as sums stay within the type's exact integers."""
     if op == "avg":
         return torch.stack([p.double() for p in parts]).sum(0) / ranks
     combine = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum}[op]
-    result = parts[0].clone()
-    for part in parts[1:]:
-        result = combine(result, part)
-    return result
+    return functools.reduce(combine, parts)
 
 
 def _count_wrong(result: torch.Tensor, exact: torch.Tensor, op: str, ranks: int) -> int:
@@ -94,6 +67,17 @@ def _count_wrong(result: torch.Tensor, exact: torch.Tensor, op: str, ranks: int)
     return int((~torch.isclose(got, expected, rtol=(ranks + 1) * info.eps, atol=0.0)).sum())
 
 
+def _pattern(rank: int, start: int, length: int, rep: int, op: str, device: torch.device) -> torch.Tensor:
+    """Small integers every rank can recompute (1..5, or 1..2 for prod): a 32-bit hash of
+    (position, rank, repetition), so that no two ranks' chunks, nor two checks, hold the same."""
+    index = torch.arange(start, start + length, dtype=torch.int64, device=device)
+    mixed = (index + rank * 1_000_003 + rep * 7_777_777) & 0x7FFFFFFF
+    for multiplier, shift in ((0x9E3779B1, 15), (0x85EBCA77, 13)):
+        mixed = (mixed * multiplier) & 0xFFFFFFFF
+        mixed = mixed ^ (mixed >> shift)
+    return mixed % (2 if op == "prod" else 5) + 1
+
+
 class CollectiveBench:
     """One collective at every size of the settings, on this rank; a collective call itself."""
 
@@ -105,11 +89,14 @@ class CollectiveBench:
         torch_name, self.element_size = DTYPES[settings.dtype]
         self.dtype = getattr(torch, torch_name)
         self.reduce_op = getattr(dist.ReduceOp, REDUCE_OPS[settings.op])
+        # allocated once at the largest size and viewed per row, as nccl-tests does
         largest = self.collective.counts(settings.max_bytes // self.element_size, self.ranks)
-        self.buffers = _Buffers(largest, self.collective.uses_send, self.dtype, device)
-        self._rep = 0  # fresh data for every check, as nccl-tests
+        send_size = max(largest.send, 1) if self.collective.uses_send else 1
+        self.send = torch.zeros(send_size, dtype=self.dtype, device=device)
+        self.recv = torch.zeros(max(largest.recv, 1), dtype=self.dtype, device=device)
+        self._reps = itertools.count(1)  # fresh data for every check, as nccl-tests
 
-    def rows(self, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    def rows(self) -> list[Row]:
         self._warm_up()
         rows = []
         for size in self.settings.sizes:
@@ -120,16 +107,12 @@ class CollectiveBench:
                 in_place: self._measure(counts, in_place) if allowed else None
                 for in_place, allowed in ((False, self.collective.out_of_place), (True, self.collective.in_place))
             }
-            row = Row(counts.size_bytes(self.element_size), counts.param, variants[False], variants[True])
-            rows.append(row)
-            if on_row:
-                on_row(row)
+            rows.append(Row(counts.size_bytes(self.element_size), counts.param, variants[False], variants[True]))
         return rows
 
-    # -- one call ---------------------------------------------------------------------------
     def _call(self, counts: Counts, in_place: bool) -> torch.Tensor:
         """Runs the collective once; returns this rank's output view."""
-        send, recv = self.buffers.send[: counts.send], self.buffers.recv[: counts.recv]
+        send, recv = self.send[: counts.send], self.recv[: counts.recv]
         name, rank = self.collective.name, self.rank
         if name == "all_reduce":
             dist.all_reduce(recv, op=self.reduce_op)
@@ -157,11 +140,10 @@ class CollectiveBench:
                     self._call(counts, in_place=not self.collective.out_of_place)
         synchronize(self.device)
 
-    # -- one row, one variant ---------------------------------------------------------------
     def _measure(self, counts: Counts, in_place: bool) -> Measurement:
         settings = self.settings
         if settings.check:
-            self._fill_inputs(counts, in_place, rep=self._next_rep())
+            self._fill_inputs(counts, in_place, rep=next(self._reps))
         self._call(counts, in_place)
         barrier(self.device)
         started = time.perf_counter()
@@ -182,28 +164,23 @@ class CollectiveBench:
             dist.all_reduce(value, op={1: dist.ReduceOp.SUM, 2: dist.ReduceOp.MIN, 3: dist.ReduceOp.MAX}[mode])
         return value.item() / (self.ranks if mode == 1 else 1)
 
-    # -- data check -------------------------------------------------------------------------
     def _input(self, rank: int, start: int, length: int, rep: int) -> torch.Tensor:
         return _pattern(rank, start, length, rep, self.settings.op, self.device)
 
     def _fill_inputs(self, counts: Counts, in_place: bool, rep: int) -> None:
-        self.buffers.send.zero_()
-        self.buffers.recv.zero_()
+        self.send.zero_()
+        self.recv.zero_()
         name, rank = self.collective.name, self.rank
         if name == "all_reduce":  # in-place only: the input is the output buffer
-            self.buffers.recv[: counts.recv] = self._input(rank, 0, counts.recv, rep)
+            self.recv[: counts.recv] = self._input(rank, 0, counts.recv, rep)
         elif name == "broadcast":  # the others keep zeros, which the pattern never holds
             if rank == self.settings.root:
-                self.buffers.recv[: counts.recv] = self._input(rank, 0, counts.recv, rep)
+                self.recv[: counts.recv] = self._input(rank, 0, counts.recv, rep)
         elif name == "all_gather":
-            target = (
-                self.buffers.recv[rank * counts.send : (rank + 1) * counts.send]
-                if in_place
-                else self.buffers.send[: counts.send]
-            )
+            target = self.recv[rank * counts.send : (rank + 1) * counts.send] if in_place else self.send[: counts.send]
             target.copy_(self._input(rank, rank * counts.send, counts.send, rep))
         else:  # reduce_scatter, all_to_all: the whole send buffer
-            self.buffers.send[: counts.send] = self._input(rank, 0, counts.send, rep)
+            self.send[: counts.send] = self._input(rank, 0, counts.send, rep)
 
     def _expected(self, counts: Counts, rep: int) -> torch.Tensor:
         name, rank, ranks = self.collective.name, self.rank, self.ranks
@@ -219,14 +196,10 @@ class CollectiveBench:
         chunk = counts.param  # all_to_all: chunk `rank` of every rank's input, in rank order
         return torch.cat([self._input(r, rank * chunk, chunk, rep) for r in range(ranks)])
 
-    def _next_rep(self) -> int:
-        self._rep += 1
-        return self._rep
-
     def _check(self, counts: Counts, in_place: bool) -> int:
         wrong = 0
         for _ in range(self.settings.check):
-            rep = self._next_rep()
+            rep = next(self._reps)
             self._fill_inputs(counts, in_place, rep)
             output = self._call(counts, in_place)
             synchronize(self.device)

@@ -1,18 +1,8 @@
 """The collectives `phalanx bench collectives` measures, with nccl-tests' definitions.
 
-Everything here is arithmetic, no torch: how a row's size becomes element counts, which bytes
-the algorithm bandwidth counts, and the factor that turns it into bus bandwidth. They follow
-nccl-tests (src/*.cu and doc/PERFORMANCE.md) exactly, so that numbers can be compared:
-
-    collective      size column    algbw bytes            busbw / algbw
-    all_reduce      count          count                  2(n-1)/n
-    all_gather      recv = n*c     n * c (c per rank)     (n-1)/n
-    reduce_scatter  send = n*c     n * c (c per rank)     (n-1)/n
-    broadcast       count          count                  1
-    all_to_all      n*c            n * c (c per peer)     (n-1)/n
-
-algbw = bytes / time; busbw = algbw x factor, which makes the figure comparable to the link's
-line rate whatever the number of ranks.
+Pure arithmetic, no torch: how a row's size becomes element counts, which bytes the algorithm
+bandwidth counts, and the factor that turns it into bus bandwidth, as nccl-tests (src/*.cu and
+doc/PERFORMANCE.md) defines them, so that the figures compare with its own.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The program `phalanx bench collectives` runs on every rank (``python -m phalanx.bench.collectives_worker``).
-
-Every rank measures; global rank 0 writes the report that the command prints.
-"""
+"""The program `phalanx bench collectives` runs on every rank (``python -m phalanx.bench.collectives_worker``);
+every rank measures, global rank 0 writes the report that the command prints."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """The ring model of DDP's gradient all-reduce: what one training step sends, and how long it takes.
 
-For n ranks, an all-reduce of S bytes over a ring whose slowest link carries B bytes/s, with a
-latency L per message, takes
-
-    t = 2(n-1)/n x S / B + 2(n-1) x L
-
-(each rank sends and receives 2(n-1)/n x S in 2(n-1) steps: reduce-scatter, then all-gather).
-DDP sends the gradients in buckets, one all-reduce each, so a step of k all-reduces costs
-2(n-1)/n x S_total / B + k x 2(n-1) x L. Compression changes S and k:
-
-- none: fp32 gradients, 4 bytes a parameter;
-- fp16 / bf16 (torch's fp16_compress_hook / bf16_compress_hook): 2 bytes a parameter;
-- powersgd rank r (torch's powerSGD_hook): each gradient viewed as a rows x cols matrix sends
-  P (rows x r) and Q (cols x r) in fp32, when that saves at least half the bytes; other tensors
-  (biases, norms) are sent whole. Three all-reduces a bucket: uncompressed tensors, P, Q.
-
-Everything here is pure arithmetic: no torch, no I/O.
+A step of k all-reduces, S bytes in all, over a ring of n ranks whose slowest link carries B
+bytes/s with a latency L per message, takes :data:`FORMULA`; compression changes S and k
+(docs/diagnostics-design.md derives both). Pure arithmetic: no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -61,10 +48,8 @@ class Layout:
 
 
 def rank_table_rows(layout: Layout) -> list[dict[str, Any]]:
-    """The tutorial's table for this layout, as rows for :func:`phalanx.launch.rank_table.format_rank_table`.
-
-    torchrun numbers ranks node by node: node i holds RANK i*P .. i*P+P-1, LOCAL_RANK 0 .. P-1.
-    """
+    """The tutorial's table for this layout (torchrun numbers ranks node by node), as rows for
+    :func:`phalanx.launch.rank_table.format_rank_table`."""
     per_node = layout.nproc_per_node
     return [
         {
@@ -129,11 +114,8 @@ def ddp_bucket_count(size: ModelSize) -> int:
 
 
 def powersgd_elements(shape: Sequence[int], rank: int) -> tuple[int, bool]:
-    """(elements sent, compressed?) for one gradient, by torch's powerSGD_hook rule.
-
-    The hook views the gradient as shape[0] x (the rest), clips the rank to both sides, and
-    compresses only when (rows + cols) x r x min_compression_rate < rows x cols; a 1-D tensor
-    (rows x 1) never passes that test.
+    """(elements sent, compressed?) for one gradient, by torch's powerSGD_hook rule: the gradient
+    viewed as shape[0] x (the rest), the rank clipped to both sides; a 1-D tensor never compresses.
     """
     numel = math.prod(shape)
     if len(shape) == 0 or numel == 0:
@@ -181,9 +163,7 @@ def ring_bound(layout: Layout, network: Link | None, intra_node: Link | None) ->
     """Which link the ring's time is bounded by; None when no link was given that can say.
 
     A ring over all n = N x P ranks, ordered node by node, crosses every node's network link
-    once each way, carrying the same 2(n-1)/n x S as every other link: the slowest link bounds
-    it. With several nodes that is the network (unless the intra-node link given is slower);
-    on one node there is no network, and the intra-node transport decides.
+    once each way, carrying the same 2(n-1)/n x S as every other link: the slowest link bounds it.
     """
     if layout.nnodes > 1:
         if network is None:
@@ -228,9 +208,7 @@ class Prediction:
     def fastest(self) -> list[Row]:
         """The rows with the least predicted time (fp16 and bf16 tie), or [] when none has a time."""
         timed = [row for row in self.rows if row.seconds is not None]
-        if not timed:
-            return []
-        best = min(row.seconds for row in timed)
+        best = min((row.seconds for row in timed), default=0.0)
         return [row for row in timed if math.isclose(row.seconds, best, rel_tol=1e-9)]
 
 

@@ -1,13 +1,12 @@
 """The models `phalanx bench ddp` trains: small enough for CPUs, different enough to compare.
 
-Each maps a batch of synthetic samples to 10 class scores, so one loss (cross-entropy against
-random labels) serves them all. The descriptions are torch-free (``phalanx --help`` must not
-import torch); torch is imported when a model is built. The stated parameter counts are checked
-against the built models by tests/unit/test_bench_ddp.py.
+Each maps a batch of synthetic samples to 10 class scores, so one loss serves them all. The
+descriptions are torch-free (``phalanx --help`` must not import torch); tests check their counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +26,8 @@ class BenchModel:
     parameters: int
     #: The shape of one sample; a batch is (batch size, *sample_shape).
     sample_shape: tuple[int, ...]
-
-    def build(self) -> Any:
-        """A fresh torch.nn.Module (initialised from torch's current random state)."""
-        return _BUILDERS[self.name]()
+    #: Makes a fresh torch.nn.Module (initialised from torch's current random state).
+    build: Callable[[], Any]
 
 
 def _linear() -> Any:
@@ -80,16 +77,15 @@ def _transformer() -> Any:
     return TransformerClassifier()
 
 
-_BUILDERS = {"linear": _linear, "mlp": _mlp, "conv": _conv, "transformer": _transformer}
-
 MODELS: dict[str, BenchModel] = {
     model.name: model
     for model in (
-        BenchModel("linear", "the tutorial's Linear(3*224*224, 10) on 3x224x224 images", 1_505_290, IMAGE),
+        BenchModel("linear", "the tutorial's Linear(3*224*224, 10) on 3x224x224 images", 1_505_290, IMAGE, _linear),
         BenchModel("mlp", f"3 Linear layers {MLP_WIDTH}-{MLP_WIDTH}-{MLP_WIDTH}-10 with ReLU on {MLP_WIDTH} features",
-                   2_109_450, (MLP_WIDTH,)),
-        BenchModel("conv", "2 conv layers (32, 64 channels, 3x3, max-pool) and 2 Linear on 3x32x32 images", 545_098, SMALL_IMAGE),
+                   2_109_450, (MLP_WIDTH,), _mlp),
+        BenchModel("conv", "2 conv layers (32, 64 channels, 3x3, max-pool) and 2 Linear on 3x32x32 images", 545_098,
+                   SMALL_IMAGE, _conv),
         BenchModel("transformer", f"nn.TransformerEncoderLayer (d_model {D_MODEL}, {HEADS} heads, feed-forward "
-                   f"{FEEDFORWARD}), Linear head; {TOKENS} tokens", 199_562, (TOKENS, D_MODEL)),
+                   f"{FEEDFORWARD}), Linear head; {TOKENS} tokens", 199_562, (TOKENS, D_MODEL), _transformer),
     )
 }  # fmt: skip

@@ -1,17 +1,9 @@
 """Times DDP training steps of one model and compression, with a 1-process baseline, in one job.
 
-Every round of the measurement runs, one after another:
-  1. the baseline: global rank 0 alone trains its own copy of the model without DDP, while the
-     other ranks wait in a barrier of a gloo group (which blocks in a socket read: they use no
-     CPU, and each round records the CPU time they spent waiting, to show it);
-  2. a DDP step on every rank: forward, cross-entropy, backward (with DDP's all-reduce of the
-     gradients and the compression hook), SGD step;
-  3. the same step inside ``model.no_sync()``: DDP's communication left out, the compute alone.
-Interleaving the three kinds of step round by round exposes them to the same noise (other
-jobs on the machine, clock changes); each figure is the median over the timed rounds, taken per
-rank and then the largest over the ranks, since the slowest rank sets the pace of a job.
-
-The ranks' parameters drift apart during the no_sync steps; that changes no timing.
+Each round runs the baseline (rank 0 alone, without DDP, while the others wait in a gloo
+barrier), a DDP step, and the same step under ``no_sync()`` (the compute alone): interleaved, the
+three see the same noise. Each figure is the median over the rounds, then the largest over the
+ranks, since the slowest rank sets a job's pace.
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ import torch.nn.functional as F
 
 from phalanx.bench.ddp_models import CLASSES, BenchModel
 from phalanx.bench.ddp_settings import DdpSettings
+from phalanx.bench.device_sync import synchronize
 from phalanx.runtime.context import DistributedContext
 from phalanx.runtime.model import wrap_model
 
@@ -46,27 +39,24 @@ class StepTimes:
     waiting_cpu: float
 
 
-class _TrainingStep:
-    """One SGD step on a fixed synthetic batch; returns its wall time in seconds."""
+def _training_step(
+    model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, local_only: bool = False
+) -> Callable[[], float]:
+    """One SGD step on a fixed synthetic batch, as a call that returns its wall time in seconds."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    no_sync = getattr(model, "no_sync", None)  # a DDP model; a single process has nothing to leave out
+    context: Callable[[], Any] = no_sync if local_only and no_sync else contextlib.nullcontext
 
-    def __init__(
-        self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, local_only: bool = False
-    ) -> None:
-        self.model, self.inputs, self.labels = model, inputs, labels
-        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        no_sync = getattr(model, "no_sync", None)  # a DDP model; a single process has nothing to leave out
-        self.context: Callable[[], Any] = no_sync if local_only and no_sync else contextlib.nullcontext
-        self.device = inputs.device
-
-    def __call__(self) -> float:
+    def step() -> float:
         started = time.perf_counter()
-        with self.context():
-            self.optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(self.model(self.inputs), self.labels).backward()
-            self.optimizer.step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        with context():
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(inputs), labels).backward()
+            optimizer.step()
+        synchronize(inputs.device)
         return time.perf_counter() - started
+
+    return step
 
 
 def waiting_group(context: DistributedContext) -> Any:
@@ -88,54 +78,42 @@ def _fresh(model: BenchModel) -> torch.nn.Module:
     return model.build()
 
 
-class _Rounds:
-    """Accumulates the timed rounds of one rank."""
-
-    def __init__(self) -> None:
-        self.step: list[float] = []
-        self.compute: list[float] = []
-        self.baseline: list[float] = []
-        self.waited_cpu = 0.0
-        self.waited_wall = 0.0
-
-
 def measure(
     model: BenchModel, compression: str, settings: DdpSettings, context: DistributedContext, group: Any
 ) -> StepTimes:
     """Runs the warm-up and timed rounds on every rank (a collective) and agrees on the figures."""
     inputs, labels = _batch(model, settings.batch_size, context.rank, context.device)
-    baseline = _TrainingStep(_fresh(model).to(context.device), inputs, labels) if context.is_main else None
+    baseline = _training_step(_fresh(model).to(context.device), inputs, labels) if context.is_main else None
     warmup = settings.warmup_for(compression)
     if baseline is not None and not context.is_distributed:
         # one process: wrap_model makes no DDP, so its step is the baseline's step, with nothing to send
         seconds = statistics.median([baseline() for _ in range(warmup + settings.steps)][warmup:])
         return StepTimes(step=seconds, compute=seconds, baseline=seconds, waiting_cpu=0.0)
     ddp = wrap_model(_fresh(model), context, compression=compression)
-    synced, local = _TrainingStep(ddp, inputs, labels), _TrainingStep(ddp, inputs, labels, local_only=True)
-    rounds = _Rounds()
+    synced, local = _training_step(ddp, inputs, labels), _training_step(ddp, inputs, labels, local_only=True)
+    steps, computes, baselines = [], [], []  # seconds, of the timed rounds
+    waited_cpu = waited_wall = 0.0
     for index in range(warmup + settings.steps):
         timed = index >= warmup
         wall, cpu = time.perf_counter(), time.process_time()
         if baseline is not None:
             seconds = baseline()
             if timed:
-                rounds.baseline.append(seconds)
+                baselines.append(seconds)
         dist.barrier(group=group)
         if timed and baseline is None:
-            rounds.waited_wall += time.perf_counter() - wall
-            rounds.waited_cpu += time.process_time() - cpu
+            waited_wall += time.perf_counter() - wall
+            waited_cpu += time.process_time() - cpu
         step, compute = synced(), local()
         if timed:
-            rounds.step.append(step)
-            rounds.compute.append(compute)
-    return _agree(rounds, context)
-
-
-def _agree(rounds: _Rounds, context: DistributedContext) -> StepTimes:
-    waiting = rounds.waited_cpu / rounds.waited_wall if rounds.waited_wall > 0 else 0.0
-    baseline = statistics.median(rounds.baseline) if rounds.baseline else 0.0  # rank 0's; 0 elsewhere
-    mine = [statistics.median(rounds.step), statistics.median(rounds.compute), baseline, waiting]
+            steps.append(step)
+            computes.append(compute)
+    mine = [
+        statistics.median(steps),
+        statistics.median(computes),
+        statistics.median(baselines) if baselines else 0.0,  # rank 0's; 0 elsewhere
+        waited_cpu / waited_wall if waited_wall > 0 else 0.0,
+    ]
     figures = torch.tensor(mine, dtype=torch.float64, device=context.device)
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
-    step, compute, baseline, waiting = figures.tolist()
-    return StepTimes(step=step, compute=compute, baseline=baseline, waiting_cpu=waiting)
+    return StepTimes(*figures.tolist())

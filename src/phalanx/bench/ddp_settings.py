@@ -91,9 +91,8 @@ class DdpSettings:
             )
 
     def runnable(self, backend: str, world_size: int) -> tuple[tuple[str, ...], dict[str, str]]:
-        """The compressions this job measures, and the skipped ones with the reason.
-
-        Refuses a compression the backend cannot run when it was asked for by name."""
+        """The compressions this job measures, and the skipped ones with the reason; refuses one the
+        backend cannot run that was asked for by name."""
         skipped: dict[str, str] = {}
         for name in self.compressions:
             reason = unsupported_reason(name, backend, world_size)

@@ -1,7 +1,5 @@
-"""The program `phalanx bench ddp` runs on every rank (``python -m phalanx.bench.ddp_worker``).
-
-Every rank trains; global rank 0 writes the report that the command prints.
-"""
+"""The program `phalanx bench ddp` runs on every rank (``python -m phalanx.bench.ddp_worker``);
+every rank trains, global rank 0 writes the report that the command prints."""
 
 from __future__ import annotations
 

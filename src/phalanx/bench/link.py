@@ -1,10 +1,8 @@
 """The link a ring all-reduce runs over: bandwidth and latency from flags or from a doctor file.
 
-Bandwidth units are spelled out, because the common ones differ by a factor of 8 and by case
-only ("Gb" or "GB"): ``bit``, ``bit/s``, ``bps`` are bits per second; ``B/s``, ``byte/s`` are
-bytes per second. Prefixes are decimal (k, M, G, T: network rates are quoted in powers of
-1000), or binary with ``i`` (Ki, Mi, Gi, Ti). Anything else is refused with the two spellings
-that work.
+Bandwidth units are spelled out, since the common ones differ by a factor of 8 and by case only
+("Gb" or "GB"): ``bit``, ``bit/s``, ``bps`` are bits per second, ``B/s``, ``byte/s`` bytes.
+Prefixes are decimal (k, M, G, T), or binary with ``i`` (Ki, Mi, Gi, Ti).
 """
 
 from __future__ import annotations
@@ -150,9 +148,7 @@ def format_bandwidth(bytes_per_s: float) -> str:
 
 
 def format_latency(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:g} ms"
-    return f"{seconds * 1e6:g} us"
+    return f"{seconds * 1e3:g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:g} us"
 
 
 def _decimal(number: float) -> str:

@@ -61,7 +61,8 @@ def parse_param_count(value: object) -> int:
     if not match:
         raise InvalidValue(f"--params {text!r} is not a parameter count", hint)
     mantissa, exponent, suffix = match.groups()
-    exact = _exact_count(mantissa, int(exponent or 0)) * _COUNT_SCALE[suffix.lower()]
+    # exact arithmetic: 1.3B must be 1_300_000_000, not float's 1_299_999_999
+    exact = Fraction(mantissa) * Fraction(10) ** int(exponent or 0) * _COUNT_SCALE[suffix.lower()]
     if exact.denominator != 1:
         raise InvalidValue(f"--params {text!r} is not a whole number of parameters", hint)
     if exact < 1:
@@ -69,11 +70,6 @@ def parse_param_count(value: object) -> int:
     if exact > MAX_PARAMETERS:
         raise InvalidValue(f"--params {text!r} is more than {_count_text(MAX_PARAMETERS)} parameters", hint)
     return int(exact)
-
-
-def _exact_count(mantissa: str, exponent: int) -> Fraction:
-    # Exact arithmetic: 1.3B must be 1_300_000_000, not float's 1_299_999_999.
-    return Fraction(mantissa) * Fraction(10) ** exponent
 
 
 def _count_text(count: float) -> str:

@@ -1,8 +1,4 @@
-"""`phalanx plan`'s report of a :class:`~phalanx.bench.cost_model.Prediction`: text for people, a dict for --json.
-
-Both say the same things: the layout's rank table, the link and why it bounds the ring, the
-formula, what was assumed, a row per compression, the verdict and its caution.
-"""
+"""`phalanx plan`'s report of a :class:`~phalanx.bench.cost_model.Prediction`: text for people, a dict for --json."""
 
 from __future__ import annotations
 

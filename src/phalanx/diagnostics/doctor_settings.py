@@ -29,6 +29,5 @@ class DoctorSettings:
 
     def allreduce(self) -> CollectiveSettings:
         return CollectiveSettings(
-            collectives=("all_reduce",), min_bytes=self.allreduce_min_bytes, max_bytes=self.allreduce_max_bytes,
-            step_factor=4, iters=self.iters, warmup_iters=1, check=1,
-        )  # fmt: skip
+            min_bytes=self.allreduce_min_bytes, max_bytes=self.allreduce_max_bytes, iters=self.iters, warmup_iters=1
+        )

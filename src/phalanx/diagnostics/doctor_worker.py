@@ -1,8 +1,5 @@
-"""The program `phalanx doctor` runs on every rank (``python -m phalanx.diagnostics.doctor_worker``).
-
-Every rank takes part in each probe; global rank 0 gathers the results into the report that
-the command turns into tables and a verdict.
-"""
+"""The program `phalanx doctor` runs on every rank (``python -m phalanx.diagnostics.doctor_worker``);
+every rank takes part in each probe, global rank 0 writes the report."""
 
 from __future__ import annotations
 
@@ -19,6 +16,7 @@ import torch.distributed as dist
 from phalanx.bench.collective_report import collective_result
 from phalanx.bench.collective_runner import CollectiveBench
 from phalanx.bench.device_sync import barrier
+from phalanx.console import say
 from phalanx.diagnostics.doctor_settings import DoctorSettings
 from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.networks import Attachment, measure, pairs_to_measure, responding
@@ -94,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes = _nodes(ranks, details)
         leads = [node["ranks"][0] for node in nodes]
         probe = Probe(context.device)
-        progress = (lambda text: print(text, file=sys.stderr, flush=True)) if context.is_main else (lambda text: None)
+        progress = say if context.is_main else (lambda text: None)
         progress(f"doctor: {len(nodes)} node(s), {context.world_size} ranks: clocks, links, all-reduce, compute, "
                  "networks")  # fmt: skip
         timer = _PhaseTimer()

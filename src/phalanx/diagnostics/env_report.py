@@ -22,8 +22,9 @@ added, none renamed without raising ``schema``):
 ``infiniband``    [{device, port, state, phys_state, rate, link_layer}]
 ``shm``           path, total_bytes, free_bytes
 ``limits``        open_files_soft, open_files_hard, locked_memory_soft, locked_memory_hard (None: unlimited)
-``variables``     {NAME: value} of the set NCCL_*, GLOO_*, TORCH_*, MASTER_*, PHALANX_* variables
-                  and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES
+``variables``     {NAME: value} of the set variables whose names start with
+                  :data:`~phalanx.diagnostics.machine.VARIABLE_PREFIXES` or are in
+                  :data:`~phalanx.diagnostics.machine.VARIABLE_NAMES`
 ``config_file``   the --config file the settings were read from, or None
 ``cluster``       name (SLURM, ..., None without one), description, values {nnodes, node_rank,
                   endpoint, rdzv_id, nproc_per_node, hosts}, sources, refused, hint: the cluster
@@ -82,8 +83,7 @@ class EnvReport:
     findings: tuple[Finding, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON data (dicts, lists, text, numbers): json.dumps takes it as is."""
-        # Through JSON once, so the tuples are lists: the same data a reader of the document gets.
+        """The report as a reader of the JSON document gets it: dicts, lists (not tuples), text, numbers."""
         return json.loads(json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}))
 
     @property

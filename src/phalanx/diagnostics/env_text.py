@@ -8,7 +8,6 @@ from phalanx.console import format_table
 from phalanx.diagnostics.env_report import EnvReport
 from phalanx.diagnostics.launch_settings import JsonValue
 from phalanx.diagnostics.machine import VARIABLE_NAMES, VARIABLE_PREFIXES
-from phalanx.diagnostics.traps import Finding
 from phalanx.torch_compat import outside_range, tested_range
 
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
@@ -32,7 +31,7 @@ def render(report: EnvReport) -> str:
     ]
     parts = [f"phalanx env: {report.host.hostname} (phalanx {report.phalanx})"]
     parts += [f"{title}\n{body}" for title, body in sections]
-    findings = [render_finding(finding) for finding in report.findings]
+    findings = [f"WARNING: {finding.what}\n  {finding.why}\nHINT: {finding.hint}" for finding in report.findings]
     parts.append("\n\n".join(findings) or "no known trap found on this machine")
     return "\n\n".join(parts)
 
@@ -45,10 +44,6 @@ def _cluster(report: EnvReport) -> str:
         return f"  {cluster.description}"
     rows = [("environment", cluster.description), *cluster.values.items(), ("read", ", ".join(cluster.sources))]
     return _pairs(rows)
-
-
-def render_finding(finding: Finding) -> str:
-    return f"WARNING: {finding.what}\n  {finding.why}\nHINT: {finding.hint}"
 
 
 def _pairs(rows: Sequence[Sequence[object]]) -> str:

@@ -1,12 +1,8 @@
 """The launch settings `phalanx run` would use on this machine, and where each one comes from.
 
-Without flags (the env report has none of run's), a setting comes from torchrun's ``PET_<FLAG>``
-variable (for the flags torchrun has too), else its ``PHALANX_<FLAG>`` variable, else from the
-``--config`` file, else from :class:`LaunchSpec`'s default: the same
-parsers and the same precedence as `phalanx run`, because each setting goes through
-:func:`phalanx.settings.options.resolve_settings` itself. A value `phalanx run` would refuse is
-reported with the refusal instead of raising, so that the rest of the report still appears.
-Checks that need the whole spec (--simulate-nodes with --nnodes, ...) are run's, at launch.
+A setting comes from ``PET_<FLAG>``, else ``PHALANX_<FLAG>``, else the ``--config`` file, else
+:class:`LaunchSpec`'s default, each through :func:`phalanx.settings.options.resolve_settings` as
+`phalanx run` does. A value run would refuse is reported with its refusal, not raised.
 """
 
 from __future__ import annotations
@@ -54,10 +50,9 @@ def resolved_settings(
             continue
         try:
             value = resolve_settings({}, from_env, from_config, config_path)[option.field].value
+            settings.append(ResolvedSetting(option.flag, json_value(value), source, origin))
         except SettingsRefused as refused:
             settings.append(ResolvedSetting(option.flag, json_value(raw), source, origin, refused.what, refused.hint))
-            continue
-        settings.append(ResolvedSetting(option.flag, json_value(value), source, origin))
     return settings
 
 

@@ -1,10 +1,8 @@
 """This machine's operating-system facts: host, network interfaces, InfiniBand, /dev/shm, limits.
 
-Every reader here is cheap (no subprocess, no network traffic beyond one lookup of the
-hostname) and never raises on a missing or unreadable file: text facts the OS does not give
-are recorded as ``"unknown"``, numbers as ``None``. ``root`` (``/`` on a real machine) is the
-folder that /sys, /proc, /etc and /dev are read under, so that tests can point the readers at
-a fake tree for what this machine lacks (an InfiniBand card, say).
+Every reader is cheap (no subprocess, one lookup of the hostname) and never raises on a missing
+file: text the OS does not give is ``"unknown"``, a number ``None``. ``root`` is the folder /sys,
+/proc, /etc and /dev are read under, so that tests can fake what this machine lacks.
 """
 
 from __future__ import annotations
@@ -219,13 +217,8 @@ def shm_facts(root: Path = Path("/")) -> ShmFacts:
 
 
 def limit_facts() -> LimitFacts:
-    def limits(which: int) -> tuple[int | None, int | None]:
-        soft, hard = resource.getrlimit(which)
-        return (None if soft == resource.RLIM_INFINITY else soft, None if hard == resource.RLIM_INFINITY else hard)
-
-    open_soft, open_hard = limits(resource.RLIMIT_NOFILE)
-    locked_soft, locked_hard = limits(resource.RLIMIT_MEMLOCK)
-    return LimitFacts(open_soft, open_hard, locked_soft, locked_hard)
+    pairs = [resource.getrlimit(which) for which in (resource.RLIMIT_NOFILE, resource.RLIMIT_MEMLOCK)]
+    return LimitFacts(*(None if limit == resource.RLIM_INFINITY else limit for pair in pairs for limit in pair))
 
 
 def distributed_variables(environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,12 +1,9 @@
 """Every network two nodes share, measured on its own: `phalanx doctor`'s networks table.
 
-The workers' process group runs over one interface, the one that routes to the rendezvous
-endpoint unless --interface names another. A host with a management network and a data network
-has a second network the job could use, and nothing measures it. The process group cannot be
-moved to another interface once made, so this measures over plain TCP: every node's lead rank
-listens on each of its IPv4 addresses; for each pair of leads and each subnet both have an
-address on, the lower lead connects from its own address on that subnet to the other's, and
-times round trips and a transfer, one pair and network at a time.
+The process group runs over one interface, so the others a job could use (a data network beside
+the management one) are measured over plain TCP: every node's lead listens on one private IPv4
+address per subnet (the workers' where it is one), and for each pair of leads and each subnet both are on, the lower lead times round
+trips and transfers to the other, one pair and network at a time.
 """
 
 from __future__ import annotations
@@ -18,16 +15,12 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from phalanx.diagnostics.probes import one_way
+from phalanx.diagnostics.probes import ROUNDS, TRANSFERS, one_way
 from phalanx.launch.network import local_interfaces
 
-#: Round trips per latency figure; the median is reported.
-ROUNDS = 8
-#: Transfers per bandwidth figure, at most; the median is reported.
-TRANSFERS = 3
 #: How long a peer may take to accept a connection: a LAN answers in milliseconds, and every
 #: network no pair can reach costs this for each pair, one after the other.
 CONNECT_TIMEOUT_S = 1.0
@@ -94,30 +87,47 @@ def _read_exactly(connection: socket.socket, view: memoryview) -> None:
         got += read
 
 
-def _read_header(connection: socket.socket) -> int:
-    header = bytearray(_HEADER.size)
-    _read_exactly(connection, memoryview(header))
-    return _HEADER.unpack(header)[0]
-
-
-class Responder:
-    """The listening side: one thread per address, answering each request with one byte."""
-
-    def __init__(self) -> None:
-        self.attachments: list[Attachment] = []
-        self._listeners: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._serving: set[socket.socket] = set()
-        self._lock = threading.Lock()
-
-    def start(self, prefer: str | None = None) -> list[Attachment]:
-        """Listens on this host's addresses; the ones it could not listen on are left out (and all
-        of them where the interfaces could not be read: the table then has no row for this node,
-        and every rank still goes on to the same barriers)."""
+def _serve(listener: socket.socket, serving: set[socket.socket], lock: threading.Lock) -> None:
+    """Answers each request on the listener's connections with one byte, until it is closed."""
+    buffer = memoryview(bytearray(_CHUNK))
+    header = memoryview(bytearray(_HEADER.size))
+    while True:
         try:
-            attachable = _attachable(prefer)
-        except Exception:  # the other ranks wait at the gather that follows: never raise here
-            return []
+            connection, _ = listener.accept()
+        except OSError:
+            return  # closed as the block of responding() ends
+        with lock:
+            serving.add(connection)
+        with connection, contextlib.suppress(OSError):
+            connection.settimeout(MEASURE_BOUND_S)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                _read_exactly(connection, header)
+                (size,) = _HEADER.unpack(header)
+                while size:
+                    step = min(size, _CHUNK)
+                    _read_exactly(connection, buffer[:step])
+                    size -= step
+                connection.sendall(b"\x01")
+        with lock:
+            serving.discard(connection)
+
+
+@contextlib.contextmanager
+def responding(prefer: str | None = None) -> Iterator[list[Attachment]]:
+    """This node's attachments (``prefer``: the workers' address), each answered by a thread of
+    its own while the block runs. An address it cannot listen on is left out, and all of them
+    where the interfaces cannot be read: every rank still goes on to the same barriers."""
+    listeners: list[socket.socket] = []
+    attachments: list[Attachment] = []
+    threads: list[threading.Thread] = []
+    serving: set[socket.socket] = set()
+    lock = threading.Lock()
+    try:
+        attachable = _attachable(prefer)
+    except Exception:  # the other ranks wait at the gather that follows: never raise here
+        attachable = []
+    try:
         for network, interface, address, speed in attachable:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
@@ -126,58 +136,24 @@ class Responder:
             except OSError:
                 listener.close()
                 continue
-            self._listeners.append(listener)
-            self.attachments.append(Attachment(network, interface, address, listener.getsockname()[1], speed))
+            listeners.append(listener)
+            attachments.append(Attachment(network, interface, address, listener.getsockname()[1], speed))
             thread = threading.Thread(
-                target=self._serve, args=(listener,), name=f"doctor-networks-{address}", daemon=True
+                target=_serve, args=(listener, serving, lock), name=f"doctor-networks-{address}", daemon=True
             )
             thread.start()
-            self._threads.append(thread)
-        return self.attachments
-
-    def _serve(self, listener: socket.socket) -> None:
-        buffer = memoryview(bytearray(_CHUNK))
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return  # closed by stop()
-            with self._lock:
-                self._serving.add(connection)
-            with connection, contextlib.suppress(OSError):
-                connection.settimeout(MEASURE_BOUND_S)
-                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                while True:
-                    size = _read_header(connection)
-                    while size:
-                        step = min(size, _CHUNK)
-                        _read_exactly(connection, buffer[:step])
-                        size -= step
-                    connection.sendall(b"\x01")
-            with self._lock:
-                self._serving.discard(connection)
-
-    def stop(self) -> None:
-        """Closes the listeners and the connections still served; the threads end at once."""
-        with self._lock:
-            open_sockets = [*self._listeners, *self._serving]
+            threads.append(thread)
+        yield attachments
+    finally:  # the listeners and the connections still served close: the threads end at once
+        with lock:
+            open_sockets = [*listeners, *serving]
         for sock in open_sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        for listener in self._listeners:
+        for listener in listeners:
             listener.close()
-        for thread in self._threads:
+        for thread in threads:
             thread.join(timeout=1.0)
-
-
-@contextlib.contextmanager
-def responding(prefer: str | None = None) -> Iterator[list[Attachment]]:
-    """This node's attachments (``prefer``: the workers' address), answered while the block runs."""
-    responder = Responder()
-    try:
-        yield responder.start(prefer)
-    finally:
-        responder.stop()
 
 
 def pairs_to_measure(attached: dict[int, list[Attachment]]) -> list[tuple[int, int, Attachment, Attachment]]:
@@ -218,9 +194,9 @@ def measure(source: int, target: int, mine: Attachment, theirs: Attachment, mess
         with connection:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for _ in range(ROUNDS):
-                round_trips.append(_timed(lambda: _send(connection, payload, 0, deadline)))
+                round_trips.append(_send(connection, payload, 0, deadline))
             for _ in range(TRANSFERS):
-                transfers.append(_timed(lambda: _send(connection, payload, size, deadline)))
+                transfers.append(_send(connection, payload, size, deadline))
     except Exception as error:  # a figure with its error: the others wait at the barrier
         if not transfers:
             stage = "its round trips" if len(round_trips) < ROUNDS else "the first transfer"
@@ -237,15 +213,9 @@ def _reason(error: Exception) -> str:
     return (error.strerror if isinstance(error, OSError) else None) or str(error) or type(error).__name__
 
 
-def _timed(action: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    action()
-    return time.perf_counter() - started
-
-
-def _send(connection: socket.socket, chunk: bytes, size: int, deadline: float) -> None:
-    """``size`` bytes (``chunk`` again and again), then the one-byte reply (0: a round trip); a
-    TimeoutError once ``deadline`` passes, whichever call it passes in."""
+def _send(connection: socket.socket, chunk: bytes, size: int, deadline: float) -> float:
+    """Seconds to send ``size`` bytes (``chunk`` again and again) and get the one-byte reply (0: a
+    round trip); a TimeoutError once ``deadline`` passes, whichever call it passes in."""
 
     def until_deadline() -> None:
         left = deadline - time.monotonic()
@@ -253,6 +223,7 @@ def _send(connection: socket.socket, chunk: bytes, size: int, deadline: float) -
             raise TimeoutError
         connection.settimeout(left)
 
+    started = time.perf_counter()
     until_deadline()
     connection.sendall(_HEADER.pack(size))
     left = size
@@ -263,3 +234,4 @@ def _send(connection: socket.socket, chunk: bytes, size: int, deadline: float) -
         left -= step
     until_deadline()
     _read_exactly(connection, memoryview(bytearray(1)))
+    return time.perf_counter() - started

@@ -15,8 +15,10 @@ import torch.distributed as dist
 
 from phalanx.bench.device_sync import barrier, synchronize
 
-#: Round trips per clock and latency probe; the fastest is the least disturbed.
+#: Round trips per clock and latency figure.
 ROUNDS = 8
+#: Transfers per bandwidth figure.
+TRANSFERS = 3
 
 
 @dataclass(frozen=True)
@@ -63,16 +65,16 @@ class Probe:
             if lead == 0:
                 continue
             if self.rank == lead:
-                best = None
+                trials = []  # (rank 0's clock minus ours, round trip)
                 for _ in range(ROUNDS):
                     sent = time.time()
                     dist.send(stamp, dst=0)
                     dist.recv(stamp, src=0)
                     synchronize(self.device)
                     received = time.time()
-                    trial = (stamp.item() - (sent + received) / 2, received - sent)
-                    best = trial if best is None or trial[1] < best[1] else best
-                found.append(ClockOffset(lead, -best[0], best[1]))  # type: ignore[index]
+                    trials.append((stamp.item() - (sent + received) / 2, received - sent))
+                behind, round_trip = min(trials, key=lambda trial: trial[1])
+                found.append(ClockOffset(lead, -behind, round_trip))
             elif self.rank == 0:
                 for _ in range(ROUNDS):
                     dist.recv(stamp, src=lead)
@@ -82,7 +84,7 @@ class Probe:
             barrier(self.device)
         return found
 
-    def link(self, source: int, target: int, message_bytes: int, repeats: int = 3) -> LinkFigure | None:
+    def link(self, source: int, target: int, message_bytes: int) -> LinkFigure | None:
         """Latency and one-way bandwidth from ``source`` to ``target``; the figure is on ``source``."""
         if self.rank not in (source, target):
             barrier(self.device)
@@ -90,21 +92,16 @@ class Probe:
         peer = target if self.rank == source else source
         small = torch.zeros(1, device=self.device)
         large = torch.zeros(max(1, message_bytes // 4), device=self.device)
-        round_trips, transfers = [], []
-        for _ in range(ROUNDS):
-            started = time.perf_counter()
-            self._exchange(small, small, peer)
-            round_trips.append(time.perf_counter() - started)
-        for _ in range(repeats):
-            started = time.perf_counter()
-            self._exchange(large, small, peer)  # the large message one way, a one-element reply
-            transfers.append(time.perf_counter() - started)
+        round_trips = [self._exchange(small, small, peer) for _ in range(ROUNDS)]
+        transfers = [self._exchange(large, small, peer) for _ in range(TRANSFERS)]
         barrier(self.device)
         if self.rank != source:
             return None
         return LinkFigure(source, target, *one_way(round_trips, transfers, large.numel() * 4))
 
-    def _exchange(self, outbound: torch.Tensor, reply: torch.Tensor, peer: int) -> None:
+    def _exchange(self, outbound: torch.Tensor, reply: torch.Tensor, peer: int) -> float:
+        """Seconds for ``outbound`` to go one way and ``reply`` to come back (the lower rank sends)."""
+        started = time.perf_counter()
         if self.rank < peer:
             dist.send(outbound, dst=peer)
             dist.recv(reply, src=peer)
@@ -112,6 +109,7 @@ class Probe:
             dist.recv(outbound, src=peer)
             dist.send(reply, dst=peer)
         synchronize(self.device)
+        return time.perf_counter() - started
 
     def compute(self, seconds: float = 0.3) -> ComputeFigure:
         """A fixed float32 matmul on every rank at once: the GFLOP/s this rank sustains."""

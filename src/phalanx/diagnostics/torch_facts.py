@@ -1,7 +1,6 @@
 """What this machine's torch build can do: CUDA, cuDNN, NCCL, Gloo, and the GPUs it sees.
 
-Imports torch (the one slow part of the env report, about a second). Versions that a build
-does not have are None (a CPU-only build has no CUDA, cuDNN or NCCL).
+Imports torch, the one slow part of the env report. What a build lacks (CUDA, cuDNN, NCCL) is None.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ class TorchFacts:
     missing_private: tuple[str, ...] = ()
 
     def backends(self) -> dict[str, bool]:
-        """Which torch.distributed backends this build has, by name."""
         return {"gloo": self.gloo_available, "nccl": self.nccl_available, "mpi": self.mpi_available}
 
 
@@ -101,14 +99,10 @@ def gpu_report(cuda: Any = None, root: Path = Path("/")) -> GpuReport:
         import torch
 
         cuda = torch.cuda
-    devices = []
-    if cuda.is_available():
-        for index in range(cuda.device_count()):
-            properties = cuda.get_device_properties(index)
-            devices.append(
-                GpuFacts(index, properties.name, int(properties.total_memory), f"{properties.major}.{properties.minor}")
-            )
-    return GpuReport(nvidia_driver_version(root), tuple(devices))
+    count = cuda.device_count() if cuda.is_available() else 0
+    found = [(index, cuda.get_device_properties(index)) for index in range(count)]
+    devices = tuple(GpuFacts(i, p.name, int(p.total_memory), f"{p.major}.{p.minor}") for i, p in found)
+    return GpuReport(nvidia_driver_version(root), devices)
 
 
 def nvidia_driver_version(root: Path = Path("/")) -> str:

@@ -1,8 +1,7 @@
 """Facts of one machine that are known traps for distributed training, each with a HINT.
 
-Each check reads facts the env report already holds (never the system itself), so the doctor
-can run the same checks on the reports it gathers from every node. Differences between nodes
-(an MTU mismatch, different versions) are the doctor's to find, not these.
+Each check reads the env report's facts, never the system, so the doctor can run them on every
+node's report; differences between nodes are the doctor's to find.
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
 from phalanx.launch import network
 from phalanx.torch_compat import install_hint, outside_range, unsure_features
 
-GIB = 1024**3
 #: Below this /dev/shm is too small for NCCL's shared-memory transport and DataLoader workers.
-MIN_SHM_BYTES = 1 * GIB
+MIN_SHM_BYTES = 1024**3
 #: Below this soft limit a job of a few dozen ranks with DataLoader workers runs out of descriptors.
 MIN_OPEN_FILES = 4096
 

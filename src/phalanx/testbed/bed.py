@@ -1,20 +1,10 @@
 """A test bed: K hosts on one Linux machine, each a network namespace on a shared bridge.
 
-Each host has its own address (10.<subnet>.0.<k>) and an ``eth0``; the bridge has
-10.<subnet>.0.254, so this machine's own processes (a SLURM controller, an ssh client) reach every
-host. Inside a host, the other hosts' names resolve to their addresses, while the machine's
-hostname resolves to 127.0.0.1 and the host's own name to 127.0.1.1: the /etc/hosts trap of many
-real clusters. Links can be shaped (rate with ``tbf``, delay and loss with ``netem`` where the
-kernel has it) and cut (the bridge's port goes down: packets vanish, as with a pulled cable).
-
-A bed can give its hosts a second network, ``data``: an ``eth1`` on a bridge of its own
-(10.<data subnet>.0.<k>), as hosts with a management and a fast network have. Each network's
-links are shaped and cut on their own, the hosts' names can resolve to either network, and the
-data network can be cut between two hosts only (their packets to each other dropped).
-
-Everything a bed creates carries its name: namespaces ``tb-<bed>-<host>``, links ``tb<bed>-...``,
-``/etc/netns/tb-<bed>-<host>/`` and ``/run/phalanx-testbed/<bed>.json`` (written first), so that
-:func:`tear_down` removes a bed whose creator was interrupted, and nothing that is not a bed's.
+Host k has 10.<subnet>.0.<k> on ``eth0`` (and on ``eth1`` a ``data`` network, if asked), the
+bridge 10.<subnet>.0.254, so this machine reaches every host. Links can be shaped and cut. Inside
+a host, its own name resolves to 127.0.1.1: the /etc/hosts trap of many real clusters.
+Everything a bed creates carries its name, and its state file is written first, so that
+:func:`tear_down` removes a half-built bed, and nothing that is not a bed's.
 """
 
 from __future__ import annotations
@@ -84,9 +74,7 @@ class Shaping:
         return any((self.rate, self.delay, self.loss))
 
     def __str__(self) -> str:
-        parts = [f"rate {self.rate}" if self.rate else "", f"delay {self.delay}" if self.delay else "",
-                 f"loss {self.loss}" if self.loss else ""]  # fmt: skip
-        return ", ".join(part for part in parts if part) or "unshaped"
+        return ", ".join(f"{part} {value}" for part, value in asdict(self).items() if value) or "unshaped"
 
 
 @dataclass(frozen=True)
@@ -160,7 +148,6 @@ class TestBed:
 
     @property
     def networks(self) -> list[str]:
-        """The bed's networks: ``main``, and ``data`` where it has one."""
         return ["main"] if self.data_subnet is None else ["main", "data"]
 
     def host(self, name: str) -> Host:
@@ -172,7 +159,6 @@ class TestBed:
             f"test bed {self.name!r} has no host {name!r}", f"its hosts: {known}", "pick one of those"
         )
 
-    # -- shaping and cuts ------------------------------------------------------------------
     def shape(self, shaping: Shaping, hosts: Sequence[str] | None = None, network: str = "main") -> None:
         """Shapes the links of ``hosts`` (every host by default) on ``network``, both directions."""
         for name in hosts or [host.name for host in self.hosts]:
@@ -237,14 +223,10 @@ class TestBed:
         for host, other in zip(hosts, reversed(addresses)):
             _run(["ip", "netns", "exec", host.namespace, "iptables", action, "OUTPUT", "-d", other, "-j", "DROP"])
 
-    # -- state -----------------------------------------------------------------------------
     def save(self) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
-        data = {"name": self.name, "subnet": self.subnet, "hosts": [asdict(h) for h in self.hosts],
-                "shaping": {k: asdict(v) for k, v in self.shaping.items()}, "cut": self.cut,
-                "data_subnet": self.data_subnet, "pair_cuts": self.pair_cuts}  # fmt: skip
         temporary = state_file(self.name).with_suffix(".tmp")
-        temporary.write_text(json.dumps(data, indent=1))
+        temporary.write_text(json.dumps(asdict(self), indent=1))
         temporary.replace(state_file(self.name))
 
     @classmethod
@@ -255,22 +237,13 @@ class TestBed:
             raise SettingsRefused(
                 f"there is no test bed named {name!r}", "", "start one with: phalanx testbed up --hosts 2"
             ) from None
-        return cls(
-            name=data["name"],
-            subnet=data["subnet"],
-            hosts=[Host(**h) for h in data["hosts"]],
-            shaping={k: Shaping(**v) for k, v in data["shaping"].items()},
-            cut=list(data["cut"]),
-            data_subnet=data["data_subnet"],
-            pair_cuts=[list(cut) for cut in data["pair_cuts"]],
-        )
+        hosts = [Host(**host) for host in data.pop("hosts")]
+        shaping = {key: Shaping(**shape) for key, shape in data.pop("shaping").items()}
+        return cls(hosts=hosts, shaping=shaping, **data)
 
     def processes(self, name: str) -> list[int]:
         """The processes running in a host's network namespace."""
         return namespace_pids(self.host(name).namespace)
-
-    def down(self) -> None:
-        tear_down(self.name)
 
 
 def state_file(name: str) -> Path:
@@ -323,7 +296,8 @@ def build(
     name: str, host_names: Sequence[str], *, shaping: Shaping = Shaping(), subnet: int | None = None,
     data_network: bool = False, names_on: str = "main",
 ) -> TestBed:  # fmt: skip
-    """Creates a bed; on any failure or interruption (SIGINT, SIGTERM), removes what it made.
+    """Creates a bed and saves its state; on any failure or interruption (SIGINT, SIGTERM), removes
+    what it made.
 
     Args:
         name: the bed's name, 1 to 8 lower-case letters and digits.
@@ -333,13 +307,10 @@ def build(
         data_network: give every host a second network, ``data`` (eth1, on the next free subnet).
         names_on: the network the hosts' names resolve to inside the hosts (``main`` or ``data``).
 
-    Returns:
-        The bed, saved to its state file.
-
     Example:
         >>> bed = build("demo", ["h1", "h2"], shaping=Shaping(rate="1gbit"))  # doctest: +SKIP
         >>> subprocess.run(bed.host("h1").command(["ip", "-br", "addr"]))  # doctest: +SKIP
-        >>> bed.down()  # doctest: +SKIP
+        >>> tear_down("demo")  # doctest: +SKIP
     """
     check_can_build()
     _check_names(name, host_names)
@@ -418,7 +389,6 @@ def beds() -> list[str]:
     return sorted(path.stem for path in STATE_DIR.glob("*.json")) if STATE_DIR.is_dir() else []
 
 
-# -- the kernel's side -------------------------------------------------------------------------
 def _ip(*args: str) -> None:
     _run(["ip", *args])
 
@@ -539,17 +509,14 @@ def _check_subnet(subnet: int) -> None:
 
 
 def _used_subnets() -> set[int]:
+    """The 10.x.0.0/24 subnets routes or beds use (a bed's from its state: it may not be built yet)."""
     listed = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=10)
-    return {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.", listed.stdout)} | set(_subnets_of_beds())
-
-
-def _subnets_of_beds() -> list[int]:
-    found = []
+    used = {int(m.group(1)) for m in re.finditer(r"\b10\.(\d+)\.", listed.stdout)}
     for name in beds():
         with contextlib.suppress(OSError, ValueError, KeyError):
             data = json.loads(state_file(name).read_text())
-            found += [data["subnet"], *([data["data_subnet"]] if data["data_subnet"] is not None else [])]
-    return found
+            used |= {data["subnet"], data["data_subnet"]} - {None}
+    return used
 
 
 def check_name(name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 from phalanx.console import format_table, say
 from phalanx.errors import SettingsRefused
+from phalanx.exit_codes import exit_code_of
 from phalanx.testbed.bed import (
     DEFAULT_NAME,
     Shaping,
@@ -24,6 +26,7 @@ from phalanx.testbed.bed import (
     state_file,
     tear_down,
 )
+from phalanx.testbed.together import signal_group
 
 
 def _shaping(args: argparse.Namespace) -> Shaping:
@@ -64,9 +67,8 @@ def cut(args: argparse.Namespace) -> int:
         return 0
     say(f"phalanx testbed: {what} for {args.seconds:g} s (Ctrl-C restores at once)")
     try:
-        time.sleep(args.seconds)
-    except KeyboardInterrupt:
-        pass
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(args.seconds)
     finally:
         _restore(bed, args)
     say(f"phalanx testbed: {f'{args.host} and {args.to} are' if args.to else f'{args.host} is'} back")
@@ -124,7 +126,7 @@ def _run_everywhere(bed: TestBed, command: list[str]) -> int:
 
     def stop(signum: int, _frame: object) -> None:  # Ctrl-C or SIGTERM: to every host's command, then wait
         for process in processes:
-            _signal_group(process, signum)
+            signal_group(process, signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -134,8 +136,7 @@ def _run_everywhere(bed: TestBed, command: list[str]) -> int:
             signal.signal(sig, handler)
     for relay in relays:
         relay.join(timeout=5)
-    # as a shell reports them: a command ended by signal N exits with 128 + N
-    return next((code if code > 0 else 128 - code for code in codes if code != 0), 0)
+    return next((exit_code_of(code) for code in codes if code != 0), 0)
 
 
 def _relay(name: str, process: subprocess.Popen[str]) -> None:
@@ -145,16 +146,8 @@ def _relay(name: str, process: subprocess.Popen[str]) -> None:
         sys.stdout.flush()
 
 
-def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
-    try:
-        os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
 def status(args: argparse.Namespace) -> int:
-    names = [args.name] if state_file(args.name).exists() else []
-    if not names:
+    if not state_file(args.name).exists():
         others = beds()
         say(f"phalanx testbed: no bed named {args.name!r}" + (f"; beds here: {', '.join(others)}" if others else ""))
         return 0

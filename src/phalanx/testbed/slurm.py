@@ -1,13 +1,8 @@
 """A real SLURM cluster on a test bed: Debian's slurmctld on this machine, one slurmd per host.
 
-No munge and no cgroups: ``AuthType=auth/none``, ``CredType=cred/none``,
-``ProctrackType=proctrack/pgid``, ``TaskPlugin=task/none``. Each slurmd runs inside its host
-(its own address, its own ``Port=``) with its own spool, pid and log files (``%n``); slurmctld
-listens on the bed's bridge. ``cred_expire`` is short so that a requeued job is eligible again
-within seconds instead of two minutes, and the scheduler looks at pending jobs every 2 s instead
-of every 60 s (``sched_interval``), so that it then starts within seconds too. Stock slurmd accepts ``-N NAME`` without SLURM's
-multiple-slurmd build; Debian's slurm-wlm-emulator package is a different thing (a front-end
-build that runs every task on node 0) and is not used.
+No munge and no cgroups (``auth/none``, ``proctrack/pgid``, ``task/none``); each slurmd runs in
+its host with its own port and files, slurmctld on the bed's bridge. ``cred_expire`` and
+``sched_interval`` are short, so that a requeued job starts again within seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from pathlib import Path
 
 from phalanx.errors import SettingsRefused
 from phalanx.testbed.bed import TestBed
+from phalanx.testbed.together import signal_group
 
 #: How long the daemons may take to start and the nodes to report idle.
 READY_TIMEOUT_S = 60.0
@@ -48,10 +44,6 @@ class SlurmCluster:
         """What SLURM's commands (sbatch, srun, scontrol) need to find this cluster."""
         return {"SLURM_CONF": str(self.conf)}
 
-    @property
-    def nodelist(self) -> str:
-        return ",".join(host.name for host in self.bed.hosts)
-
     def log(self, daemon: str) -> str:
         path = self.folder / f"{daemon}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -66,15 +58,13 @@ class SlurmCluster:
         """Stops every daemon (and, with the bed's hosts, every job step they started)."""
         self.cancel_jobs()
         for daemon in self.daemons:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(daemon.pid, signal.SIGTERM)
+            signal_group(daemon, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for daemon in self.daemons:
             try:
                 daemon.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(daemon.pid, signal.SIGKILL)
+                signal_group(daemon, signal.SIGKILL)
                 daemon.wait()
 
 
@@ -130,8 +120,10 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def start(bed: TestBed, folder: Path, *, cpus: int = 2, cred_expire_s: int = 5) -> SlurmCluster:
-    """Starts slurmctld here and a slurmd in every host of ``bed``; returns once every node is idle.
+@contextlib.contextmanager
+def slurm_cluster(bed: TestBed, folder: Path, *, cpus: int = 2, cred_expire_s: int = 5) -> Iterator[SlurmCluster]:
+    """slurmctld here and a slurmd in every host of ``bed``, for the duration of a ``with`` block
+    that starts once every node is idle; stopped afterwards whatever happens.
 
     Raises:
         SettingsRefused: SLURM's daemons or commands are not installed.
@@ -160,10 +152,9 @@ def start(bed: TestBed, folder: Path, *, cpus: int = 2, cred_expire_s: int = 5) 
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             ))  # fmt: skip
         _wait_until_idle(cluster, env)
-    except BaseException:
+        yield cluster
+    finally:
         cluster.stop()
-        raise
-    return cluster
 
 
 def _wait_until_idle(cluster: SlurmCluster, env: dict[str, str]) -> None:
@@ -181,13 +172,3 @@ def _wait_until_idle(cluster: SlurmCluster, env: dict[str, str]) -> None:
     logs = "\n".join(f"--- {name}\n{cluster.log(name)[-2000:]}" for name in
                      ["slurmctld", *(f"slurmd-{h.name}" for h in cluster.bed.hosts)])  # fmt: skip
     raise RuntimeError(f"the SLURM nodes were not idle (sinfo: {states!r}; a daemon may have died)\n{logs}")
-
-
-@contextlib.contextmanager
-def slurm_cluster(bed: TestBed, folder: Path, **options: int) -> Iterator[SlurmCluster]:
-    """A cluster for the duration of a ``with`` block, stopped afterwards whatever happens."""
-    cluster = start(bed, folder, **options)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()

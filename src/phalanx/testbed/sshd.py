@@ -1,10 +1,8 @@
 """OpenSSH's sshd on every host of a test bed, for rehearsing and testing ``phalanx launch``.
 
-Keys are made for the occasion (a host key, and a client key that root may log in with), and an
-ssh config file names each host with its address, port, user and key, as a user's
-``~/.ssh/config`` would. Each sshd runs in its host's network namespace and mount namespace;
-``private`` folders are bind-mounted over a path for one host's sessions alone, so hosts can hold
-different files at the same path, as machines without a shared file system do.
+Keys are made for the occasion, and an ssh config file names each host as a user's
+``~/.ssh/config`` would. ``private`` folders let hosts hold different files at one path, as
+machines without a shared file system do.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ class SshBed:
 
     bed: TestBed
     config: Path
-    folder: Path
     #: Each host's sshd: its process ID.
     daemons: dict[str, int]
 
@@ -48,9 +45,6 @@ def sshd_on(
         folder: where keys, the sshd and ssh config files and sshd's logs go.
         private: per host name, ``(source, target)`` folders: ``source`` is mounted over ``target``
             for that host's sessions.
-
-    Returns:
-        An :class:`SshBed`.
 
     Example:
         >>> with test_bed("demo", ["h1", "h2"]) as bed, sshd_on(bed, Path("/tmp/demo")) as hosts:  # doctest: +SKIP
@@ -78,12 +72,11 @@ def sshd_on(
             )
             script = f'{mounts + " && " if mounts else ""}exec "$@"'
             argv = host.command(["sh", "-c", script, "sh", sshd, "-D", "-e", "-f", str(folder / "sshd_config")])
-            log = (folder / f"sshd-{host.name}.log").open("w")
-            daemons.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
+            with (folder / f"sshd-{host.name}.log").open("w") as log:
+                daemons.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         for host, daemon in zip(bed.hosts, daemons):
             _wait_until_listening(host.address, daemon, folder / f"sshd-{host.name}.log")
-        yield SshBed(bed, config, folder, {host.name: d.pid for host, d in zip(bed.hosts, daemons)})
+        yield SshBed(bed, config, {host.name: d.pid for host, d in zip(bed.hosts, daemons)})
     finally:
         for daemon in daemons:
             daemon.kill()

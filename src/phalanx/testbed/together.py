@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def phalanx_argv(*args: str) -> list[str]:
@@ -26,43 +27,27 @@ def phalanx_argv(*args: str) -> list[str]:
 
 @dataclass
 class Outcome:
-    """How one host's command ended.
+    """How one host's command ended."""
 
-    Attributes:
-        returncode: its exit code; None when it was still running at the deadline (then killed).
-        output: its stdout and stderr, interleaved.
-        seconds: from the start of all the commands to its end.
-    """
-
-    returncode: int | None
-    output: str
-    seconds: float
+    returncode: int | None  # None: still running at the deadline, then killed
+    output: str  # stdout and stderr, interleaved
+    seconds: float  # from the start of all the commands to its end
 
 
 def run_together(
     commands: Sequence[Sequence[str]], timeout: float, cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> list[Outcome]:  # fmt: skip
-    """Starts every command at once, each in a process group of its own, and waits for them all.
+    """Starts every command at once, each in a process group of its own; one :class:`Outcome` each.
 
-    Whatever still runs at the deadline is killed with its whole group, and so is whatever a
-    command left running behind it: nothing outlives the call.
-
-    Args:
-        commands: one argv per host, usually ``host.command([...])``.
-        timeout: seconds from the start until every command still running is killed.
-        cwd: the commands' working directory.
-        env: their environment (default: this process's).
-
-    Returns:
-        One :class:`Outcome` per command, in order.
+    Whatever still runs ``timeout`` seconds after the start is killed with its whole group, and so
+    is whatever a command left running behind it: nothing outlives the call. On a test bed, each
+    argv is ``host.command(line)`` with the same ``line`` for every host.
 
     Example:
         >>> outcomes = run_together([["sh", "-c", "echo one"], ["sh", "-c", "exit 3"]], timeout=10)
         >>> [(o.returncode, o.output) for o in outcomes]
         [(0, 'one\\n'), (3, '')]
-
-        On a test bed, each argv is ``host.command(line)`` with the same ``line`` for every host.
     """
     started = time.monotonic()
     processes = [
@@ -79,7 +64,7 @@ def run_together(
             output, _ = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
             code: int | None = process.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            signal_group(process, signal.SIGKILL)
             output, _ = process.communicate()
             code = None
         outcomes[index] = Outcome(code, output, time.monotonic() - started)
@@ -92,12 +77,13 @@ def run_together(
             waiter.join()
     finally:
         for process in processes:
-            _kill_group(process)
+            signal_group(process, signal.SIGKILL)
             if process.poll() is None:
                 process.wait()
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
+def signal_group(process: subprocess.Popen[Any], signum: int) -> None:
+    """Sends ``signum`` to the process group that ``process`` leads, while there is one."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, signum)
