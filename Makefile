@@ -18,8 +18,9 @@ STAMP := $(VENV)/.phalanx-installed
 TORCH_COMPAT ?= 2.8.0 2.10.0 2.14.1
 COMPAT_VENVS := $(foreach version,$(TORCH_COMPAT),.venv-torch-$(version)/.phalanx-installed)
 
-# The suites run without a name server where they can: tests/no_name_server.sh says why.
-NO_NAME_SERVER := sh tests/no_name_server.sh
+# The suites resolve host names from /etc/hosts alone where they can: tests/hosts_files_only.sh
+# says why.
+HOSTS_FILES_ONLY := sh tests/hosts_files_only.sh
 
 .PHONY: demo test lint test-cluster test-compat compat-venvs cluster-deps bench clean
 
@@ -41,7 +42,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 # The slowest tests are listed at the end: make test is kept under 15 minutes.
 test: $(STAMP) lint
-	$(NO_NAME_SERVER) $(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup --durations 15
+	$(HOSTS_FILES_ONLY) $(BIN)/python -m pytest -q -m "not cluster" -n $(TEST_WORKERS) --dist loadgroup --durations 15
 
 # The linter, the formatter's check (pyproject.toml's [tool.ruff]; `ruff format` applies it) and
 # the docstrings' examples as doctests. Part of make test.
@@ -55,7 +56,7 @@ lint: $(STAMP)
 # namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own
 # tests. About 20 minutes, one test at a time. `make cluster-deps` installs SLURM and OpenSSH first.
 test-cluster: $(STAMP) cluster-deps
-	$(NO_NAME_SERVER) $(BIN)/python -m pytest -q -rP -m cluster --durations 15
+	$(HOSTS_FILES_ONLY) $(BIN)/python -m pytest -q -rP -m cluster --durations 15
 
 # What the second stage runs besides Python: SLURM's daemons and client tools, OpenSSH's sshd and
 # client (phalanx launch's tests) and iptables (a blocked port), from Debian's packages, when
@@ -84,7 +85,7 @@ test-compat:
 	@for version in $(TORCH_COMPAT); do \
 		$(MAKE) --no-print-directory .venv-torch-$$version/.phalanx-installed || exit 1; \
 		echo "== the compatibility suite on torch $$version"; \
-		$(NO_NAME_SERVER) .venv-torch-$$version/bin/python -m pytest -q -m compat -n $(TEST_WORKERS) --dist loadgroup || exit 1; \
+		$(HOSTS_FILES_ONLY) .venv-torch-$$version/bin/python -m pytest -q -m compat -n $(TEST_WORKERS) --dist loadgroup || exit 1; \
 		if [ "$(COMPAT_KEEP)" = 0 ]; then rm -rf .venv-torch-$$version; fi; \
 	done
 
