@@ -24,8 +24,10 @@ def check_definitions(report: dict, world: int, batch: int) -> None:
         )
         assert row["comm_fraction"] == pytest.approx(max(0.0, 1 - row["compute_ms"] / row["step_ms"]), abs=1e-12)
         assert 0 <= row["comm_fraction"] < 1
-        # the ranks that wait out rank 0's baseline block in a socket read: they take no CPU from it
-        assert row["waiting_cpu_fraction"] < 0.5, row  # spinning would be about 1
+        # The ranks that wait out rank 0's baseline block in a socket read: spinning would be about
+        # 1 (a core's worth). The process's other threads work in those few milliseconds too: up
+        # to 0.56 measured on a loaded machine, 0.06 to 0.33 on a quiet one.
+        assert row["waiting_cpu_fraction"] < 0.9, row
 
 
 def test_two_processes_report_each_compression(phalanx) -> None:
