@@ -54,7 +54,7 @@ lint: $(STAMP)
 
 # The second stage: a real two-node SLURM cluster (Debian's slurmctld and slurmd in network
 # namespaces; root), phalanx launch over real sshd in test-bed hosts, and the test bed's own
-# tests. About 20 minutes, one test at a time. `make cluster-deps` installs SLURM and OpenSSH first.
+# tests. About 22 minutes, one test at a time. `make cluster-deps` installs SLURM and OpenSSH first.
 test-cluster: $(STAMP) cluster-deps
 	$(HOSTS_FILES_ONLY) $(BIN)/python -m pytest -q -rP -m cluster --durations 15
 
