@@ -36,11 +36,9 @@ Usage: python benchmarks/control_plane.py [--nodes 8 64 256 1024] [--smoke] [--t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,7 +53,7 @@ from typing import Any
 
 from targets import Target, write_report  # benchmarks/: a script's folder is on its path
 
-from phalanx.launch import lobby
+from phalanx.launch import lobby, name_lookup
 from phalanx.launch.crossnode import CrossNode, NodeBoard
 from phalanx.launch.liveness import WATCHED, Liveness, beat_of
 from phalanx.launch.lobby import Lobby, Meeting, store_client
@@ -315,15 +313,6 @@ def time_torch_rendezvous(nodes: int, as_shipped: bool) -> tuple[float, float, i
     return seconds, cpu, ops
 
 
-def reverse_lookup_s() -> float:
-    """How long this machine takes to name a loopback client as the store's server does (c10d
-    reverse-resolves every client's address, IPv4-mapped, in its one event loop)."""
-    started = time.monotonic()
-    with contextlib.suppress(OSError):
-        socket.getnameinfo(("::ffff:127.0.0.1", 0), 0)
-    return time.monotonic() - started
-
-
 def with_a_resolver_that_answers() -> None:
     """Runs this harness again with a resolv.conf of no name server, whenever it can (root and a
     mount namespace of its own). Each client's connect waits for the lookup of the one before, and
@@ -335,7 +324,7 @@ def with_a_resolver_that_answers() -> None:
         return
     can = os.geteuid() == 0 and shutil.which("unshare") is not None
     if not can or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
-        if reverse_lookup_s() >= 0.5:
+        if name_lookup.lookup_s() >= name_lookup.SLOW_S:
             print("this machine's resolver does not answer: each store connect waits for it (run as root to avoid it)")
         return
     empty = Path(tempfile.mkdtemp()) / "resolv.conf"

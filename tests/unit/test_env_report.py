@@ -7,6 +7,7 @@ a link speed (a fake /sys tree under ``root``), and a GPU (a stand-in for torch.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -25,6 +26,7 @@ from phalanx.diagnostics.env_report import collect_env_report, comparable_facts
 from phalanx.diagnostics.env_text import render
 from phalanx.diagnostics.launch_settings import json_value, resolved_settings
 from phalanx.diagnostics.torch_facts import gpu_report, nvidia_driver_version, torch_facts
+from phalanx.launch import name_lookup
 from phalanx.launch.options import spec_from_args
 from phalanx.settings.options import LAUNCH_OPTIONS, read_config_file
 
@@ -72,6 +74,20 @@ def test_hostname_trap_matches_what_the_resolver_says(report):
     assert resolved in report.host.hostname_addresses
     topics = [finding.topic for finding in report.findings]
     assert ("hostname-loopback" in topics) == is_loopback
+
+
+def test_a_name_lookup_that_waits_for_the_name_server_is_a_trap(report):
+    """The name server itself is tested in tests/netns/test_name_server.py; here, the rule and its text."""
+    slow = dataclasses.replace(report.host, name_lookup_s=2.5)
+    (finding,) = traps.name_lookup_trap(slow)
+    assert finding.topic == "name-lookup-slow" and "takes 2.5 s here" in finding.what, finding
+    assert "err=-3" in finding.why and "/etc/resolv.conf" in finding.hint
+    assert traps.name_lookup_trap(dataclasses.replace(report.host, name_lookup_s=0.01)) == []
+    shown = render(dataclasses.replace(report, host=slow, findings=(finding,)))
+    assert "name lookup  2500 ms for an address's name, as torch's store client asks (slow: see WARNING below)" in shown
+    assert "WARNING: looking up an address's name takes 2.5 s here" in shown
+    assert 0 <= report.host.name_lookup_s <= name_lookup.LIMIT_S
+    assert report.to_json()["host"]["name_lookup_s"] == report.host.name_lookup_s
 
 
 def test_variables_filter():

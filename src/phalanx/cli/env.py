@@ -8,18 +8,20 @@ Examples:
   see which launch settings a config file gives (with the PHALANX_* variables of this shell):
     phalanx env --config phalanx.toml
 
-What it reports: host (hostname and what it resolves to, OS, kernel, CPUs, memory, Python);
-torch (version, CUDA build and whether CUDA is usable, cuDNN, NCCL, which of gloo, nccl and mpi
-torch.distributed has); the GPUs torch sees and the NVIDIA driver; network interfaces (state,
-addresses, MTU, link speed where the OS knows it, loopback marked); InfiniBand/RoCE ports (state,
-rate); /dev/shm size and free space; the open-files and locked-memory limits; the NCCL_*,
-GLOO_*, TORCH_*, MASTER_*, PHALANX_* variables that are set (and RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES); and the launch settings `phalanx run` would use here
-from PHALANX_<FLAG> variables and the --config file (or $PHALANX_CONFIG), with where each came
-from. It ends with a WARNING and a HINT for each known trap it finds: a hostname that resolves to
-a loopback address (the /etc/hosts trap), /dev/shm under 1 GiB, an open-files limit under 4096,
-a CPU-only torch on a machine with an NVIDIA driver, GLOO_/NCCL_SOCKET_IFNAME naming a missing
-interface, InfiniBand ports that are not ACTIVE, a locked-memory limit with RDMA devices.
+What it reports: host (hostname and what it resolves to, how long looking up an address's name
+takes, OS, kernel, CPUs, memory, Python); torch (version, CUDA build and whether CUDA is usable,
+cuDNN, NCCL, which of gloo, nccl and mpi torch.distributed has); the GPUs torch sees and the
+NVIDIA driver; network interfaces (state, addresses, MTU, link speed where the OS knows it,
+loopback marked); InfiniBand/RoCE ports (state, rate); /dev/shm size and free space; the
+open-files and locked-memory limits; the NCCL_*, GLOO_*, TORCH_*, MASTER_*, PHALANX_* variables
+that are set (and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, CUDA_VISIBLE_DEVICES); and the
+launch settings `phalanx run` would use here from PHALANX_<FLAG> variables and the --config file
+(or $PHALANX_CONFIG), with where each came from. It ends with a WARNING and a HINT for each
+known trap it finds: a hostname that resolves to a loopback address (the /etc/hosts trap), a
+name server that does not answer (torch's store client waits for it at every connect), /dev/shm
+under 1 GiB, an open-files limit under 4096, a CPU-only torch on a machine with an NVIDIA
+driver, GLOO_/NCCL_SOCKET_IFNAME naming a missing interface, InfiniBand ports that are not
+ACTIVE, a locked-memory limit with RDMA devices.
 Differences between nodes are `phalanx doctor`'s to find.
 
 --json prints the same report as one JSON document (its keys are listed in

@@ -2,7 +2,9 @@
 
 :func:`collect_env_report` never raises for what a machine lacks (no GPU, no /sys file, no
 InfiniBand): the fact is recorded as ``"unknown"`` (text), ``None`` (a number) or an empty list.
-Apart from importing torch it takes a few milliseconds, so the doctor calls it on every rank.
+Apart from importing torch it takes a few milliseconds (up to
+:data:`~phalanx.launch.name_lookup.LIMIT_S` more where the name server is silent), so the doctor
+calls it on every rank.
 
 The JSON document (:meth:`EnvReport.to_json`), schema 1; its keys are stable (new keys may be
 added, none renamed without raising ``schema``):
@@ -11,7 +13,8 @@ added, none renamed without raising ``schema``):
 ``phalanx``       phalanx's version
 ``host``          hostname, fqdn, hostname_addresses (what the hostname resolves to, IPv4 first),
                   hostname_is_loopback, os, kernel, arch, cpus, cpus_usable, memory_bytes,
-                  python, python_implementation, python_executable
+                  python, python_implementation, python_executable, name_lookup_s (seconds a
+                  lookup of an address's name takes, as torch's store client makes it)
 ``torch``         version, cuda_build, hip_build (None: not in this build), cuda_available, cudnn,
                   nccl (None: not in this build), distributed_available, gloo_available,
                   nccl_available, mpi_available, missing_private (the private torch names phalanx
@@ -110,6 +113,7 @@ def collect_env_report(
     variables = machine.distributed_variables(environ)
     findings = [
         *traps.hostname_trap(host),
+        *traps.name_lookup_trap(host),
         *traps.torch_range_traps(torch),
         *traps.driver_trap(torch, gpus),
         *traps.interface_variable_traps(variables, interfaces),

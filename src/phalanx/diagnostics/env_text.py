@@ -8,6 +8,7 @@ from phalanx.console import format_table
 from phalanx.diagnostics.env_report import EnvReport
 from phalanx.diagnostics.launch_settings import JsonValue
 from phalanx.diagnostics.machine import VARIABLE_NAMES, VARIABLE_PREFIXES
+from phalanx.launch import name_lookup
 from phalanx.torch_compat import outside_range, tested_range
 
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
@@ -77,12 +78,18 @@ def _host(report: EnvReport) -> str:
         [
             ("hostname", f"{host.hostname}, {resolves}"),
             ("fqdn", host.fqdn),
+            ("name lookup", _lookup_text(host.name_lookup_s)),
             ("os", f"{host.os}, kernel {host.kernel}, {host.arch}"),
             ("cpus", f"{host.cpus if host.cpus is not None else 'unknown'}{usable}"),
             ("memory", size_text(host.memory_bytes)),
             ("python", f"{host.python} ({host.python_implementation}, {host.python_executable})"),
         ]
     )
+
+
+def _lookup_text(seconds: float) -> str:
+    slow = " (slow: see WARNING below)" if seconds >= name_lookup.SLOW_S else ""
+    return f"{seconds * 1000:.0f} ms for an address's name, as torch's store client asks{slow}"
 
 
 def _torch(report: EnvReport) -> str:

@@ -1,6 +1,7 @@
 """This machine's operating-system facts: host, network interfaces, InfiniBand, /dev/shm, limits.
 
-Every reader is cheap (no subprocess, one lookup of the hostname) and never raises on a missing
+Every reader is cheap (no subprocess; the lookups of the hostname and of an address's name wait
+for the name server, at most :data:`~phalanx.launch.name_lookup.LIMIT_S` for the second) and never raises on a missing
 file: text the OS does not give is ``"unknown"``, a number ``None``. ``root`` is the folder /sys,
 /proc, /etc and /dev are read under, so that tests can fake what this machine lacks.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from phalanx.launch import network
+from phalanx.launch import name_lookup, network
 
 UNKNOWN = "unknown"
 
@@ -53,6 +54,8 @@ class HostFacts:
     python: str  # e.g. "3.11.9"
     python_implementation: str  # e.g. "CPython"
     python_executable: str
+    #: Seconds a lookup of an address's name takes, as torch's store client makes it (:mod:`phalanx.launch.name_lookup`).
+    name_lookup_s: float
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ def host_facts(root: Path = Path("/")) -> HostFacts:
         python=".".join(str(part) for part in sys.version_info[:3]),
         python_implementation=platform.python_implementation(),
         python_executable=sys.executable,
+        name_lookup_s=name_lookup.lookup_s(),
     )
 
 

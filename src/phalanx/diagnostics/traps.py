@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
-from phalanx.launch import network
+from phalanx.launch import name_lookup, network
 from phalanx.torch_compat import install_hint, outside_range, unsure_features
 
 #: Below this /dev/shm is too small for NCCL's shared-memory transport and DataLoader workers.
@@ -53,6 +53,12 @@ def hostname_trap(host: HostFacts) -> list[Finding]:
             "not the hostname; for other tools map the hostname to the network address in /etc/hosts",
         )
     ]
+
+
+def name_lookup_trap(host: HostFacts) -> list[Finding]:
+    if host.name_lookup_s < name_lookup.SLOW_S:
+        return []
+    return [Finding("name-lookup-slow", name_lookup.slow_text(host.name_lookup_s), name_lookup.WHY, name_lookup.HINT)]
 
 
 def torch_range_traps(torch: TorchFacts) -> list[Finding]:

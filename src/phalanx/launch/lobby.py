@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from phalanx.console import format_table, say
 from phalanx.errors import JoinTimeout, NodesDisagree, SettingsRefused
-from phalanx.launch import network
+from phalanx.launch import name_lookup, network
 from phalanx.launch.fingerprint import differing_settings
 from phalanx.launch.node_setup import NodeSetup
 from phalanx.launch.restarts import raise_if_signal
@@ -167,6 +167,13 @@ class Lobby:
                 f"it said: {(str(error) or type(error).__name__).splitlines()[0]}. Either the main node's store went "
                 "away, or another service holds that port.",
                 hint,
+            )
+        lookup_s = self.setup.name_lookup_s
+        if lookup_s >= min(waited, name_lookup.LIMIT_S):  # the client was still waiting to ask
+            raise JoinTimeout(
+                f"torch's store client had no answer from the endpoint {self.endpoint} in {waited:.0f} s",
+                f"{name_lookup.slow_text(lookup_s)}, and {name_lookup.WHY}",
+                name_lookup.HINT,
             )
         raise JoinTimeout(
             f"something listens at the endpoint {self.endpoint}, but it is not a rendezvous store",
