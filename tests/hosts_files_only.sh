@@ -17,11 +17,13 @@ if [ "$(id -u)" = 0 ] && [ -z "${HOSTS_FILES_ONLY:-}" ] && [ -f /etc/nsswitch.co
 	mkdir -p /run/netns
 	mountpoint -q /run/netns || mount --bind /run/netns /run/netns
 	mount --make-shared /run/netns
-	conf=/run/phalanx-tests-nsswitch.conf
+	# The copy is removed once bound: the bind mount keeps it, and nothing is left behind.
+	conf=$(mktemp /run/phalanx-tests-nsswitch.XXXXXX)
 	sed 's/^hosts:.*/hosts: files/' /etc/nsswitch.conf >"$conf"
 	exec unshare --mount --propagation unchanged sh -c '
 		mount --make-private "$(findmnt -no TARGET -T /etc/nsswitch.conf)" && mount --bind "$0" /etc/nsswitch.conf \
 			|| echo "hosts_files_only.sh: names resolve as on this machine" >&2
+		rm -f "$0"
 		HOSTS_FILES_ONLY=1 exec "$@"' "$conf" "$@"
 fi
 exec "$@"

@@ -167,7 +167,7 @@ def nics(**speeds: int) -> dict[str, network.Interface]:
 def test_a_faster_network_beside_the_endpoint_s_is_named_with_a_hint(monkeypatch):
     monkeypatch.setattr(network, "local_interfaces", lambda: nics(eth0=1000, ib0=100000, eth1=25000))
     note = node_setup._faster_network_note("eth0")
-    assert note[0] == "network    ib0 (100 Gb/s) is faster than eth0 (1 Gb/s), which routes to the endpoint", note
+    assert note[0] == "network    ib0 (100 Gbit/s) is faster than eth0 (1 Gbit/s), which routes to the endpoint", note
     assert "HINT: where every node has that network, start every node with --interface ib0" in note[1], note
 
 
@@ -189,8 +189,8 @@ def test_a_faster_interface_that_is_down_has_no_address_or_is_software_is_not_of
 
 
 def test_the_decision_block_names_a_faster_network_unless_an_interface_was_given(entry, tmp_path, monkeypatch):
-    """The endpoint on this host's own (non-loopback) address: its interface is made 1 Gb/s, and an
-    ib0 of 1,000 Gb/s is added beside it."""
+    """The endpoint on this host's own (non-loopback) address: its interface is made 1 Gbit/s, and an
+    ib0 of 1,000 Gbit/s is added beside it."""
     own = network.local_interfaces()
     nic = next((i for i in own.values() if i.is_up and not i.is_loopback and i.addresses), None)
     if nic is None:
@@ -202,7 +202,9 @@ def test_the_decision_block_names_a_faster_network_unless_an_interface_was_given
     spec = LaunchSpec(entrypoint=entry, rdzv_endpoint=endpoint, allow_public_endpoint=True)
     [node] = set_up_nodes(spec, run_dir=tmp_path / "run")
     assert node.interface == nic.name
-    assert f"network    ib0 (1000 Gb/s) is faster than {nic.name} (1 Gb/s), which routes to the endpoint" in node.notes
+    assert (
+        f"network    ib0 (1000 Gbit/s) is faster than {nic.name} (1 Gbit/s), which routes to the endpoint" in node.notes
+    )
     given = dataclasses.replace(spec, interface=nic.name)
     [node] = set_up_nodes(given, run_dir=tmp_path / "given")
     assert not any(line.startswith("network ") for line in node.notes), node.notes

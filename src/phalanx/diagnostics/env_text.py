@@ -9,6 +9,7 @@ from phalanx.diagnostics.env_report import EnvReport
 from phalanx.diagnostics.launch_settings import JsonValue
 from phalanx.diagnostics.machine import VARIABLE_NAMES, VARIABLE_PREFIXES
 from phalanx.launch import name_lookup
+from phalanx.launch.network import speed_text
 from phalanx.torch_compat import outside_range, tested_range
 
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
@@ -58,12 +59,6 @@ def size_text(size: int | None) -> str:
     if size >= 1024**3:
         return f"{size / 1024**3:.1f} GiB"
     return f"{size / 1024**2:.0f} MiB"
-
-
-def speed_text(mbps: int | None) -> str:
-    if mbps is None:
-        return "unknown"
-    return f"{mbps / 1000:g} Gbit/s" if mbps >= 1000 else f"{mbps} Mbit/s"
 
 
 def _host(report: EnvReport) -> str:

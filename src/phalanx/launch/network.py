@@ -96,9 +96,11 @@ def faster_interface(chosen: str, interfaces: dict[str, Interface]) -> Interface
     return max(faster, key=lambda interface: interface.speed_mbps, default=None)
 
 
-def speed_text(mbps: int) -> str:
-    """``100 Gb/s``, ``1 Gb/s``, ``100 Mb/s``."""
-    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
+def speed_text(mbps: int | None) -> str:
+    """``100 Gbit/s``, ``1 Gbit/s``, ``100 Mbit/s``; ``unknown`` for None."""
+    if mbps is None:
+        return "unknown"
+    return f"{mbps / 1000:g} Gbit/s" if mbps >= 1000 else f"{mbps} Mbit/s"
 
 
 def interface_owning(address: str, interfaces: dict[str, Interface]) -> Interface | None:
