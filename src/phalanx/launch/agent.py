@@ -18,7 +18,7 @@ import psutil
 from phalanx.console import ranges, say
 from phalanx.errors import JoinTimeout, PhalanxError
 from phalanx.exit_codes import ExitCode
-from phalanx.launch import failure
+from phalanx.launch import failure, out_of_memory
 from phalanx.launch.crossnode import GATHER_TIMEOUT_S, CrossNode, NodeBoard
 from phalanx.launch.fingerprint import node_fingerprint
 from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord, solo_ranks, uncounted_ranks
@@ -88,6 +88,8 @@ class NodeAgent:
         self.start_times: dict[str, float] = {}
         #: Reports where the latest start's seconds went, once its workers stepped (:mod:`.start_report`).
         self.start_reporter: StartReporter | None = None
+        #: The kernel's count of out-of-memory kills when the latest workers started (:mod:`.out_of_memory`).
+        self.oom_kills: int | None = None
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -154,7 +156,8 @@ class NodeAgent:
         config.logs_specs = self.logs = logs
 
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
-            return failure.failures_from(failures, logs.stderr_of_rank, self.setup.node_label, self.setup.local_addr)
+            node, address = self.setup.node_label, self.setup.local_addr
+            return failure.failures_from(failures, logs.stderr_of_rank, node, address, self.oom_kills)
 
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
             if self.start_reporter is not None:  # posted before the others hear that this node finished
@@ -427,6 +430,7 @@ class NodeAgent:
         """Called by torch's agent right before it starts the workers (from their logs' layout): the
         rank table, an elastic round's reachability check and liveness watch, the start report."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
+        self.oom_kills = out_of_memory.kills()  # the workers start now: a kill from here on may be theirs
         if self.heal is not None:
             for env in envs.values():  # the workers are started with these dicts
                 env.update(WorkerEnv(heal_start=self._heal_start()).to_env())

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from phalanx.exit_codes import ExitCode
+from phalanx.launch import out_of_memory
 from phalanx.worker_env import STALL_REPORT
 
 TAIL_LINES = 12
@@ -34,6 +35,7 @@ class RankFailure:
     reported: float = 0.0  # when torchrun's agent saw it end (whole seconds)
     error: tuple[str, ...] = ()  # the phalanx error its traceback ended with: the message's lines
     error_code: int = ExitCode.FAILED  # that error's exit code
+    out_of_memory: str = ""  # the kernel's words where its out-of-memory killer ended it (:mod:`.out_of_memory`)
 
     @classmethod
     def from_dict(cls, item: dict[str, Any]) -> RankFailure:
@@ -69,16 +71,19 @@ def tail_of(text: list[str]) -> tuple[str, ...]:
 
 
 def failures_from(
-    failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str
-) -> list[RankFailure]:
+    failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str,
+    oom_kills: int | None = None,
+) -> list[RankFailure]:  # fmt: skip
     """RankFailures from torchrun's failures by global rank (a ChildFailedError's, or a RunResult's)
-    and the per-rank logs of this node."""
+    and the per-rank logs of this node; ``oom_kills``: the kernel's count of out-of-memory kills
+    when the workers started (None: unknown)."""
     found = []
     for rank, failure in failures.items():
         log = stderr_of_rank.get(rank)
         # The log's mtime is exact; torchrun's own timestamp is whole seconds, too coarse to order.
         written = log.stat().st_mtime if log is not None and log.exists() else float(failure.timestamp)
         text = log_lines(log)
+        tail = tail_of(text)
         error = phalanx_error_in(_callstack(failure))
         found.append(
             RankFailure(
@@ -89,10 +94,11 @@ def failures_from(
                 exitcode=failure.exitcode,
                 time=written,
                 log=str(log) if log else "",
-                tail=tail_of(text),
+                tail=tail,
                 reported=float(failure.timestamp),
                 error=error.message if error else (),
                 error_code=error.exit_code if error else ExitCode.FAILED,
+                out_of_memory=out_of_memory.explain(failure.pid, failure.exitcode, tail, oom_kills),
             )
         )
     return found
@@ -245,6 +251,8 @@ def in_one_line(failures: list[RankFailure]) -> str:
     ending = phalanx_error_of(cause)
     if ending is not None:
         words = ending.message[0]
+    elif cause.out_of_memory:
+        words = cause.out_of_memory
     else:
         words = cause.tail[0] if is_stall_report(cause) else last_words(cause.tail)
     return f"rank {cause.rank} {cause.how}" + (f": {words}" if words else "") + (f" ({cause.log})" if cause.log else "")
@@ -266,6 +274,8 @@ def restart_cannot_help(failures: list[RankFailure]) -> str | None:
 
 
 def hint_for(failure: RankFailure) -> str | None:
+    if failure.out_of_memory:
+        return out_of_memory.HINT
     text = "\n".join(failure.tail)
     return next((hint for words, hint in KNOWN_ENDINGS if words in text), None)
 
@@ -295,6 +305,8 @@ def format_root_cause(failures: list[RankFailure]) -> str:
             lines.append(f"  {what}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
     if ending is not None:
         return "\n".join([*lines, *ending.message])
+    if cause.out_of_memory:
+        lines.append(f"  {cause.out_of_memory}")
     if cause.tail:
         lines.append(f"  the end of its stderr ({cause.log}):")  # a traceback, or the stall watchdog's report
         lines += [f"    {line}" for line in cause.tail]

@@ -1,0 +1,102 @@
+"""A worker that the kernel's out-of-memory killer ends is named as such, in the kernel's words.
+
+The kill is real: the worker (or its DataLoader's worker) joins a memory cgroup of 64 MiB made
+for the test and fills memory past it. Needs root and a memory cgroup this process can make a
+child of (CI runs as root on such a machine); skipped elsewhere, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WORKERS
+
+LIMIT_BYTES = 64 * 1024**2
+
+
+def _own_memory_cgroup() -> Path | None:
+    """This process's memory cgroup folder: cgroup v1's memory controller, or v2's unified tree."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+    unified = [
+        line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")
+    ]
+    return Path("/sys/fs/cgroup") / unified[0].lstrip("/") if unified else None
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A child cgroup of this process's memory cgroup limited to 64 MiB (no swap), removed after."""
+    if os.geteuid() != 0:
+        pytest.skip("making a memory cgroup needs root (CI runs as root)")
+    parent = _own_memory_cgroup()
+    if parent is None or not parent.is_dir():
+        pytest.skip("this machine has no memory cgroup to make a child of")
+    folder = parent / f"phalanx-test-oom-{os.getpid()}"
+    try:
+        folder.mkdir()
+        limits = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max", "memory.swap.max"]
+        written = [name for name in limits if (folder / name).exists()]
+        for name in written:
+            (folder / name).write_text("0" if name == "memory.swap.max" else str(LIMIT_BYTES))
+        if not written:
+            pytest.skip(f"{folder} has no memory limit to set")
+    except OSError as error:
+        if folder.is_dir():
+            folder.rmdir()
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {error}")
+    try:
+        yield folder
+    finally:
+        deadline = time.monotonic() + 10
+        while True:  # the killed processes leave it as they are reaped
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def _kernel_log_readable() -> bool:
+    try:
+        os.close(os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK))
+        return True
+    except OSError:
+        return False
+
+
+def test_a_worker_the_kernel_killed_for_memory_is_named_with_the_kernels_words(phalanx, workdir, memory_cgroup):
+    shutil.copy(WORKERS / "over_memory.py", workdir)
+    done = phalanx("run", "--nproc-per-node", "1", "over_memory.py", "worker", str(memory_cgroup), timeout=120)
+    assert done.returncode == 1, done.output[-3000:]
+    assert "phalanx: root cause: rank 0 (local rank 0)" in done.output and "was killed by SIGKILL" in done.output
+    assert "not killed" not in done.output, done.output[-3000:]
+    if _kernel_log_readable():
+        assert re.search(r"the kernel's out-of-memory killer ended it: .*Killed process \d+ \(python", done.output)
+    else:
+        assert "most likely the kernel's out-of-memory killer: it ended 1 process" in done.output, done.output
+    assert "HINT: give each worker less to hold" in done.output, done.output[-3000:]
+
+
+def test_a_dataloader_worker_the_kernel_killed_is_named_too(phalanx, workdir, memory_cgroup):
+    if not _kernel_log_readable():
+        pytest.skip("only the kernel's log names the process it killed, and /dev/kmsg cannot be read here")
+    shutil.copy(WORKERS / "over_memory.py", workdir)
+    done = phalanx("run", "--nproc-per-node", "1", "over_memory.py", "dataloader", str(memory_cgroup), timeout=120)
+    assert done.returncode == 1, done.output[-3000:]
+    named = re.search(
+        r"the kernel's out-of-memory killer ended its process (\d+): .*Killed process (\d+) ", done.output
+    )
+    assert named and named.group(1) == named.group(2), done.output[-3000:]
+    assert re.search(rf"DataLoader worker \(pid\(s\) {named.group(1)}\) exited unexpectedly", done.output)
+    assert "HINT: give each worker less to hold" in done.output
