@@ -17,13 +17,17 @@ if [ "$(id -u)" = 0 ] && [ -z "${HOSTS_FILES_ONLY:-}" ] && [ -f /etc/nsswitch.co
 	mkdir -p /run/netns
 	mountpoint -q /run/netns || mount --bind /run/netns /run/netns
 	mount --make-shared /run/netns
-	# The copy is removed once bound: the bind mount keeps it, and nothing is left behind.
+	# The copy stays while the command runs (a test may bind another file over the bound one, which
+	# fails once the copy is unlinked), and goes after.
 	conf=$(mktemp /run/phalanx-tests-nsswitch.XXXXXX)
+	trap 'rm -f "$conf"' EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
 	sed 's/^hosts:.*/hosts: files/' /etc/nsswitch.conf >"$conf"
-	exec unshare --mount --propagation unchanged sh -c '
+	unshare --mount --propagation unchanged sh -c '
 		mount --make-private "$(findmnt -no TARGET -T /etc/nsswitch.conf)" && mount --bind "$0" /etc/nsswitch.conf \
 			|| echo "hosts_files_only.sh: names resolve as on this machine" >&2
-		rm -f "$0"
 		HOSTS_FILES_ONLY=1 exec "$@"' "$conf" "$@"
+	exit
 fi
 exec "$@"

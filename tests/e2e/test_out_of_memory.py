@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import pytest
 from tests.conftest import WORKERS
 
 LIMIT_BYTES = 64 * 1024**2
+#: One test at a time: the kernel's count of kills is the whole machine's.
+pytestmark = pytest.mark.xdist_group("out_of_memory")
 
 
 def _own_memory_cgroup() -> Path | None:
@@ -41,18 +45,20 @@ def memory_cgroup():
     if parent is None or not parent.is_dir():
         pytest.skip("this machine has no memory cgroup to make a child of")
     folder = parent / f"phalanx-test-oom-{os.getpid()}"
+    limits = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max", "memory.swap.max"]
     try:
         folder.mkdir()
-        limits = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.max", "memory.swap.max"]
         written = [name for name in limits if (folder / name).exists()]
         for name in written:
             (folder / name).write_text("0" if name == "memory.swap.max" else str(LIMIT_BYTES))
-        if not written:
-            pytest.skip(f"{folder} has no memory limit to set")
     except OSError as error:
+        written, why = [], f"cannot make a memory cgroup under {parent}: {error}"
+    else:
+        why = f"{folder} has no memory limit to set"
+    if not written:
         if folder.is_dir():
             folder.rmdir()
-        pytest.skip(f"cannot make a memory cgroup under {parent}: {error}")
+        pytest.skip(why)
     try:
         yield folder
     finally:
@@ -84,7 +90,7 @@ def test_a_worker_the_kernel_killed_for_memory_is_named_with_the_kernels_words(p
     if _kernel_log_readable():
         assert re.search(r"the kernel's out-of-memory killer ended it: .*Killed process \d+ \(python", done.output)
     else:
-        assert "most likely the kernel's out-of-memory killer: it ended 1 process" in done.output, done.output
+        assert re.search(r"most likely the kernel's out-of-memory killer: it ended \d+ process", done.output)
     assert "HINT: give each worker less to hold" in done.output, done.output[-3000:]
 
 
@@ -100,3 +106,23 @@ def test_a_dataloader_worker_the_kernel_killed_is_named_too(phalanx, workdir, me
     assert named and named.group(1) == named.group(2), done.output[-3000:]
     assert re.search(rf"DataLoader worker \(pid\(s\) {named.group(1)}\) exited unexpectedly", done.output)
     assert "HINT: give each worker less to hold" in done.output
+
+
+def test_heal_modes_supervisor_says_so_at_each_replacement(workdir, memory_cgroup):
+    """--heal's supervisor replaces a failed worker in place (its launcher never sees the kill):
+    it names the kernel's kill at each failure. Run here as its own process, with one replacement."""
+    shutil.copy(WORKERS / "over_memory.py", workdir)
+    supervise = (
+        "import sys; from phalanx.launch.supervisor import Supervisor; sys.exit(Supervisor(sys.argv[1:], 1).run())"
+    )
+    done = subprocess.run([sys.executable, "-c", supervise, "over_memory.py", "worker", str(memory_cgroup)],
+                          cwd=workdir, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 137, done.stderr[-3000:]
+    why = "the kernel's out-of-memory killer ended it: " if _kernel_log_readable() else "most likely the kernel's"
+    replaced = "phalanx: the script failed (exit code 137); starting replacement 1 of this rank"
+    assert f"{replaced}, which joins the surviving ranks\n  {why}" in done.stderr, done.stderr[-3000:]
+    allowed = (
+        "phalanx: the script failed (exit code 137) and this rank was replaced 1 time(s) already, as many as allowed"
+    )
+    assert f"{allowed}: leaving it to the launcher's restart\n  {why}" in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("HINT: give each worker less to hold") == 2

@@ -73,7 +73,7 @@ def _host(report: EnvReport) -> str:
         [
             ("hostname", f"{host.hostname}, {resolves}"),
             ("fqdn", host.fqdn),
-            ("name lookup", _lookup_text(host.name_lookup_s)),
+            ("name lookup", _lookup_text(host.name_lookup_s, host.name_lookup_address)),
             ("os", f"{host.os}, kernel {host.kernel}, {host.arch}"),
             ("cpus", f"{host.cpus if host.cpus is not None else 'unknown'}{usable}"),
             ("memory", size_text(host.memory_bytes)),
@@ -82,9 +82,10 @@ def _host(report: EnvReport) -> str:
     )
 
 
-def _lookup_text(seconds: float) -> str:
-    slow = " (slow: see WARNING below)" if seconds >= name_lookup.SLOW_S else ""
-    return f"{seconds * 1000:.0f} ms for an address's name, as torch's store client asks{slow}"
+def _lookup_text(seconds: float, address: str) -> str:
+    bound = "at least " if seconds >= name_lookup.LIMIT_S else ""
+    slow = " (slow: see WARNING below)" if name_lookup.is_slow(seconds) else ""
+    return f"{bound}{seconds * 1000:.0f} ms for the name of {address}, as torch's store client asks it{slow}"
 
 
 def _torch(report: EnvReport) -> str:

@@ -54,8 +54,11 @@ class HostFacts:
     python: str  # e.g. "3.11.9"
     python_implementation: str  # e.g. "CPython"
     python_executable: str
-    #: Seconds a lookup of an address's name takes, as torch's store client makes it (:mod:`phalanx.launch.name_lookup`).
+    #: Seconds a lookup of ``name_lookup_address``'s name takes, as torch's store client makes it
+    #: (:mod:`phalanx.launch.name_lookup`).
     name_lookup_s: float
+    #: This machine's address whose name was looked up: the hostname's, else an interface's.
+    name_lookup_address: str
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def host_facts(root: Path = Path("/")) -> HostFacts:
     except (AttributeError, OSError):  # not on Linux
         usable = None
     addresses = resolve_addresses(hostname)
+    lookup_address = _network_address(addresses)
     return HostFacts(
         hostname=hostname,
         fqdn=socket.getfqdn(hostname),
@@ -124,8 +128,19 @@ def host_facts(root: Path = Path("/")) -> HostFacts:
         python=".".join(str(part) for part in sys.version_info[:3]),
         python_implementation=platform.python_implementation(),
         python_executable=sys.executable,
-        name_lookup_s=name_lookup.lookup_s(),
+        name_lookup_s=name_lookup.lookup_s(lookup_address),
+        name_lookup_address=lookup_address,
     )
+
+
+def _network_address(hostname_addresses: tuple[str, ...]) -> str:
+    """An address of this machine that its peers see: the hostname's, else the first up interface's;
+    127.0.0.1 without one (many name servers answer for loopback addresses themselves)."""
+    routable = [a for a in hostname_addresses if not ipaddress.ip_address(a).is_loopback]
+    for interface in network.local_interfaces().values():
+        if interface.is_up and not interface.is_loopback:
+            routable += [a for a in interface.addresses if ":" not in a]
+    return routable[0] if routable else "127.0.0.1"
 
 
 def resolve_addresses(host: str) -> tuple[str, ...]:

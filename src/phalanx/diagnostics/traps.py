@@ -56,9 +56,13 @@ def hostname_trap(host: HostFacts) -> list[Finding]:
 
 
 def name_lookup_trap(host: HostFacts) -> list[Finding]:
-    if host.name_lookup_s < name_lookup.SLOW_S:
+    if not name_lookup.is_slow(host.name_lookup_s):
         return []
-    return [Finding("name-lookup-slow", name_lookup.slow_text(host.name_lookup_s), name_lookup.WHY, name_lookup.HINT)]
+    address = host.name_lookup_address
+    return [
+        Finding("name-lookup-slow", name_lookup.slow_text(host.name_lookup_s, address), name_lookup.WHY,
+                name_lookup.hint(address))
+    ]  # fmt: skip
 
 
 def torch_range_traps(torch: TorchFacts) -> list[Finding]:

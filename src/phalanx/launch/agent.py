@@ -88,8 +88,8 @@ class NodeAgent:
         self.start_times: dict[str, float] = {}
         #: Reports where the latest start's seconds went, once its workers stepped (:mod:`.start_report`).
         self.start_reporter: StartReporter | None = None
-        #: The kernel's count of out-of-memory kills when the latest workers started (:mod:`.out_of_memory`).
-        self.oom_kills: int | None = None
+        #: The kernel's out-of-memory kills since the latest workers started (:mod:`.out_of_memory`).
+        self.oom_watch: out_of_memory.OomWatch | None = None
 
     def run(self) -> int:
         os.environ.update({**torchrun_env(self.setup), **WorkerEnv(launcher_pid=os.getpid()).to_env()})
@@ -157,7 +157,7 @@ class NodeAgent:
 
         def found_in(failures: dict[int, Any]) -> list[failure.RankFailure]:
             node, address = self.setup.node_label, self.setup.local_addr
-            return failure.failures_from(failures, logs.stderr_of_rank, node, address, self.oom_kills)
+            return failure.failures_from(failures, logs.stderr_of_rank, node, address, self.oom_watch)
 
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
             if self.start_reporter is not None:  # posted before the others hear that this node finished
@@ -430,7 +430,9 @@ class NodeAgent:
         """Called by torch's agent right before it starts the workers (from their logs' layout): the
         rank table, an elastic round's reachability check and liveness watch, the start report."""
         row = node_row(envs, self.setup.local_addr, self.setup.node_label)
-        self.oom_kills = out_of_memory.kills()  # the workers start now: a kill from here on may be theirs
+        if self.oom_watch is not None:
+            self.oom_watch.close()
+        self.oom_watch = out_of_memory.OomWatch()  # the workers start now: a kill from here on may be theirs
         if self.heal is not None:
             for env in envs.values():  # the workers are started with these dicts
                 env.update(WorkerEnv(heal_start=self._heal_start()).to_env())

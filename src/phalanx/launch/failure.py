@@ -72,11 +72,10 @@ def tail_of(text: list[str]) -> tuple[str, ...]:
 
 def failures_from(
     failures: Mapping[int, Any], stderr_of_rank: dict[int, Path], node: str, address: str,
-    oom_kills: int | None = None,
+    oom_watch: out_of_memory.OomWatch | None = None,
 ) -> list[RankFailure]:  # fmt: skip
     """RankFailures from torchrun's failures by global rank (a ChildFailedError's, or a RunResult's)
-    and the per-rank logs of this node; ``oom_kills``: the kernel's count of out-of-memory kills
-    when the workers started (None: unknown)."""
+    and the per-rank logs of this node; ``oom_watch``: the kernel's kills since the workers started."""
     found = []
     for rank, failure in failures.items():
         log = stderr_of_rank.get(rank)
@@ -98,7 +97,7 @@ def failures_from(
                 reported=float(failure.timestamp),
                 error=error.message if error else (),
                 error_code=error.exit_code if error else ExitCode.FAILED,
-                out_of_memory=out_of_memory.explain(failure.pid, failure.exitcode, tail, oom_kills),
+                out_of_memory=oom_watch.explain(failure.pid, failure.exitcode, tail) if oom_watch else "",
             )
         )
     return found

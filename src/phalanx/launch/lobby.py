@@ -154,6 +154,7 @@ class Lobby:
 
         thread = threading.Thread(target=run, name="phalanx-store-connect", daemon=True)
         thread.start()
+        lookups = name_lookup.Lookups(self.setup.local_addr, count=1)  # what the client waits for before it asks
         waited = max(STORE_ANSWER_MIN_S, deadline - time.monotonic())
         thread.join(waited)
         if "store" in outcome:
@@ -168,12 +169,13 @@ class Lobby:
                 "away, or another service holds that port.",
                 hint,
             )
-        lookup_s = self.setup.name_lookup_s
-        if lookup_s >= min(waited, name_lookup.LIMIT_S):  # the client was still waiting to ask
+        if lookups.running():  # started with the client's connect, and waiting still: so is the client
+            address = self.setup.local_addr
             raise JoinTimeout(
-                f"torch's store client had no answer from the endpoint {self.endpoint} in {waited:.0f} s",
-                f"{name_lookup.slow_text(lookup_s)}, and {name_lookup.WHY}",
-                name_lookup.HINT,
+                f"torch's store client had no answer from the endpoint {self.endpoint} in {waited:.0f} s: this "
+                "node's name server did not answer either",
+                f"a lookup of the name of {address}, started with the client, still waits for it; {name_lookup.WHY}",
+                name_lookup.hint(address),
             )
         raise JoinTimeout(
             f"something listens at the endpoint {self.endpoint}, but it is not a rendezvous store",

@@ -15,7 +15,7 @@ import time
 
 #: Slower than this, a lookup waited out a name server's timeout: one that answers takes milliseconds.
 SLOW_S = 0.5
-#: The longest the probe waits; a lookup still running then counts as this long.
+#: The longest :func:`lookup_s` waits; a lookup still running then counts as this long.
 LIMIT_S = 3.0
 #: Lookups made at once, as a node's agent and workers connect together (some name servers drop
 #: queries that come together).
@@ -26,50 +26,73 @@ WHY = (
     "form, which /etc/hosts never lists, so the name server is asked): every agent and worker of a job waits "
     "that long when it connects, and c10d warns 'The hostname of the client socket cannot be retrieved. err=-3'."
 )
-HINT = (
-    "make the name server in /etc/resolv.conf answer, or shorten its wait there (options timeout:1 attempts:1); "
-    "with every node's name in /etc/hosts, `hosts: files` in /etc/nsswitch.conf leaves the name server out"
-)
 
 
-def lookup_s(address: str = "127.0.0.1", *, limit_s: float = LIMIT_S) -> float:
-    """Seconds the slowest of :data:`AT_ONCE` simultaneous lookups of ``address``'s name takes,
-    asked as torch's store client asks it; ``limit_s`` when one is still waiting then.
+class Lookups:
+    """Lookups of ``address``'s name, made as torch's store client makes it, each in a thread of
+    its own (a lookup cannot be cancelled: a thread still waiting is left to end).
 
     Args:
         address: the address whose name is looked up: the one this node connects from.
-        limit_s: the most seconds to wait (a lookup cannot be cancelled: its thread is left to end).
-
-    Returns:
-        The seconds, at most ``limit_s``. Milliseconds where the name server answers or none is
-        configured; the resolver's timeout where one is configured but silent.
-
-    Example:
-        >>> lookup_s("127.0.0.1") <= LIMIT_S
-        True
+        count: lookups made at once.
     """
-    parsed = ipaddress.ip_address(address)
-    mapped = f"::ffff:{parsed}" if parsed.version == 4 else str(parsed)
-    took: list[float] = []
 
-    def look_up() -> None:
-        started = time.monotonic()
+    def __init__(self, address: str, count: int = AT_ONCE) -> None:
+        self.mapped = mapped_form(address)
+        self.started = time.monotonic()
+        self._took: list[float] = []
+        self._threads = [threading.Thread(target=self._look_up, name="phalanx-name-lookup", daemon=True)
+                         for _ in range(count)]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
+
+    def _look_up(self) -> None:
         try:
-            socket.getnameinfo((mapped, 0), socket.NI_NUMERICSERV)
+            socket.getnameinfo((self.mapped, 0), socket.NI_NUMERICSERV)
         except OSError:  # no name, or the name server's timeout: either way the time is the fact
             pass
-        took.append(time.monotonic() - started)
+        finally:
+            self._took.append(time.monotonic() - self.started)
 
-    threads = [threading.Thread(target=look_up, name="phalanx-name-lookup", daemon=True) for _ in range(AT_ONCE)]
-    deadline = time.monotonic() + limit_s
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return limit_s if len(took) < len(threads) else min(max(took), limit_s)
+    def running(self) -> bool:
+        """Whether a lookup is still waiting for the name server."""
+        return len(self._took) < len(self._threads)
+
+    def wait(self, limit_s: float = LIMIT_S) -> float:
+        """Seconds the slowest lookup took, waiting at most until ``limit_s`` after the start;
+        ``limit_s`` when one is still waiting then."""
+        for thread in self._threads:
+            thread.join(max(0.0, self.started + limit_s - time.monotonic()))
+        return limit_s if self.running() else min(max(self._took), limit_s)
 
 
-def slow_text(seconds: float) -> str:
-    """``looking up an address's name takes 5.0 s here`` (``at least`` at the probe's limit)."""
+def lookup_s(address: str = "127.0.0.1", limit_s: float = LIMIT_S) -> float:
+    """Seconds the slowest of :data:`AT_ONCE` simultaneous lookups of ``address``'s name takes,
+    at most ``limit_s``: milliseconds where the name server answers or none is configured, the
+    resolver's timeout where one is configured but silent."""
+    return Lookups(address).wait(limit_s)
+
+
+def is_slow(seconds: float) -> bool:
+    return seconds >= SLOW_S
+
+
+def slow_text(seconds: float, address: str) -> str:
+    """``looking up the name of 10.0.0.2 takes 5.0 s here`` (``at least`` at the probe's limit)."""
     bound = "at least " if seconds >= LIMIT_S else ""
-    return f"looking up an address's name takes {bound}{seconds:.1f} s here: the name server does not answer"
+    return (
+        f"looking up the name of {address} takes {bound}{seconds:.1f} s here: the name server does not answer in time"
+    )
+
+
+def hint(address: str) -> str:
+    return (
+        f"make the name server in /etc/resolv.conf answer (`time getent hosts {mapped_form(address)}` shows the "
+        "wait), or shorten its wait there (options timeout:1 attempts:1)"
+    )
+
+
+def mapped_form(address: str) -> str:
+    """The form torch's client asks about: ``::ffff:10.0.0.2`` for an IPv4 address."""
+    parsed = ipaddress.ip_address(address)
+    return f"::ffff:{parsed}" if parsed.version == 4 else str(parsed)

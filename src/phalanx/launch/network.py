@@ -97,8 +97,8 @@ def faster_interface(chosen: str, interfaces: dict[str, Interface]) -> Interface
 
 
 def speed_text(mbps: int | None) -> str:
-    """``100 Gbit/s``, ``1 Gbit/s``, ``100 Mbit/s``; ``unknown`` for None."""
-    if mbps is None:
+    """``100 Gbit/s``, ``1 Gbit/s``, ``100 Mbit/s``; ``unknown`` for None or 0."""
+    if not mbps:  # None, or the 0 of an interface whose speed the kernel does not know
         return "unknown"
     return f"{mbps / 1000:g} Gbit/s" if mbps >= 1000 else f"{mbps} Mbit/s"
 

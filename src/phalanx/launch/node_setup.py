@@ -79,9 +79,6 @@ class NodeSetup:
     independent_ranks: bool = False
     #: The one address the store listens on, where this node hosts it; None: every address.
     store_address: str | None = None
-    #: Seconds this host takes to look up the name of ``local_addr`` as torch's store client does
-    #: (:mod:`.name_lookup`): above :data:`~.name_lookup.SLOW_S`, the name server does not answer.
-    name_lookup_s: float = 0.0
 
     @property
     def is_simulated(self) -> bool:
@@ -193,14 +190,16 @@ def _faster_network_note(chosen: str) -> list[str]:
     ]
 
 
-def _name_lookup_note(seconds: float) -> list[str]:
-    """The decision block's warning when this host's name server makes every store connect wait."""
-    if seconds < name_lookup.SLOW_S:
+def _name_lookup_note(address: str) -> list[str]:
+    """The decision block's warning when this host's name server makes every store connect wait
+    (the store's clients here connect from ``address``)."""
+    seconds = name_lookup.lookup_s(address)
+    if not name_lookup.is_slow(seconds):
         return []
     return [
-        f"warning    {name_lookup.slow_text(seconds)}; every process of the job waits that long at its first "
-        "connect to the store",
-        f"           HINT: {name_lookup.HINT}",
+        f"warning    {name_lookup.slow_text(seconds, address)}; torch's store client waits for that lookup in "
+        "every process of the job",
+        f"           HINT: {name_lookup.hint(address)}",
     ]
 
 
@@ -283,8 +282,7 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
         kept = any(os.environ.get(name) for name in network.INTERFACE_VARIABLES)  # they override --interface
         lines += _faster_network_note(choice.interface) if spec.interface is None and not kept else []
     common_env, common_notes = _common_env(spec, choice.interface, resources)
-    lookup_s = name_lookup.lookup_s(choice.local_addr)
-    lines = [*_cluster_lines(spec), *lines, *common_notes, *_name_lookup_note(lookup_s)]
+    lines = [*_cluster_lines(spec), *lines, *common_notes, *_name_lookup_note(choice.local_addr)]
     label = _node_label(spec, choice.local_addr)
     job = job_name(spec.rdzv_id, str(spec.rdzv_endpoint)) if spec.rdzv_endpoint is not None else None
     worker_env = WorkerEnv(backend=resources.backend, node=label, address=choice.local_addr, job=job)
@@ -297,7 +295,6 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
         env={**common_env, **worker_env.to_env()},
         notes=tuple(lines),
         store_address=choice.store_address,
-        name_lookup_s=lookup_s,
     )
 
 
@@ -308,13 +305,12 @@ def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
     endpoint = f"127.0.0.1:{port}"
     interface = spec.interface or "lo"
     common_env, common_notes = _common_env(spec, interface, resources)
-    lookup_s = name_lookup.lookup_s("127.0.0.1")
     lines = [
         *_cluster_lines(spec),
         f"simulate   {_simulated_nodes(count)}",
         f"store      {endpoint} (hosted by node0, listening on 127.0.0.1 only)",
         *common_notes,
-        *_name_lookup_note(lookup_s),
+        *_name_lookup_note("127.0.0.1"),
     ]
     setups = []
     for index in range(count):
@@ -336,7 +332,6 @@ def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
                 env=env,
                 notes=tuple(lines),
                 store_address="127.0.0.1" if index == 0 else None,
-                name_lookup_s=lookup_s,
             )
         )
     return setups

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from phalanx.exit_codes import ExitCode, exit_code_of
+from phalanx.launch import out_of_memory
 from phalanx.launch.signals import die_with_parent
 from phalanx.worker_env import WorkerEnv, heal_armed_of
 
@@ -37,6 +38,8 @@ class Supervisor:
         self.signalled: int | None = None
         #: The signal the last child died of, if it died of one.
         self.died_of: int | None = None
+        #: The kernel's words when its out-of-memory killer ended the last child (:mod:`.out_of_memory`).
+        self.why = ""
         self._child: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
@@ -48,28 +51,34 @@ class Supervisor:
             code = self._run_child(None if replacements == 0 else replacements - 1)
             if code in NOT_REPLACED or self.signalled is not None:
                 return code
+            failed = f"phalanx: the script failed (exit code {code})"
             if self.armed is not None and not self.armed.exists():
-                print(f"phalanx: the script failed (exit code {code}) before its phalanx.Run could heal (it never "
-                      "started its loop in heal mode): leaving it to the launcher's restart", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                self._say(f"{failed} before its phalanx.Run could heal (it never started its loop in heal mode): "
+                          "leaving it to the launcher's restart")  # fmt: skip
                 return code
             if replacements >= self.allowed:
-                print(f"phalanx: the script failed (exit code {code}) and this rank was replaced {replacements} "
-                      "time(s) already, as many as allowed: leaving it to the launcher's restart",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                self._say(f"{failed} and this rank was replaced {replacements} time(s) already, as many as allowed: "
+                          "leaving it to the launcher's restart")  # fmt: skip
                 return code
             replacements += 1
-            print(f"phalanx: the script failed (exit code {code}); starting replacement {replacements} of this rank, "
-                  "which joins the surviving ranks", file=sys.stderr, flush=True)  # fmt: skip
+            self._say(f"{failed}; starting replacement {replacements} of this rank, which joins the surviving ranks")
+
+    def _say(self, line: str) -> None:
+        """A line about the child's end, and the kernel's words with a HINT where it ended it."""
+        why = f"\n  {self.why}\nHINT: {out_of_memory.HINT}" if self.why else ""
+        print(line + why, file=sys.stderr, flush=True)
 
     def _run_child(self, before: int | None) -> int:
         env = {**os.environ, **WorkerEnv(supervisor_pid=os.getpid(), replacement=before).to_env()}
+        watch = out_of_memory.OomWatch()
         # In a session of its own: the launcher's signals to this process's group reach it once,
         # passed on by this process, and it leads its own group (which its entry point guards).
         self._child = subprocess.Popen([sys.executable, "-u", "-m", "phalanx.launch.bootstrap", *self.argv], env=env,
                                        start_new_session=True)  # fmt: skip
         returncode = self._child.wait()
         self.died_of = -returncode if returncode < 0 else None
+        self.why = watch.explain(self._child.pid, returncode) if returncode else ""
+        watch.close()
         return exit_code_of(returncode)
 
     def _pass_on(self, signum: int, _frame: FrameType | None) -> None:
