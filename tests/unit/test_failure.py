@@ -45,6 +45,19 @@ def test_signals_are_named_and_known_endings_get_a_hint(last_words):
     assert "HINT: the worker aborted while tearing its process group down" in text and "context.close()" in text
 
 
+@pytest.mark.parametrize("last_words", [
+    "node0:123:456 [0] include/shm.h:28 NCCL WARN Error: failed to extend /dev/shm/nccl-ZcT1bK to 9637892 bytes\n"
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+    "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's "
+    "workers are out of shared memory. Please try to raise your shared memory limit.",
+])  # fmt: skip
+def test_shared_memory_that_ran_out_gets_the_shm_remedy(last_words):
+    """NCCL's words (no GPU here: the text is NCCL's) and an older torch's DataLoader words when
+    /dev/shm is full; this torch's DataLoader runs out of it for real in tests/e2e/test_out_of_memory.py."""
+    text = format_root_cause([failure(0, 1.0, tail=tuple(last_words.splitlines()))])
+    assert "HINT: /dev/shm on that node is full or too small" in text and "--shm-size=16g" in text
+
+
 def test_tail_starts_at_the_last_traceback(tmp_path):
     log = tmp_path / "stderr.log"
     log.write_text(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
 from phalanx.launch import name_lookup, network
+from phalanx.launch.failure import SHM_REMEDY
 from phalanx.torch_compat import install_hint, outside_range, unsure_features
 
 #: Below this /dev/shm is too small for NCCL's shared-memory transport and DataLoader workers.
@@ -100,8 +101,7 @@ def shm_trap(shm: ShmFacts) -> list[Finding]:
             "NCCL passes data between the GPUs of one node through shared memory, and DataLoader workers "
             "(num_workers > 0) hand batches over through it: when it fills they fail with 'Bus error' or "
             "NCCL's 'unhandled system error'.",
-            "give the container more: docker run --shm-size=16g (or --ipc=host); in Kubernetes mount an "
-            "emptyDir with medium: Memory at /dev/shm",
+            SHM_REMEDY,
         )
     ]
 

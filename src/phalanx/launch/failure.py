@@ -145,10 +145,25 @@ _GROUP_TORN_DOWN_TOO_SOON = (
     "dist.destroy_process_group()`"
 )
 
+#: How to give a container's /dev/shm more room (the env report's shm trap says it too).
+SHM_REMEDY = (
+    "give the container more: docker run --shm-size=16g (or --ipc=host); in Kubernetes mount an emptyDir with "
+    "medium: Memory at /dev/shm"
+)
+#: Why a worker gets SIGBUS from shared memory, or NCCL cannot extend its segment there.
+_SHM_FULL = (
+    "/dev/shm on that node is full or too small (`df -h /dev/shm` shows it; `phalanx env` warns under 1 GiB): "
+    "DataLoader workers hand their batches over through it, and NCCL passes data between a node's GPUs through "
+    f"it; {SHM_REMEDY}, or lower num_workers and prefetch_factor"
+)
+
 #: Last words of a worker that phalanx can explain: (text in its log tail, HINT).
 KNOWN_ENDINGS = (
     ("terminate called without an active exception", _GROUP_TORN_DOWN_TOO_SOON),
     ("Resource deadlock avoided", _GROUP_TORN_DOWN_TOO_SOON),
+    ("unable to allocate shared memory(shm)", _SHM_FULL),  # torch's DataLoader worker, where /dev/shm is full
+    ("is killed by signal: Bus error", _SHM_FULL),  # the same, where the memory is written before it is reserved
+    ("failed to extend /dev/shm", _SHM_FULL),  # NCCL's warning before its "unhandled system error"
 )
 
 
