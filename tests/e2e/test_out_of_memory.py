@@ -129,10 +129,10 @@ def test_heal_modes_supervisor_says_so_at_each_replacement(workdir, memory_cgrou
     assert done.stderr.count("HINT: give each worker less to hold") == 2
 
 
-def test_a_dataloader_worker_out_of_shared_memory_gets_the_remedy(phalanx, workdir):
+def test_a_dataloader_worker_out_of_shared_memory_gets_the_remedy(workdir):
     """The worker runs in a mount namespace whose /dev/shm is a tmpfs of 1 MiB (Docker gives
     64 MiB): its DataLoader worker's batch of 8 MiB cannot go there (torch reserves the room and
-    fails with ENOSPC; a torch that writes first dies of SIGBUS, a known ending too)."""
+    fails with ENOSPC, as torch 2.13 does here)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("a /dev/shm of its own needs root and util-linux's unshare (CI runs as root)")
     shutil.copy(WORKERS / "shm_batches.py", workdir)
@@ -141,7 +141,6 @@ def test_a_dataloader_worker_out_of_shared_memory_gets_the_remedy(phalanx, workd
             *phalanx_argv("run", "--nproc-per-node", "1", "shm_batches.py")]  # fmt: skip
     done = run_command(argv, timeout=120, cwd=workdir)
     assert done.returncode == 1, done.output[-3000:]
-    torch_said = ("unable to allocate shared memory(shm)", "is killed by signal: Bus error")
-    assert any(words in done.output for words in torch_said) and "batch of" not in done.output, done.output[-3000:]
+    assert "unable to allocate shared memory(shm)" in done.output and "batch of" not in done.output, done.output[-3000:]
     assert "HINT: /dev/shm on that node is full or too small (`df -h /dev/shm` shows it" in done.output
     assert "docker run --shm-size=16g" in done.output

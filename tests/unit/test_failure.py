@@ -46,14 +46,21 @@ def test_signals_are_named_and_known_endings_get_a_hint(last_words):
 
 
 @pytest.mark.parametrize("last_words", [
-    "node0:123:456 [0] include/shm.h:28 NCCL WARN Error: failed to extend /dev/shm/nccl-ZcT1bK to 9637892 bytes\n"
-    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+    "Traceback (most recent call last):\n"
+    "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, unhandled system error (run with "
+    "NCCL_DEBUG=INFO for details), NCCL version 2.27.3\n"
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
+    "Last error:\n"
+    "Error while creating shared memory segment /dev/shm/nccl-ZcT1bK (size 9637888), error: No space left on device "
+    "(28)",
+    "Traceback (most recent call last):\n"
     "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's "
     "workers are out of shared memory. Please try to raise your shared memory limit.",
 ])  # fmt: skip
 def test_shared_memory_that_ran_out_gets_the_shm_remedy(last_words):
-    """NCCL's words (no GPU here: the text is NCCL's) and an older torch's DataLoader words when
-    /dev/shm is full; this torch's DataLoader runs out of it for real in tests/e2e/test_out_of_memory.py."""
+    """NCCL's words as torch's exception quotes them (no GPU here: the text is NCCL's and torch's),
+    and the DataLoader's where memory in /dev/shm is written before it is reserved; the DataLoader's
+    own ENOSPC runs for real in tests/e2e/test_out_of_memory.py."""
     text = format_root_cause([failure(0, 1.0, tail=tuple(last_words.splitlines()))])
     assert "HINT: /dev/shm on that node is full or too small" in text and "--shm-size=16g" in text
 

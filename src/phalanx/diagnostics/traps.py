@@ -99,8 +99,8 @@ def shm_trap(shm: ShmFacts) -> list[Finding]:
             "shm-small",
             f"{shm.path} holds only {shm.total_bytes / 1024**2:.0f} MiB (Docker's default is 64 MiB)",
             "NCCL passes data between the GPUs of one node through shared memory, and DataLoader workers "
-            "(num_workers > 0) hand batches over through it: when it fills they fail with 'Bus error' or "
-            "NCCL's 'unhandled system error'.",
+            "(num_workers > 0) hand batches over through it: when it fills they fail with 'unable to allocate "
+            "shared memory(shm)' or 'Bus error', or NCCL's 'unhandled system error'.",
             SHM_REMEDY,
         )
     ]

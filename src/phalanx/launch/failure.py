@@ -152,9 +152,10 @@ SHM_REMEDY = (
 )
 #: Why a worker gets SIGBUS from shared memory, or NCCL cannot extend its segment there.
 _SHM_FULL = (
-    "/dev/shm on that node is full or too small (`df -h /dev/shm` shows it; `phalanx env` warns under 1 GiB): "
-    "DataLoader workers hand their batches over through it, and NCCL passes data between a node's GPUs through "
-    f"it; {SHM_REMEDY}, or lower num_workers and prefetch_factor"
+    "/dev/shm on that node is full or too small (`df -h /dev/shm` shows it, `ls /dev/shm` what fills it, such as "
+    "the torch_* and nccl-* files of a job that died; `phalanx env` warns under 1 GiB): DataLoader workers hand "
+    f"their batches over through it, and NCCL passes data between a node's GPUs through it; {SHM_REMEDY}, or "
+    "lower num_workers and prefetch_factor"
 )
 
 #: Last words of a worker that phalanx can explain: (text in its log tail, HINT).
@@ -162,8 +163,9 @@ KNOWN_ENDINGS = (
     ("terminate called without an active exception", _GROUP_TORN_DOWN_TOO_SOON),
     ("Resource deadlock avoided", _GROUP_TORN_DOWN_TOO_SOON),
     ("unable to allocate shared memory(shm)", _SHM_FULL),  # torch's DataLoader worker, where /dev/shm is full
-    ("is killed by signal: Bus error", _SHM_FULL),  # the same, where the memory is written before it is reserved
-    ("failed to extend /dev/shm", _SHM_FULL),  # NCCL's warning before its "unhandled system error"
+    ("is killed by signal: Bus error", _SHM_FULL),  # the same, where memory there is written before it is reserved
+    # NCCL's last error, which torch's DistBackendError quotes after "unhandled system error"
+    ("Error while creating shared memory segment /dev/shm", _SHM_FULL),
 )
 
 
