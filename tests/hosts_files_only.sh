@@ -2,11 +2,11 @@
 # Runs a command in a mount namespace of its own in which host names resolve from /etc/hosts alone
 # (nsswitch's "hosts: files"), where it can (root, unshare, findmnt); elsewhere, as it is.
 #
-# c10d's TCPStore looks up the host name of every peer's address, IPv4-mapped (::ffff:127.0.0.1,
-# which /etc/hosts never names), in its server's one event loop and in each client. The name server
-# of the machines that run this project's CI drops queries when several come at once, and glibc
-# then waits 5 s a lookup: a store connect over loopback takes 5 or 10 s, past the few seconds a
-# unit test of the lobby allows its nodes to meet. Without the name server the lookup ends at once,
+# c10d's TCPStore client looks up the host name of its own address at a process's first connect,
+# IPv4-mapped (::ffff:127.0.0.1, which /etc/hosts never names; src/phalanx/launch/name_lookup.py
+# times it). The name server of the machines that run this project's CI drops queries when several
+# come at once, and glibc then waits 5 s a lookup: a store connect over loopback takes 5 or 10 s,
+# past the few seconds a unit test of the lobby allows its nodes to meet. Without the name server the lookup ends at once,
 # as a cluster's name server answers. The tests need none: test-bed hosts resolve from hosts files.
 #
 # Network namespaces made inside (ip netns add, the test bed) stay visible to this machine: the

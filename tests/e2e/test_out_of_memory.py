@@ -1,8 +1,10 @@
-"""A worker that the kernel's out-of-memory killer ends is named as such, in the kernel's words.
+"""A worker that ran out of memory is named as such: the kernel's out-of-memory killer in the
+kernel's own words, a full /dev/shm with its remedy.
 
-The kill is real: the worker (or its DataLoader's worker) joins a memory cgroup of 64 MiB made
-for the test and fills memory past it. Needs root and a memory cgroup this process can make a
-child of (CI runs as root on such a machine); skipped elsewhere, saying why.
+The failures are real: the worker (or its DataLoader's worker) joins a memory cgroup of 64 MiB
+made for the test and fills memory past it, or hands batches over through a /dev/shm of 1 MiB.
+Needs root, and for the first a memory cgroup this process can make a child of (CI runs as root
+on such a machine); skipped elsewhere, saying why.
 """
 
 from __future__ import annotations

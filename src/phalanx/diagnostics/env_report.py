@@ -13,8 +13,9 @@ added, none renamed without raising ``schema``):
 ``phalanx``       phalanx's version
 ``host``          hostname, fqdn, hostname_addresses (what the hostname resolves to, IPv4 first),
                   hostname_is_loopback, os, kernel, arch, cpus, cpus_usable, memory_bytes,
-                  python, python_implementation, python_executable, name_lookup_s (seconds a
-                  lookup of name_lookup_address's name takes, as torch's store client makes it)
+                  python, python_implementation, python_executable, name_lookup_address (an
+                  address of this machine's that its peers see), name_lookup_s (seconds a lookup
+                  of its name takes, as torch's store client makes it)
 ``torch``         version, cuda_build, hip_build (None: not in this build), cuda_available, cudnn,
                   nccl (None: not in this build), distributed_available, gloo_available,
                   nccl_available, mpi_available, missing_private (the private torch names phalanx

@@ -1,8 +1,8 @@
 """This machine's operating-system facts: host, network interfaces, InfiniBand, /dev/shm, limits.
 
 Every reader is cheap (no subprocess; the lookups of the hostname and of an address's name wait
-for the name server, at most :data:`~phalanx.launch.name_lookup.LIMIT_S` for the second) and never raises on a missing
-file: text the OS does not give is ``"unknown"``, a number ``None``. ``root`` is the folder /sys,
+for the name server, the second at most :data:`~phalanx.launch.name_lookup.LIMIT_S`) and never
+raises on a missing file: text the OS does not give is ``"unknown"``, a number ``None``. ``root`` is the folder /sys,
 /proc, /etc and /dev are read under, so that tests can fake what this machine lacks.
 """
 
@@ -137,9 +137,10 @@ def _network_address(hostname_addresses: tuple[str, ...]) -> str:
     """An address of this machine that its peers see: the hostname's, else the first up interface's;
     127.0.0.1 without one (many name servers answer for loopback addresses themselves)."""
     routable = [a for a in hostname_addresses if not ipaddress.ip_address(a).is_loopback]
-    for interface in network.local_interfaces().values():
-        if interface.is_up and not interface.is_loopback:
-            routable += [a for a in interface.addresses if ":" not in a]
+    if not routable:
+        routable = [address for interface in network.local_interfaces().values()
+                    if interface.is_up and not interface.is_loopback
+                    for address in interface.addresses if ":" not in address]  # fmt: skip
     return routable[0] if routable else "127.0.0.1"
 
 
