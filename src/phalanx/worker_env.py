@@ -87,6 +87,17 @@ class WorkerEnv:
              "supervisor_pid": "PHALANX_SUPERVISOR_PID", "heal_store": "PHALANX_HEAL_STORE",
              "heal_start": "PHALANX_HEAL_START"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid", "heal", "replacement", "supervisor_pid")
+    #: The fields whose values differ between the nodes (or ranks) of a healthy job: a process's
+    #: own ids, paths and labels, and the job's name, which each node spells with its own
+    #: endpoint. Every other field is the same on every node.
+    _PER_PROCESS = ("node", "address", "launcher_pid", "group_record", "job", "early_signal", "keep_request",
+                    "replacement", "supervisor_pid")  # fmt: skip
+
+    @classmethod
+    def per_process_keys(cls) -> tuple[str, ...]:
+        """The variables whose values differ between the nodes of a healthy job
+        (``PHALANX_NODE``, ``PHALANX_SUPERVISOR_PID``...), which a comparison of nodes leaves out."""
+        return tuple(cls._KEYS[name] for name in cls._PER_PROCESS)
 
     def to_env(self) -> dict[str, str]:
         return {key: str(getattr(self, name)) for name, key in self._KEYS.items() if getattr(self, name) is not None}

@@ -33,3 +33,13 @@ def test_doctor_text_on_one_node(phalanx) -> None:
     for section in ("nodes (the rows below", "links between nodes\n  none: one node", "all_reduce over all 1 ranks",
                     "compute (512x512", "verdict", "phalanx doctor: 0 problems"):  # fmt: skip
         assert section in done.stdout
+
+
+def test_doctor_in_heal_mode_leaves_per_process_variables_out(phalanx) -> None:
+    # Heal mode gives each rank a supervisor, whose pid (PHALANX_SUPERVISOR_PID) differs between
+    # the nodes of every healthy job: compared, it failed every doctor run with --heal.
+    done = phalanx("doctor", "--simulate-nodes", "2", "--heal", "1", "--max-restarts", "1", "--p2p-size", "1M",
+                   "--max-bytes", "1M", "--json", timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.output
+    report = json.loads(done.stdout)
+    assert not [f for f in report["findings"] if f["severity"] == "problem"]

@@ -60,11 +60,10 @@ from phalanx.worker_env import WorkerEnv
 SCHEMA = 1
 
 #: Variables that differ between nodes (or ranks) of a healthy job, left out of the comparison:
-#: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's node label.
+#: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's per-process ones.
 PER_NODE_VARIABLES = (
     "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-    *(WorkerEnv.key_of(name) for name in ("node", "address", "launcher_pid", "group_record", "early_signal", "job",
-                                          "keep_request")),
+    *WorkerEnv.per_process_keys(),
     "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_TASK_PID", "SLURMD_NODENAME", "SLURM_GTIDS",
     "PET_NODE_RANK", "SKYPILOT_NODE_RANK", "JOB_COMPLETION_INDEX",
 )  # fmt: skip
