@@ -64,13 +64,29 @@ def test_a_log_dir_under_a_folder_this_user_cannot_enter_is_refused_not_a_traceb
     assert "PermissionError" not in done.stderr, done.stderr
 
 
-def test_a_taken_rendezvous_port_is_named_with_its_holder(capsys, script):
+@pytest.mark.parametrize("simulated", [(), ("--simulate-nodes", "2")], ids=["one-node", "simulated-nodes"])
+def test_a_taken_rendezvous_port_is_named_with_its_holder(capsys, script, simulated):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        err = refusal(capsys, "run", "--dry-run", "--rdzv-endpoint", f"127.0.0.1:{port}", script)
+        err = refusal(capsys, "run", "--dry-run", *simulated, "--rdzv-endpoint", f"127.0.0.1:{port}", script)
     assert f"port {port} on this host is taken (by process" in err and sys.executable.split("/")[-1] in err
+
+
+def test_a_holder_command_line_is_shortened_on_one_line(capsys, script):
+    # python -c with a program of several lines, longer than the message keeps
+    program = "import socket, sys\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\n"
+    program += "print(s.getsockname()[1], flush=True)\nsys.stdin.read()\n" + "#" * 200
+    holder = subprocess.Popen([sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(holder.stdout.readline())
+        err = refusal(capsys, "run", "--dry-run", "--rdzv-endpoint", f"127.0.0.1:{port}", script)
+    finally:
+        holder.communicate("", timeout=30)
+    taken = err.splitlines()[0]
+    assert f"port {port} on this host is taken (by process {holder.pid}: " in taken, err
+    assert "s = socket.socket() s.bind" in taken and taken.endswith(" ...)"), taken
 
 
 def test_one_simulated_node_reads_as_one(script):

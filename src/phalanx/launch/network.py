@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import ipaddress
 import socket
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -371,7 +372,8 @@ def _holder(port: int) -> str:
                 if connection.pid is None:
                     return " (by a process of another user)"
                 process = psutil.Process(connection.pid)
-                return f" (by process {connection.pid}: {' '.join(process.cmdline())[:120]})"
+                command = textwrap.shorten(" ".join(process.cmdline()), 120, placeholder=" ...")  # one line
+                return f" (by process {connection.pid}: {command})"
     except (psutil.Error, OSError):
         pass
     return ""
