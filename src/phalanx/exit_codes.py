@@ -1,6 +1,7 @@
 """The exit codes of every phalanx command, in one place (documented in README.md)."""
 
 import enum
+import textwrap
 
 
 class ExitCode(enum.IntEnum):
@@ -25,6 +26,30 @@ class ExitCode(enum.IntEnum):
     PREEMPTED = 75
     #: Interrupted by SIGINT (Ctrl-C); SIGTERM gives 143, as a shell would report.
     INTERRUPTED = 130
+
+
+#: Each exit code in a few words, for ``--help`` (README.md's table says more).
+_SUMMARY = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILED: "a worker failed (its root cause printed last)",
+    ExitCode.REFUSED: "settings refused (by phalanx or a worker) or the nodes disagree",
+    ExitCode.JOIN_TIMEOUT: "nodes did not join in time",
+    ExitCode.STALLED: "a stalled rank (the watchdog's report)",
+    ExitCode.NOT_DISTRIBUTED: "ranks that each trained alone",
+    ExitCode.HEAL_FAILED: "--heal: the ranks could not heal",
+    ExitCode.PREEMPTED: "the workers stopped for preemption (run again to continue)",
+}
+
+
+def summary() -> str:
+    """Every exit code in one sentence, for the epilog of ``--help``.
+
+    Example:
+        >>> summary().startswith("Exit codes: 0 ok, 1 a worker failed")
+        True
+    """
+    codes = ", ".join(f"{int(code)} {words}" for code, words in _SUMMARY.items())
+    return textwrap.fill(f"Exit codes: {codes}, 128+N stopped by signal N ({ExitCode.INTERRUPTED} for Ctrl-C).", 96)
 
 
 def exit_code_of(returncode: int) -> int:

@@ -40,3 +40,49 @@ def test_refusals_exit_2_with_a_hint(argv, says, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("phalanx: error: ") and says in err
     assert "\nHINT: " in err
+
+
+@pytest.mark.parametrize(
+    "argv, usage, says",
+    [
+        (["run", "--nproc-per-ndoe", "2", "SCRIPT"], "usage: phalanx run ", "(did you mean --nproc-per-node?)"),
+        # an abbreviation is refused too, not taken: a new flag would change what it means
+        (["run", "--nproc", "2", "SCRIPT"], "usage: phalanx run ", "--nproc (did you mean --nproc-per-node?)"),
+        (["doctor", "--simulate-nodez", "2"], "usage: phalanx doctor ", "-nodez 2 (did you mean --simulate-nodes?)"),
+        (["bench", "collectives", "--colective", "x"], "usage: phalanx bench collectives ", "(did you mean --collecti"),
+        (["env", "--jsn"], "usage: phalanx env ", "--jsn (did you mean --json?)"),
+        (["--bogus"], "usage: phalanx ", "unrecognized arguments: --bogus\n"),
+    ],
+)
+def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, usage, says, tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main([str(script) if arg == "SCRIPT" else arg for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and says in err, err
+
+
+def test_a_hidden_spelling_is_never_suggested(capsys):
+    # --nproc_per_node (torchrun's spelling) and the refused torchrun flags (--node-rank) stay out of
+    # --help, and so out of the suggestions
+    assert main(["run", "--nproc_per_nod", "2", "x.py"]) == 2
+    assert main(["run", "--node-ranc", "x.py"]) == 2
+    first, second = capsys.readouterr().err.split("usage: ")[1:]
+    assert "--nproc_per_nod (did you mean --nproc-per-node?)" in first, first
+    assert "unrecognized arguments: --node-ranc" in second and "rank" not in second.split("--node-ranc")[1], second
+
+
+def test_every_exit_code_is_in_help_and_in_the_readme():
+    from pathlib import Path
+
+    from phalanx.exit_codes import ExitCode
+
+    top = subprocess.run([sys.executable, "-m", "phalanx", "--help"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "phalanx", "run", "--help"], capture_output=True, text=True, timeout=60)
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for code in ExitCode:
+        if code != ExitCode.INTERRUPTED:  # a signal's: 128+N
+            assert f" {int(code)} " in " ".join(top.stdout.split()), code
+            assert f" {int(code)} " in " ".join(run.stdout.split()), code
+            assert f"\n| {int(code)} | " in readme, code
+    assert "128+N stopped by signal N (130 for Ctrl-C)" in " ".join(top.stdout.split())

@@ -11,40 +11,49 @@ Commands:
   plan    predict the all-reduce time a step for a model, layout and link, with each compression
   testbed several hosts on this machine (network namespaces): rehearse, shape and cut links
 
-Exit codes, for every command:
-  0 success; 1 a worker failed (its root cause is printed last); 2 settings refused (by phalanx
-  or a worker), or the nodes disagree on them; 3 the other nodes did not join in time; 4 the
-  stall watchdog ended the job; 5 ranks never joined the job's process group (each trained
-  alone); 75 the workers stopped for preemption after saving a checkpoint;
-  128+N stopped by signal N.
+Every command exits with one of :class:`phalanx.exit_codes.ExitCode` (``phalanx --help`` lists them).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from phalanx import __version__
+from phalanx import __version__, exit_codes
 from phalanx.cli import bench, doctor, env, k8s, launch, plan, run, slurm, testbed
 from phalanx.errors import PhalanxError
 from phalanx.quick_exit import exit_quickly
 
 
+class _Parser(argparse.ArgumentParser):
+    """phalanx's parser and each command's. Its flags are never abbreviated (a new flag would change what an
+    abbreviation means), and a flag it does not know is refused with its own usage and the
+    nearest flag it has, not with the top-level usage that argparse gives."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+        self.set_defaults(command_parser=self)  # the innermost command's wins
+
+    def refuse_unknown(self, unknown: list[str]) -> NoReturn:
+        shown = [flag for action in self._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
+        near = difflib.get_close_matches(unknown[0].partition("=")[0], shown, n=1)
+        self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="phalanx",
         description="Multi-node synchronous data-parallel training with PyTorch, on torchrun, that starts "
         "the first time. Start with: phalanx run --help",
-        epilog="Exit codes: 0 ok, 1 a worker failed, 2 settings refused or nodes disagree, 3 nodes did not\n"
-        "join in time, 4 a stalled rank (the watchdog's report), 5 ranks that each trained alone,\n"
-        "75 the workers stopped for preemption, 128+N stopped by signal N.",
+        epilog=exit_codes.summary(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in (run, launch, slurm, k8s, env, doctor, bench, plan, testbed):
         command.add_parser(commands)
     return parser
@@ -54,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+            args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+            if unknown:
+                args.command_parser.refuse_unknown(unknown)
         except SystemExit as exit_:  # --help, --version, argparse's refusals: flushed where a closed pipe is caught
             sys.stdout.flush()
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)

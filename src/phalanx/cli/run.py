@@ -23,11 +23,6 @@ Under a scheduler (SLURM, Kubeflow, an Indexed Job, SkyPilot, torchrun's PET_ va
 nodes, this node's rank, the endpoint and the job ID come from its variables, and a node count
 that contradicts them is refused (docs/clusters.md). SIGUSR1 and SIGUSR2 are passed on to the
 workers (SLURM's preemption notice) instead of ending phalanx run.
-
-Exit codes: 0 ok, 1 a worker failed, 2 settings refused (by phalanx run or by a worker) or nodes
-disagree, 3 nodes did not join in time, 4 a stalled rank (the watchdog's report), 5 ranks that
-never communicated with the others (each trained alone; --independent-ranks where that is
-meant), 75 the workers stopped for preemption (run again to continue), 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from phalanx import exit_codes
 from phalanx.cli import command_parser
 from phalanx.launch.options import spec_from_args
 from phalanx.settings.options import add_launch_options, add_script_arguments
@@ -47,6 +43,7 @@ def add_parser(commands: Any) -> None:
         "launch a training script on one or many nodes",
         __doc__,
         usage="phalanx run [options] SCRIPT [ARGS...]\n       phalanx run [options] -m MODULE [ARGS...]",
+        epilog=exit_codes.summary(),
     )
     add_launch_options(parser)
     add_script_arguments(parser)
