@@ -31,6 +31,22 @@ def heal_armed_of(request: str | Path) -> Path:
     return Path(request).with_name(HEAL_ARMED_NAME)
 
 
+def launcher_takeover(environ: Mapping[str, str]) -> str:
+    """What this node's agent does when a worker fails for good, as words that follow "leaving it
+    to": its restart of every worker, or the job's end where --max-restarts has none left (from the
+    variables torch's agent gives every worker).
+
+    Example:
+        >>> launcher_takeover({"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "0"})
+        "the launcher's restart of every worker (restart 1 of --max-restarts 2)"
+    """
+    most = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    done = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if done < most:
+        return f"the launcher's restart of every worker (restart {done + 1} of --max-restarts {most})"
+    return f"the launcher, which ends the job: --max-restarts {most} leaves no restart"
+
+
 def job_name(rdzv_id: str, endpoint: str) -> str:
     """How a job is named to its workers (:attr:`WorkerEnv.job`): its rendezvous ID and endpoint."""
     return f"'{rdzv_id}' at {endpoint}"

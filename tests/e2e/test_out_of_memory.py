@@ -118,8 +118,10 @@ def test_heal_modes_supervisor_says_so_at_each_replacement(workdir, memory_cgrou
     supervise = (
         "import sys; from phalanx.launch.supervisor import Supervisor; sys.exit(Supervisor(sys.argv[1:], 1).run())"
     )
+    restarts = {"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"}  # as torch's agent sets them
     done = subprocess.run([sys.executable, "-c", supervise, "over_memory.py", "worker", str(memory_cgroup)],
-                          cwd=workdir, capture_output=True, text=True, timeout=60)  # fmt: skip
+                          cwd=workdir, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **restarts})  # fmt: skip
     assert done.returncode == 137, done.stderr[-3000:]
     why = "the kernel's out-of-memory killer ended it: " if _kernel_log_readable() else "most likely the kernel's"
     replaced = "phalanx: the script failed (exit code 137); starting replacement 1 of this rank"
@@ -127,7 +129,8 @@ def test_heal_modes_supervisor_says_so_at_each_replacement(workdir, memory_cgrou
     allowed = (
         "phalanx: the script failed (exit code 137) and this rank was replaced 1 time(s) already, as many as allowed"
     )
-    assert f"{allowed}: leaving it to the launcher's restart\n  {why}" in done.stderr, done.stderr[-3000:]
+    restart = "the launcher's restart of every worker (restart 2 of --max-restarts 2)"
+    assert f"{allowed}: leaving it to {restart}\n  {why}" in done.stderr, done.stderr[-3000:]
     assert done.stderr.count("HINT: give each worker less to hold") == 2
 
 

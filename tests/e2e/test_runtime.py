@@ -530,3 +530,16 @@ def test_preemption_votes_are_rare_on_short_steps_ride_on_logging_points_and_eve
         assert line["own_votes"] <= stopped_after / 20, line
     # The signal is read within two votes and one boundary.
     assert signal_step < stopped_after <= signal_step + 2 * period_s / 0.002 + 1, lines
+
+
+def test_heal_mode_says_whether_the_launcher_restarts_what_it_cannot_heal(phalanx, workdir):
+    # a script that fails before its phalanx.Run armed healing is left to the launcher: its
+    # restart while --max-restarts has one left, else the job's end
+    script = workdir / "fails_at_once.py"
+    script.write_text("raise RuntimeError('fails before any training')\n")
+    done = phalanx("run", "--heal", "1", "--max-restarts", "1", str(script))
+    assert done.returncode == 1, done.output
+    before = "[node0 rank0]: phalanx: the script failed (exit code 1) before its phalanx.Run could heal"
+    first, last = [line for line in done.stderr.splitlines() if line.startswith(before)]
+    assert first.endswith("leaving it to the launcher's restart of every worker (restart 1 of --max-restarts 1)")
+    assert last.endswith("leaving it to the launcher, which ends the job: --max-restarts 1 leaves no restart")

@@ -13,7 +13,7 @@ from types import FrameType
 from phalanx.exit_codes import ExitCode, exit_code_of
 from phalanx.launch import out_of_memory
 from phalanx.launch.signals import die_with_parent
-from phalanx.worker_env import WorkerEnv, heal_armed_of
+from phalanx.worker_env import WorkerEnv, heal_armed_of, launcher_takeover
 
 #: What the supervisor passes on to its child: the launcher's stop, interrupt and notices.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -54,11 +54,11 @@ class Supervisor:
             failed = f"phalanx: the script failed (exit code {code})"
             if self.armed is not None and not self.armed.exists():
                 self._say(f"{failed} before its phalanx.Run could heal (it never started its loop in heal mode): "
-                          "leaving it to the launcher's restart")  # fmt: skip
+                          f"leaving it to {launcher_takeover(os.environ)}")  # fmt: skip
                 return code
             if replacements >= self.allowed:
                 self._say(f"{failed} and this rank was replaced {replacements} time(s) already, as many as allowed: "
-                          "leaving it to the launcher's restart")  # fmt: skip
+                          f"leaving it to {launcher_takeover(os.environ)}")  # fmt: skip
                 return code
             replacements += 1
             self._say(f"{failed}; starting replacement {replacements} of this rank, which joins the surviving ranks")

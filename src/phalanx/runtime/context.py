@@ -28,7 +28,7 @@ from phalanx.runtime.watchdog import (
     watchdog_unavailable,
 )
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import WorkerEnv
+from phalanx.worker_env import WorkerEnv, launcher_takeover
 
 if TYPE_CHECKING:
     from phalanx.runtime.heal.healing import Healing
@@ -275,7 +275,8 @@ def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: f
             context.regroup(generations.rank, generations.world_size)  # an elastic job may have shrunk
         except Exception as error:  # no generation opened in time: the launcher's restart takes over
             print(f"phalanx: this replacement could not join the surviving ranks ({type(error).__name__}: "
-                  f"{str(error).strip()[:200]}); leaving the job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{str(error).strip()[:200]}); leaving the job to {launcher_takeover(os.environ)}", file=sys.stderr,
+                  flush=True)  # fmt: skip
             raise SystemExit(ExitCode.HEAL_FAILED) from error
     else:
         generations.form_first()

@@ -38,7 +38,7 @@ from phalanx.runtime.preemption import PreemptionGuard
 from phalanx.runtime.reporter import Reporter
 from phalanx.runtime.shared_reduction import SharedReduction
 from phalanx.runtime.survivor import STATELESS_COMPRESSIONS, StepKeeper, StepMark, StepSeeding, agreed_start, described
-from phalanx.worker_env import WorkerEnv, heal_armed_of
+from phalanx.worker_env import WorkerEnv, heal_armed_of, launcher_takeover
 
 #: What run.setup_dataloader() takes over from a DataLoader, besides its dataset, batch size and shuffling.
 _LOADER_OPTIONS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "worker_init_fn", "generator",
@@ -902,7 +902,7 @@ class Run:
         lost = (": the launch's store, which the ranks heal through, is unreachable (its host may be lost)"
                 if isinstance(error, torch.distributed.DistNetworkError) else "")  # fmt: skip
         print(f"phalanx: the ranks could not heal ({type(error).__name__}: {str(error).strip()[:200]}){lost}; leaving "
-              "the job to the launcher's restart", file=sys.stderr, flush=True)  # fmt: skip
+              f"the job to {launcher_takeover(os.environ)}", file=sys.stderr, flush=True)  # fmt: skip
         if self._keeper is not None:
             self._keeper.keep_if_failing()
         raise SystemExit(ExitCode.HEAL_FAILED) from error
