@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 import time
 
@@ -128,3 +129,22 @@ def test_two_tasks_per_node_are_refused_with_the_right_srun_line(slurm_in):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("SLURM started 2 tasks on a node (SLURM_STEP_TASKS_PER_NODE=2(x2))") == 4
     assert "HINT: srun --nodes=2 --ntasks-per-node=1 phalanx run --nproc-per-node 2" in done.stderr
+
+
+def test_a_refused_option_and_an_unreachable_controller_get_their_own_hint(slurm_in, tmp_path):
+    refused = slurm_in.run([sys.executable, "-m", "phalanx", "slurm", "--nnodes", "2", "--sbatch=--partition=nosuch",
+                            "--submit", str(EXAMPLES / "train.py")], timeout=60)  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Invalid partition name" in refused.stderr and "HINT: fix the option it names" in refused.stderr
+    # the same cluster's configuration with a controller port nothing listens on: sbatch reaches no controller
+    with socket.socket() as closed:
+        closed.bind(("", 0))
+        port = closed.getsockname()[1]
+    dead = tmp_path / "dead.conf"
+    dead.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={port}", slurm_in.cluster.conf.read_text()))
+    env = {**slurm_in.env, "SLURM_CONF": str(dead)}
+    unreachable = run_command([sys.executable, "-m", "phalanx", "slurm", "--nnodes", "2", "--submit",
+                               str(EXAMPLES / "train.py")], timeout=60, cwd=slurm_in.folder, env=env)  # fmt: skip
+    assert unreachable.returncode == 2, unreachable.output
+    assert "Unable to contact slurm controller" in unreachable.output, unreachable.output
+    assert "HINT: sbatch on this host cannot reach a SLURM controller" in unreachable.output

@@ -29,6 +29,11 @@ _NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs
                   "dry_run": "prints the plan; phalanx slurm prints the script unless --submit is given"}  # fmt: skip
 
 
+#: sbatch's words where it reached no controller: no slurm.conf and no configless source, or a
+#: controller that is down or unreachable. No option of the script is at fault then.
+_NO_CONTROLLER = ("Could not establish a configuration source", "Unable to contact slurm controller")
+
+
 #: What a name written into an #SBATCH line may hold besides letters and digits, by flag, and an
 #: example: the job's name is also the batch script's file name; partitions and accounts may be
 #: lists separated by commas.
@@ -112,11 +117,13 @@ def submit(job: SlurmJob, text: str) -> int:
             "look with squeue --me, and submit the script again if it is not there",
         ) from None
     if done.returncode != 0:
-        say(
-            f"phalanx: error: sbatch refused {script}:\n  "
-            + "\n  ".join((done.stderr or done.stdout).strip().splitlines())
-        )
-        say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")
+        said = (done.stderr or done.stdout).strip()
+        say(f"phalanx: error: sbatch refused {script}:\n  " + "\n  ".join(said.splitlines()))
+        if any(words in said for words in _NO_CONTROLLER):
+            say("HINT: sbatch on this host cannot reach a SLURM controller (sinfo shows the same): run phalanx slurm "
+                "--submit on a login node of the cluster, or drop --submit and submit the script there")  # fmt: skip
+        else:
+            say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")
         return ExitCode.REFUSED
     job_id = done.stdout.strip().split(";")[0]
     log = Path(job.workdir) / job.output.replace("%j", job_id)
