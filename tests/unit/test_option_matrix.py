@@ -35,10 +35,16 @@ BAD: dict[str, tuple[str, ...]] = {
 }
 #: Values that are bad on this machine (a file here, this host's interfaces), and the commands
 #: that check them here: the others start jobs on other machines, which have their own.
-MACHINE_VALUES = {"FILE": {"run", "slurm"}, "/proc/phalanx-logs": {"run", "slurm"}, "nope0": {"run"}}
+MACHINE_VALUES = {
+    "FILE": {"run", "run-simulated", "slurm"},
+    "/proc/phalanx-logs": {"run", "run-simulated", "slurm"},
+    "nope0": {"run", "run-simulated"},
+}
 #: Each command that starts a job, and what it needs besides the option (train.py is the script).
+#: Simulated nodes are set up on their own path, which must refuse alike.
 COMMANDS = {
     "run": ["run", "--dry-run"],
+    "run-simulated": ["run", "--dry-run", "--simulate-nodes", "2"],
     "launch": ["launch", "--hosts", "h1,h2", "--dry-run"],
     "slurm": ["slurm"],
     "k8s": ["k8s", "--kind", "indexed-job", "--image", "registry.example.com/train:1"],
@@ -70,6 +76,8 @@ CASES = [
     for way in ways_of(option)
     for command in COMMANDS
     if command in MACHINE_VALUES.get(value, COMMANDS)
+    # the command's own flag would win over the value under test given any other way
+    and (option.flag == "dry-run" or f"--{option.flag}" not in COMMANDS[command])
 ]
 
 

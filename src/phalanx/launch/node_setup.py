@@ -244,10 +244,15 @@ def set_up_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodeSetu
     return [_set_up_real(spec, run_dir)]
 
 
-def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
+def _check_interface(spec: LaunchSpec) -> None:
+    """Refuses an --interface this host lacks (simulated nodes name it to gloo and NCCL too)."""
     if spec.interface:
         with spec.blamed("interface"):
             network.check_interface(spec.interface)
+
+
+def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
+    _check_interface(spec)
     resources = _resources(spec, nodes_on_host=1)
     if spec.rdzv_endpoint is None:
         # One node, nobody else to meet: loopback and a port the store picks itself (never 29500).
@@ -300,6 +305,7 @@ def _set_up_real(spec: LaunchSpec, run_dir: Path) -> NodeSetup:
 
 def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
     count = spec.simulate_nodes
+    _check_interface(spec)
     resources = _resources(spec, nodes_on_host=count)
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
     if spec.rdzv_endpoint:  # node0 hosts the store on it, before any node can start
