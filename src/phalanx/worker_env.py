@@ -32,19 +32,20 @@ def heal_armed_of(request: str | Path) -> Path:
 
 
 def launcher_takeover(environ: Mapping[str, str]) -> str:
-    """What this node's agent does when a worker fails for good, as words that follow "leaving it
-    to": its restart of every worker, or the job's end where --max-restarts has none left (from the
-    variables torch's agent gives every worker).
+    """Words that follow "leaving it to" where a worker leaves its failure to this node's agent:
+    how many of --max-restarts it has left (from the variables torch's agent gives every worker).
+    Whether it restarts is its own decision: a restart that cannot help, or a lost node, ends the
+    job even with restarts left, and each node counts its own.
 
     Example:
-        >>> launcher_takeover({"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "0"})
-        "the launcher's restart of every worker (restart 1 of --max-restarts 2)"
+        >>> launcher_takeover({"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"})
+        'the launcher (1 of --max-restarts 2 left on this node)'
     """
     most = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    done = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if done < most:
-        return f"the launcher's restart of every worker (restart {done + 1} of --max-restarts {most})"
-    return f"the launcher, which ends the job: --max-restarts {most} leaves no restart"
+    left = most - int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if left > 0:
+        return f"the launcher ({left} of --max-restarts {most} left on this node)"
+    return f"the launcher, which has no restart left on this node (--max-restarts {most})"
 
 
 def job_name(rdzv_id: str, endpoint: str) -> str:
@@ -104,10 +105,10 @@ class WorkerEnv:
              "heal_start": "PHALANX_HEAL_START"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid", "heal", "replacement", "supervisor_pid")
     #: The fields whose values differ between the nodes (or ranks) of a healthy job: a process's
-    #: own ids, paths and labels, and the job's name, which each node spells with its own
-    #: endpoint. Every other field is the same on every node.
+    #: own ids, paths and labels, and the job's name and heal store, which each node spells with
+    #: its own --rdzv-endpoint. Every other field is the same on every node.
     _PER_PROCESS = ("node", "address", "launcher_pid", "group_record", "job", "early_signal", "keep_request",
-                    "replacement", "supervisor_pid")  # fmt: skip
+                    "replacement", "supervisor_pid", "heal_store")  # fmt: skip
 
     @classmethod
     def per_process_keys(cls) -> tuple[str, ...]:

@@ -541,5 +541,5 @@ def test_heal_mode_says_whether_the_launcher_restarts_what_it_cannot_heal(phalan
     assert done.returncode == 1, done.output
     before = "[node0 rank0]: phalanx: the script failed (exit code 1) before its phalanx.Run could heal"
     first, last = [line for line in done.stderr.splitlines() if line.startswith(before)]
-    assert first.endswith("leaving it to the launcher's restart of every worker (restart 1 of --max-restarts 1)")
-    assert last.endswith("leaving it to the launcher, which ends the job: --max-restarts 1 leaves no restart")
+    assert first.endswith("leaving it to the launcher (1 of --max-restarts 1 left on this node)"), first
+    assert last.endswith("leaving it to the launcher, which has no restart left on this node (--max-restarts 1)"), last

@@ -262,7 +262,7 @@ class NodeAgent:
         if rows is None:
             say(f"phalanx: {self.setup.node_label}: not every node of the round posted its ranks within "
                 f"{GATHER_TIMEOUT_S:g} s: no liveness watch in this round (a node lost in it is not healed: the ranks "
-                "wait for it up to their group's timeout, then the workers restart)")  # fmt: skip
+                "wait for it up to their group's timeout, then leave it to --max-restarts)")  # fmt: skip
             return
         labels = [other["label"] for other in sorted(rows, key=lambda other: other["node"])]
         self.watched = [labels[index] for index in ring_after(row["node"], len(labels), WATCHED)]
