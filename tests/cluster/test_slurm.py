@@ -148,3 +148,17 @@ def test_a_refused_option_and_an_unreachable_controller_get_their_own_hint(slurm
     assert unreachable.returncode == 2, unreachable.output
     assert "Unable to contact slurm controller" in unreachable.output, unreachable.output
     assert "HINT: sbatch on this host cannot reach a SLURM controller" in unreachable.output
+
+
+def test_doctor_under_srun_compares_the_two_nodes_and_finds_no_problem(slurm_in):
+    # SLURM gives each task variables of its own node (SLURM_NODEID, SLURM_CPUS_ON_NODE...): the
+    # doctor compares what must agree, not those. The node that ran rank 0 alone prints the report.
+    done = slurm_in.run(["srun", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "phalanx", "doctor",
+                         "--p2p-size", "1M", "--max-bytes", "1M", "--json"], timeout=180)  # fmt: skip
+    report = json.loads(done.stdout)  # one report: the test-bed hosts share a file system, and the run's folder
+    assert len(report["nodes"]) == 2 and report["simulated"] is False, report["nodes"]
+    # the test bed's hosts share this machine's hostname (no UTS namespace of their own), which
+    # the doctor rightly calls a problem; nothing else is one
+    problems = [f["topic"] for f in report["findings"] if f["severity"] == "problem"]
+    assert problems == ["duplicate-hostname"], report["findings"]
+    assert done.returncode == 1, done.stderr

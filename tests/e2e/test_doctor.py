@@ -42,4 +42,5 @@ def test_doctor_in_heal_mode_leaves_per_process_variables_out(phalanx) -> None:
                    "--max-bytes", "1M", "--json", timeout=180)  # fmt: skip
     assert done.returncode == 0, done.output
     report = json.loads(done.stdout)
+    assert [node["facts"]["env PHALANX_HEAL"] for node in report["nodes"]] == ["1", "1"]  # heal mode reached them
     assert not [f for f in report["findings"] if f["severity"] == "problem"]

@@ -55,16 +55,20 @@ from phalanx.diagnostics.launch_settings import ResolvedSetting
 from phalanx.diagnostics.machine import HostFacts, InfinibandPort, InterfaceFacts, LimitFacts, ShmFacts
 from phalanx.diagnostics.torch_facts import GpuReport, TorchFacts
 from phalanx.diagnostics.traps import Finding
+from phalanx.settings.options import CONFIG_VARIABLE, LAUNCH_OPTIONS
 from phalanx.worker_env import WorkerEnv
 
 SCHEMA = 1
 
 #: Variables that differ between nodes (or ranks) of a healthy job, left out of the comparison:
-#: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's per-process ones.
+#: torchrun's per-rank numbers, the per-node interface and GPU mask, phalanx's per-process ones,
+#: the node's own paths and interface name given to phalanx, SLURM's per-node and per-task ones.
+#: (The GPUs and CPUs themselves are compared as facts of their own.)
 PER_NODE_VARIABLES = (
     "RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-    *WorkerEnv.per_process_keys(),
+    *WorkerEnv.per_process_keys(), *(o.env_var for o in LAUNCH_OPTIONS if o.field == "interface"), CONFIG_VARIABLE,
     "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_TASK_PID", "SLURMD_NODENAME", "SLURM_GTIDS",
+    "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_CPUS_ON_NODE", "SLURM_TOPOLOGY_ADDR",
     "PET_NODE_RANK", "SKYPILOT_NODE_RANK", "JOB_COMPLETION_INDEX",
 )  # fmt: skip
 

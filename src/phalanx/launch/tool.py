@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +40,9 @@ def run_tool(
 
     spec = spec_from_args(args, entrypoint=Entrypoint(module, is_module=True))
     run_dir = new_run_dir(spec)
-    report_path = (run_dir / "report.json").resolve()
+    # This launch's own name: nodes that share a file system may share the run's folder too, and
+    # only the node whose worker is rank 0 (which got this launch's path) must find the report.
+    report_path = (run_dir / f"report-{secrets.token_hex(4)}.json").resolve()
     worker_args = (SETTINGS_FLAG, json.dumps(dict(settings), sort_keys=True), REPORT_FLAG, str(report_path))
     # nodes started with different tool settings would issue different collectives and hang
     spec = replace(spec, entrypoint=Entrypoint(module, worker_args, is_module=True), extra_fingerprint=_flat(settings))
