@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import ipaddress
 import socket
-import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -372,8 +371,8 @@ def _holder(port: int) -> str:
                 if connection.pid is None:
                     return " (by a process of another user)"
                 process = psutil.Process(connection.pid)
-                command = textwrap.shorten(" ".join(process.cmdline()), 120, placeholder=" ...")  # one line
-                return f" (by process {connection.pid}: {command})"
+                command = " ".join(" ".join(process.cmdline()).split())  # one line
+                return f" (by process {connection.pid}: {command[:116] + ' ...' if len(command) > 120 else command})"
     except (psutil.Error, OSError):
         pass
     return ""

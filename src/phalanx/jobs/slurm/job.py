@@ -29,9 +29,11 @@ _NOT_FOR_SLURM = {"simulate_nodes": "rehearses on this machine; a SLURM job runs
                   "dry_run": "prints the plan; phalanx slurm prints the script unless --submit is given"}  # fmt: skip
 
 
-#: sbatch's words where it reached no controller: no slurm.conf and no configless source, or a
-#: controller that is down or unreachable. No option of the script is at fault then.
-_NO_CONTROLLER = ("Could not establish a configuration source", "Unable to contact slurm controller")
+#: sbatch's words where it reached no controller, or was not let in: no slurm.conf and no
+#: configless source, a controller down, unreachable or too slow, an authentication (munge) that
+#: failed. No option of the script is at fault then.
+_NO_CONTROLLER = ("Could not establish a configuration source", "Unable to contact slurm controller",
+                  "Socket timed out on send/recv operation", "Protocol authentication error")  # fmt: skip
 
 
 #: What a name written into an #SBATCH line may hold besides letters and digits, by flag, and an
@@ -120,8 +122,9 @@ def submit(job: SlurmJob, text: str) -> int:
         said = (done.stderr or done.stdout).strip()
         say(f"phalanx: error: sbatch refused {script}:\n  " + "\n  ".join(said.splitlines()))
         if any(words in said for words in _NO_CONTROLLER):
-            say("HINT: sbatch on this host cannot reach a SLURM controller (sinfo shows the same): run phalanx slurm "
-                "--submit on a login node of the cluster, or drop --submit and submit the script there")  # fmt: skip
+            say("HINT: sbatch on this host cannot reach a SLURM controller, or is not let in (sinfo shows the same): "
+                "run phalanx slurm --submit on a login node of the cluster, or drop --submit and submit the script "
+                "there")  # fmt: skip
         else:
             say("HINT: fix the option it names (the script's #SBATCH lines come from phalanx slurm's flags)")
         return ExitCode.REFUSED
