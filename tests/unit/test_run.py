@@ -199,3 +199,111 @@ def test_clip_gradients_needs_a_model_and_with_loss_scaling_a_tracked_optimizer(
     with pytest.raises(ValueError, match="no tracked optimizer"):
         run.clip_gradients(1.0)
     run.close()
+
+
+def small_loop(run: phalanx.Run, loader, epochs: int, *, stop_after: int | None = None, loss=None) -> list[int]:
+    """A loop of one Linear model; each epoch's loop leaves after ``stop_after`` batches."""
+    yielded = []
+    for epoch in run.epochs(epochs):
+        yielded.append(epoch)
+        for index, _ in enumerate(loader):
+            run.step(torch.tensor(1.0) if loss is None else loss)
+            if stop_after is not None and index + 1 == stop_after:
+                break
+    return yielded
+
+
+def test_a_loop_over_another_loader_is_stopped_with_the_reason(context):
+    run = phalanx.Run(context=context, log_every=100)
+    plain = torch.utils.data.DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
+    run.setup_dataloader(plain)
+    with pytest.raises(RuntimeError, match="took no batch from the loader that run.setup_dataloader"):
+        small_loop(run, plain, 2)  # the DataLoader given, not the one returned: it never ended before
+
+
+def test_a_break_goes_on_in_the_same_epoch_and_says_so_once(context, capsys):
+    run = phalanx.Run(context=context, log_every=100)
+    loader = run.setup_dataloader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
+    assert small_loop(run, loader, 2, stop_after=2) == [0, 0, 1, 1]  # 4 batches an epoch, 2 a loop
+    assert run.global_step == 8
+    said = capsys.readouterr().out
+    assert said.count("epoch 1 goes on from where its loop left it (a break)") == 1, said
+
+
+def test_an_epoch_of_no_batch_is_refused(context):
+    run = phalanx.Run(context=context)
+    run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=8, drop_last=True)
+    with pytest.raises(SettingsRefused, match="no batch an epoch: 4 samples a rank, batches of 8 with drop_last"):
+        next(run.epochs(1))
+
+
+@pytest.mark.parametrize("count", ["3", 2.5, -1, True])
+def test_epochs_takes_a_whole_number(context, count):
+    run = phalanx.Run(context=context)
+    run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+    with pytest.raises(ValueError, match=r"a whole number of epochs, 0 or more"):
+        next(run.epochs(count))
+
+
+def test_a_loss_as_a_number_is_taken_and_other_values_are_refused_at_the_call(context, capsys):
+    run = phalanx.Run(context=context, log_every=2)
+    loader = run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+    small_loop(run, loader, 1, loss=0.5)  # loss.item(), say
+    assert "epoch 1/1  step 2  loss 0.5000" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="run.log\\(phase=...\\): a number or a one-element tensor, not 'warmup'"):
+        run.log(phase="warmup")
+    with pytest.raises(TypeError, match=r"not a tensor of shape \(3,\)"):
+        run.log(norms=torch.zeros(3))
+    run.log(lr=0.1, scale=torch.tensor(2.0))
+
+
+def test_the_model_tracked_through_ddp_is_saved_under_its_own_keys(tmp_path, context):
+    class Wrapped(torch.nn.parallel.DistributedDataParallel):  # DDP as the tutorial wraps it, without a group
+        def __init__(self, module: torch.nn.Module) -> None:
+            torch.nn.Module.__init__(self)
+            self.module = module
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    run = phalanx.Run(tmp_path, context=context)
+    run.track(model=Wrapped(model))
+    small_loop(run, run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2), 1)
+    run.close()
+    resumed = phalanx.Run(tmp_path, context=context)
+    plain = torch.nn.Linear(2, 2)  # a run of one process: no wrapper, keys "weight", not "module.weight"
+    resumed.track(model=plain)
+    resumed.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+    assert resumed.restore() == 2 and torch.equal(plain.weight, model.weight)
+    resumed.close()
+
+
+def test_a_tracked_name_the_run_would_replace_and_a_class_are_refused(context):
+    run = phalanx.Run(context=context)
+    run.track(model=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"run.setup_model\(\) after run.track\(model=...\)"):
+        run.setup_model(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="the class StepLR, not an object of it, has no state_dict"):
+        run.track(scheduler=torch.optim.lr_scheduler.StepLR)
+    with pytest.raises(ValueError, match="keep=1.5: a whole number of checkpoints"):
+        phalanx.Run("ckpt", keep=1.5, context=context)
+
+
+def test_explicit_loader_settings_replace_the_dataloaders(context):
+    given = torch.utils.data.DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2, shuffle=False, drop_last=True)
+    loader = phalanx.Run(context=context).setup_dataloader(given, shuffle=True, drop_last=False, seed=5)
+    assert (loader.sampler.shuffle, loader.drop_last, loader.sampler.seed) == (True, False, 5)
+    kept = phalanx.Run(context=context).setup_dataloader(given)
+    assert (kept.sampler.shuffle, kept.drop_last, kept.sampler.seed) == (False, True, 0)
+
+
+def test_an_iterable_dataset_is_refused_with_the_reason(context):
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from range(4)
+
+    for data in (Stream(), torch.utils.data.DataLoader(Stream(), batch_size=2)):
+        with pytest.raises(SettingsRefused, match="with an IterableDataset"):
+            phalanx.Run(context=context).setup_dataloader(data, batch_size=2)
+    unbatched = torch.utils.data.DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=None)
+    with pytest.raises(SettingsRefused, match=r"a SequentialSampler and batch_size=None \(no batches\)"):
+        phalanx.Run(context=context).setup_dataloader(unbatched)

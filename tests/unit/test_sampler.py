@@ -1,6 +1,7 @@
 """ResumableSampler shards as DistributedSampler does, and resumes at the exact next sample."""
 
 import itertools
+import re
 
 import pytest
 from torch.utils.data import DistributedSampler
@@ -73,6 +74,19 @@ def test_resume_refuses_another_seed():
     state = ResumableSampler(10, rank=0, world_size=2, seed=1).state_dict()
     with pytest.raises(SettingsRefused, match="drawn with seed 1; this run's seed is 2"):
         ResumableSampler(10, rank=0, world_size=2, seed=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "changed, says",
+    [({"shuffle": False}, "drawn with shuffle True; this run's shuffle is False"),
+     ({"length": 12}, "drawn with dataset length 10; this run's dataset length is 12")],
+)  # fmt: skip
+def test_resume_refuses_another_shuffling_or_dataset_length(changed, says):
+    # each draws another order: the samples the checkpoint trained this epoch would not be those skipped
+    state = ResumableSampler(10, rank=0, world_size=2).state_dict()
+    resumed = ResumableSampler(changed.get("length", 10), rank=0, world_size=2, shuffle=changed.get("shuffle", True))
+    with pytest.raises(SettingsRefused, match=re.escape(says)):
+        resumed.load_state_dict(state)
 
 
 def test_padding_is_counted_apart():

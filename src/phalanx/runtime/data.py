@@ -21,6 +21,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from phalanx.errors import SettingsRefused
 from phalanx.runtime.preemption import PREEMPTION_SIGNALS
 
+#: What draws an epoch's order, which a resume must keep: each attribute, and its name in messages.
+_ORDER = {"seed": "seed", "shuffle": "shuffle", "dataset_length": "dataset length"}
+
 
 class ResumableSampler(Sampler[int]):
     """A DistributedSampler that resumes mid-epoch at the exact next sample.
@@ -154,8 +157,9 @@ class ResumableSampler(Sampler[int]):
         return max(0, min(stop, self._real_positions) - min(start, self._real_positions))
 
     def state_dict(self) -> dict[str, int]:
-        """Where this rank is (epoch, position), with the seed and world size it holds for."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}
+        """Where this rank is (epoch, position), with the world size and the order it holds for."""
+        order = {key: getattr(self, key) for key in _ORDER}
+        return {"epoch": self.epoch, "position": self.position, "world_size": self.world_size, **order}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continues the saved epoch at the saved position.
@@ -166,15 +170,19 @@ class ResumableSampler(Sampler[int]):
         more, and none is skipped.
 
         Raises:
-            SettingsRefused: the state was saved with another seed: another permutation.
+            SettingsRefused: the state was saved with another data order (another seed, shuffling
+                or dataset length).
         """
-        if state["seed"] != self.seed:
-            raise SettingsRefused(
-                f"the checkpoint's data order was drawn with seed {state['seed']}; this run's seed is {self.seed}",
-                "the samples the checkpoint trained this epoch are not those this seed would skip: the resume would "
-                "train some twice and skip others.",
-                f"resume with seed {state['seed']}, or start a new training in another checkpoint folder",
-            )
+        for key, what in _ORDER.items():
+            if state[key] != getattr(self, key):
+                raise SettingsRefused(
+                    f"the checkpoint's data order was drawn with {what} {state[key]}; this run's {what} is "
+                    f"{getattr(self, key)}",
+                    "the samples the checkpoint trained this epoch are not those this order would skip: the resume "
+                    "would train some twice and skip others.",
+                    f"resume with the checkpoint's {what} ({state[key]}), or start a new training in another checkpoint "
+                    "folder",
+                )
         consumed = state["position"] * state["world_size"]
         position, self.replayed = divmod(consumed, self.world_size)
         self.epoch = state["epoch"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
@@ -148,7 +148,7 @@ class Run:
             ("log_every", log_every),
             ("accumulate", accumulate),
         ):
-            if not (isinstance(value, int) and value >= 1):
+            if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name}={value!r}: a number of steps of at least 1")
         self._owns_context = context is None
         self.context = context or init()
@@ -166,7 +166,7 @@ class Run:
         self.global_step = 0
         self.resumed_from: int | None = None
         self.total_steps = 0
-        self._restored = self._closed = self._stop = False
+        self._restored = self._closed = self._stop = self._said_unfinished = False
         self._epoch, self._epochs = 0, 0
         self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
@@ -231,21 +231,24 @@ class Run:
             model = run.setup_model(torch.nn.Linear(10, 2), compression="fp16")
         """
         self._refuse_after_restore("setup_model")
+        self._refuse_tracked("model", self._model, "setup_model")
         if not self._replacing:
             check_consistency(self.context, model=module)
         self._model = wrap_model(module, self.context, compression=compression)
         self._tracked["model"] = unwrap(self._model)
         return self._model
 
-    def setup_dataloader(self, data: Dataset | DataLoader, batch_size: int | None = None, *, shuffle: bool = True,
-                         seed: int = 0, drop_last: bool = False, **loader_options: Any) -> ResumableLoader:  # fmt: skip
+    def setup_dataloader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
+                         shuffle: bool | None = None, seed: int | None = None, drop_last: bool | None = None,
+                         **loader_options: Any) -> ResumableLoader:  # fmt: skip
         """A loader over this rank's shard that resumes at the exact next batch.
 
         Args:
-            data: a Dataset, or a DataLoader whose dataset, batch size, shuffling (with a
-                DistributedSampler: its seed), drop_last and workers are taken over.
+            data: a map-style Dataset, or a DataLoader whose dataset, batch size, shuffling
+                (with a DistributedSampler: its seed), drop_last and workers are taken over.
             batch_size: samples per batch and process (required with a Dataset).
-            shuffle, seed, drop_last: as torch's DistributedSampler.
+            shuffle, seed, drop_last: as torch's DistributedSampler; given, they replace a
+                DataLoader's (default: the DataLoader's, else shuffled, seed 0, no drop).
             loader_options: other DataLoader arguments (num_workers, collate_fn, pin_memory...).
 
         Returns:
@@ -254,37 +257,59 @@ class Run:
 
         Raises:
             InconsistentRanks: the ranks' datasets have different lengths.
+            SettingsRefused: an IterableDataset, or a DataLoader with another sampling.
 
         Example::
 
             loader = run.setup_dataloader(dataset, batch_size=32, num_workers=2)
         """
         self._refuse_after_restore("setup_dataloader")
+        self._refuse_tracked("data", self._loader, "setup_dataloader")
+        if isinstance(data, IterableDataset) or isinstance(getattr(data, "dataset", None), IterableDataset):
+            raise SettingsRefused(
+                "run.setup_dataloader() with an IterableDataset",
+                "the run's loader shards a dataset by index and resumes at the exact next batch, which an iterable "
+                "dataset cannot do.",
+                "give a map-style Dataset (with __len__ and __getitem__), or keep your loader and checkpoint its "
+                "position yourself (run.track)",
+            )
         if isinstance(data, DataLoader):
             sampler = data.sampler
             if (
                 not isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler))
                 or data.batch_size is None
             ):
+                batching = (
+                    ""
+                    if data.batch_size is not None
+                    else (
+                        " and a batch_sampler"
+                        if data.batch_sampler is not None
+                        else " and batch_size=None (no batches)"
+                    )
+                )
                 raise SettingsRefused(
-                    f"a DataLoader with a {type(sampler).__name__}" + (" and a batch_sampler" if data.batch_size is None else ""),
+                    f"a DataLoader with a {type(sampler).__name__}{batching}",
                     "the loader from run.setup_dataloader() shards the data as DistributedSampler does, shuffled or not, "
                     "to resume at the exact next batch: another sampling would be dropped without a word.",
                     "pass the dataset and batch size to run.setup_dataloader(), or keep your loader and checkpoint its "
                     "position yourself (run.track)",
                 )  # fmt: skip
-            shuffle = isinstance(sampler, RandomSampler) or (
-                isinstance(sampler, DistributedSampler) and sampler.shuffle
-            )
-            seed = sampler.seed if isinstance(sampler, DistributedSampler) else seed
+            if shuffle is None:
+                shuffle = isinstance(sampler, RandomSampler) or (
+                    isinstance(sampler, DistributedSampler) and sampler.shuffle
+                )
+            if seed is None and isinstance(sampler, DistributedSampler):
+                seed = sampler.seed
             taken = {name: getattr(data, name) for name in _LOADER_OPTIONS}
             if data.num_workers == 0:
                 taken.pop("prefetch_factor")  # DataLoader refuses it without workers
-            batch_size, drop_last = batch_size or data.batch_size, data.drop_last
+            batch_size = batch_size or data.batch_size
+            drop_last = data.drop_last if drop_last is None else drop_last
             loader_options = {**taken, **loader_options}
             data = data.dataset
-        else:
-            loader_options["drop_last"] = drop_last
+        shuffle, seed, drop_last = shuffle is not False, seed or 0, bool(drop_last)
+        loader_options["drop_last"] = drop_last
         if batch_size is None:
             raise ValueError("batch_size: how many samples per batch and process (a Dataset has no batch size)")
         if not self._replacing:
@@ -312,9 +337,12 @@ class Run:
                 raise ValueError(
                     f"track({name}=...): the run keeps its own {name!r} in the checkpoint; pick another name"
                 )
-            if not isinstance(value, Stateful):
-                raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
-            self._tracked[name] = value
+            if isinstance(value, type) or not isinstance(value, Stateful):
+                what = f"the class {value.__name__}, not an object of it," if isinstance(value, type) else (
+                    f"a {type(value).__name__}")  # fmt: skip
+                raise TypeError(f"{name}: {what} has no state_dict()/load_state_dict() to checkpoint")
+            # DDP's wrapper saves its module's keys under "module.": a run of one process would not find them
+            self._tracked[name] = unwrap(value) if isinstance(value, torch.nn.Module) else value
             if self.context.healing is not None:
                 self.context.healing.guard(value)
 
@@ -383,10 +411,25 @@ class Run:
             count: the number of epochs of the whole training.
 
         Yields:
-            Epoch numbers from 0; a resumed epoch continues at its next batch.
+            Epoch numbers from 0; a resumed epoch continues at its next batch. An epoch whose
+            loop ended before its last batch (a ``break``) is yielded again, to go on from there.
+
+        Raises:
+            RuntimeError: a loop over the epoch took no batch from the run's loader.
+            SettingsRefused: an epoch has no batch on this rank.
         """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"run.epochs({count!r}): a whole number of epochs, 0 or more")
         if self._loader is None:
             raise RuntimeError("run.epochs() needs the loader from run.setup_dataloader()")
+        if _batches(self._loader, 0) == 0:
+            sampler = self._loader.sampler
+            raise SettingsRefused(
+                f"the loader gives this rank no batch an epoch: {sampler.num_samples} samples a rank, batches of "
+                f"{self._loader.batch_size} with drop_last",
+                "an epoch would train nothing.",
+                "give the loader a smaller batch size, more samples, or drop_last=False",
+            )
         self.restore()
         self._epochs = count
         self.total_steps = self._steps_to_the_end()
@@ -404,8 +447,21 @@ class Run:
         self._keeper = self._start_keeping()
         self._real_seen, self._started = self._loader.real_delivered, time.perf_counter()
         while not self._finished:
-            self._epoch = self._loader.resume_point[0]
+            self._epoch, before = self._loader.resume_point[0], self._loader.resume_point
             yield self._epoch
+            if self._finished or self._loader.resume_point[0] != self._epoch:
+                continue
+            if self._loader.resume_point == before:
+                raise RuntimeError(
+                    f"run.epochs(): the loop over epoch {self._epoch} took no batch from the loader that "
+                    "run.setup_dataloader() returned, and epochs() yields an epoch until that loader has delivered "
+                    "all its batches: iterate that loader, not the DataLoader given to setup_dataloader"
+                )
+            if not self._said_unfinished:
+                self._said_unfinished = True
+                self.print(f"phalanx: epoch {self._epoch + 1} goes on from where its loop left it (a break): "
+                           "run.epochs() yields an epoch until its loader delivered every batch; to train fewer "
+                           "batches an epoch, give setup_dataloader fewer samples (torch.utils.data.Subset)")  # fmt: skip
         self._end()
 
     def _steps_to_the_end(self) -> int:
@@ -448,15 +504,20 @@ class Run:
             index = loader.batch_index
         return accumulate(model, index, self.micro_batches, total=_batches(loader, loader.pass_start))
 
-    def record(self, loss: torch.Tensor) -> None:
+    def record(self, loss: torch.Tensor | float) -> None:
         """Adds a batch's loss to the global mean loss of the logging points and epochs.
 
         Args:
             loss: the batch's mean loss, or its per-sample losses (``reduction="none"``): then
                 the padding samples that even out an epoch's last batches count exactly zero
-                times. Weighted by the batch's real samples. No device sync, no collective.
+                times. Weighted by the batch's real samples. No device sync, no collective
+                (a number, such as ``loss.item()``, is taken too, but that read waited for the device).
         """
         reporter, loader = self._in_loop("record")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            loss = torch.tensor(float(loss))
+        elif not isinstance(loss, torch.Tensor):
+            raise TypeError(f"the loss: a tensor or a number, not a {type(loss).__name__}")
         real = loader.real_delivered - self._real_seen
         self._real_seen += real
         loss = loss.detach()
@@ -479,6 +540,11 @@ class Run:
 
             run.log(lr=scheduler.get_last_lr()[0])
         """
+        for name, value in values.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+                shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+                raise TypeError(f"run.log({name}=...): a number or a one-element tensor, not {shown}")
         self._values.update(values)
 
     def clip_gradients(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -527,7 +593,7 @@ class Run:
         self._values["grad_norm"] = norm
         return norm
 
-    def step(self, loss: torch.Tensor | None = None) -> None:
+    def step(self, loss: torch.Tensor | float | None = None) -> None:
         """Marks an optimizer step done: the logging point, the preemption vote, the checkpoint.
 
         Call it on every rank after each optimizer step. At a preemption (SIGTERM or SIGUSR1
@@ -726,6 +792,12 @@ class Run:
         """What is set up after the restore would start afresh, silently: refused."""
         if self._restored:
             raise RuntimeError(f"run.{what}() after the run was restored: call it before run.epochs() or run.restore()")
+
+    def _refuse_tracked(self, name: str, own: object, what: str) -> None:
+        """A ``track(NAME=...)`` of the user's that the run's own setup would replace, silently: refused."""
+        if name in self._tracked and own is None:
+            raise ValueError(f"run.{what}() after run.track({name}=...): the run checkpoints its own {name!r}, which "
+                             f"would replace yours; drop {name}= from track()")  # fmt: skip
 
     def _in_loop(self, what: str) -> tuple[Reporter, ResumableLoader]:
         """The logging and the loader, which exist inside :meth:`epochs`; a clear error elsewhere."""

@@ -89,8 +89,8 @@ class CheckpointManager:
     def __init__(
         self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False
     ) -> None:
-        if keep < 1:
-            raise ValueError(f"keep={keep}: at least the newest checkpoint must be kept")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep={keep!r}: a whole number of checkpoints, at least 1 (the newest)")
         self.directory, self.context, self.keep, self.async_save = Path(directory), context, keep, async_save
         self._distributed = context.is_distributed and dist.is_initialized()
         # Checkpoint collectives run in a group of their own: an async save's thread uses it
