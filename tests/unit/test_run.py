@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -223,9 +224,16 @@ def test_a_loop_over_another_loader_is_stopped_with_the_reason(context):
 
 def test_a_break_goes_on_in_the_same_epoch_and_says_so_once(context, capsys):
     run = phalanx.Run(context=context, log_every=100)
-    loader = run.setup_dataloader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
-    assert small_loop(run, loader, 2, stop_after=2) == [0, 0, 1, 1]  # 4 batches an epoch, 2 a loop
+    loader = run.setup_dataloader(TensorDataset(torch.arange(8)), batch_size=2)
+    seen: dict[int, list[int]] = {}
+    for epoch in run.epochs(2):  # 4 batches an epoch, 2 a loop
+        for index, (batch,) in enumerate(loader):
+            seen.setdefault(epoch, []).extend(batch.tolist())
+            run.step(torch.tensor(1.0))
+            if index == 1:
+                break
     assert run.global_step == 8
+    assert [sorted(samples) for samples in seen.values()] == [list(range(8))] * 2  # each sample once an epoch
     said = capsys.readouterr().out
     assert said.count("epoch 1 goes on from where its loop left it (a break)") == 1, said
 
@@ -237,7 +245,7 @@ def test_an_epoch_of_no_batch_is_refused(context):
         next(run.epochs(1))
 
 
-@pytest.mark.parametrize("count", ["3", 2.5, -1, True])
+@pytest.mark.parametrize("count", ["3", 2.5, -1, True, np.float64(2.0)])
 def test_epochs_takes_a_whole_number(context, count):
     run = phalanx.Run(context=context)
     run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
@@ -250,11 +258,12 @@ def test_a_loss_as_a_number_is_taken_and_other_values_are_refused_at_the_call(co
     loader = run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
     small_loop(run, loader, 1, loss=0.5)  # loss.item(), say
     assert "epoch 1/1  step 2  loss 0.5000" in capsys.readouterr().out
+    run.close()
     with pytest.raises(TypeError, match="run.log\\(phase=...\\): a number or a one-element tensor, not 'warmup'"):
         run.log(phase="warmup")
     with pytest.raises(TypeError, match=r"not a tensor of shape \(3,\)"):
         run.log(norms=torch.zeros(3))
-    run.log(lr=0.1, scale=torch.tensor(2.0))
+    run.log(lr=0.1, scale=torch.tensor(2.0), step_scaled=np.float32(0.5), clipped=True)
 
 
 def test_the_model_tracked_through_ddp_is_saved_under_its_own_keys(tmp_path, context):
@@ -282,7 +291,11 @@ def test_a_tracked_name_the_run_would_replace_and_a_class_are_refused(context):
     run.track(model=torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"run.setup_model\(\) after run.track\(model=...\)"):
         run.setup_model(torch.nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="the class StepLR, not an object of it, has no state_dict"):
+    same = phalanx.Run(context=context)
+    model = torch.nn.Linear(2, 2)
+    same.track(model=model)
+    assert same.setup_model(model) is model  # the same module: nothing replaced (one process: no wrapper)
+    with pytest.raises(TypeError, match=r"the class StepLR, not an object of it: pass StepLR\(...\)"):
         run.track(scheduler=torch.optim.lr_scheduler.StepLR)
     with pytest.raises(ValueError, match="keep=1.5: a whole number of checkpoints"):
         phalanx.Run("ckpt", keep=1.5, context=context)
@@ -294,6 +307,8 @@ def test_explicit_loader_settings_replace_the_dataloaders(context):
     assert (loader.sampler.shuffle, loader.drop_last, loader.sampler.seed) == (True, False, 5)
     kept = phalanx.Run(context=context).setup_dataloader(given)
     assert (kept.sampler.shuffle, kept.drop_last, kept.sampler.seed) == (False, True, 0)
+    in_order = phalanx.Run(context=context).setup_dataloader(TensorDataset(torch.zeros(8, 1)), 2, shuffle=0)
+    assert in_order.sampler.shuffle is False
 
 
 def test_an_iterable_dataset_is_refused_with_the_reason(context):

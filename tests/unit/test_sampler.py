@@ -70,8 +70,14 @@ def test_a_position_that_does_not_divide_trains_the_last_few_again_and_skips_non
     assert replayed == 1 and set(trained) == set(range(60)) and len(trained) == 61
 
 
+def mid_epoch_state(**settings) -> dict:
+    sampler = ResumableSampler(10, rank=0, world_size=2, **settings)
+    next(iter(sampler))  # one sample of the epoch handed out
+    return sampler.state_dict()
+
+
 def test_resume_refuses_another_seed():
-    state = ResumableSampler(10, rank=0, world_size=2, seed=1).state_dict()
+    state = mid_epoch_state(seed=1)
     with pytest.raises(SettingsRefused, match="drawn with seed 1; this run's seed is 2"):
         ResumableSampler(10, rank=0, world_size=2, seed=2).load_state_dict(state)
 
@@ -83,10 +89,13 @@ def test_resume_refuses_another_seed():
 )  # fmt: skip
 def test_resume_refuses_another_shuffling_or_dataset_length(changed, says):
     # each draws another order: the samples the checkpoint trained this epoch would not be those skipped
-    state = ResumableSampler(10, rank=0, world_size=2).state_dict()
+    state = mid_epoch_state()
     resumed = ResumableSampler(changed.get("length", 10), rank=0, world_size=2, shuffle=changed.get("shuffle", True))
     with pytest.raises(SettingsRefused, match=re.escape(says)):
         resumed.load_state_dict(state)
+    at_a_new_epoch = ResumableSampler(10, rank=0, world_size=2).state_dict()  # nothing of it trained: any order
+    resumed.load_state_dict(at_a_new_epoch)
+    assert resumed.position == 0
 
 
 def test_padding_is_counted_apart():

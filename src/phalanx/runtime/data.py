@@ -170,11 +170,11 @@ class ResumableSampler(Sampler[int]):
         more, and none is skipped.
 
         Raises:
-            SettingsRefused: the state was saved with another data order (another seed, shuffling
-                or dataset length).
+            SettingsRefused: the state was saved mid-epoch with another data order (another seed,
+                shuffling or dataset length).
         """
         for key, what in _ORDER.items():
-            if state[key] != getattr(self, key):
+            if state["position"] > 0 and state[key] != getattr(self, key):  # (a new epoch draws a new order anyway)
                 raise SettingsRefused(
                     f"the checkpoint's data order was drawn with {what} {state[key]}; this run's {what} is "
                     f"{getattr(self, key)}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import gc
 import math
+import numbers
 import os
 import signal
 import sys
@@ -231,7 +232,7 @@ class Run:
             model = run.setup_model(torch.nn.Linear(10, 2), compression="fp16")
         """
         self._refuse_after_restore("setup_model")
-        self._refuse_tracked("model", self._model, "setup_model")
+        self._refuse_tracked("model", self._model, "setup_model", module)
         if not self._replacing:
             check_consistency(self.context, model=module)
         self._model = wrap_model(module, self.context, compression=compression)
@@ -308,7 +309,7 @@ class Run:
             drop_last = data.drop_last if drop_last is None else drop_last
             loader_options = {**taken, **loader_options}
             data = data.dataset
-        shuffle, seed, drop_last = shuffle is not False, seed or 0, bool(drop_last)
+        shuffle, seed, drop_last = True if shuffle is None else bool(shuffle), seed or 0, bool(drop_last)
         loader_options["drop_last"] = drop_last
         if batch_size is None:
             raise ValueError("batch_size: how many samples per batch and process (a Dataset has no batch size)")
@@ -337,10 +338,10 @@ class Run:
                 raise ValueError(
                     f"track({name}=...): the run keeps its own {name!r} in the checkpoint; pick another name"
                 )
-            if isinstance(value, type) or not isinstance(value, Stateful):
-                what = f"the class {value.__name__}, not an object of it," if isinstance(value, type) else (
-                    f"a {type(value).__name__}")  # fmt: skip
-                raise TypeError(f"{name}: {what} has no state_dict()/load_state_dict() to checkpoint")
+            if isinstance(value, type):
+                raise TypeError(f"{name}: the class {value.__name__}, not an object of it: pass {value.__name__}(...)")
+            if not isinstance(value, Stateful):
+                raise TypeError(f"{name}: a {type(value).__name__} has no state_dict()/load_state_dict() to checkpoint")
             # DDP's wrapper saves its module's keys under "module.": a run of one process would not find them
             self._tracked[name] = unwrap(value) if isinstance(value, torch.nn.Module) else value
             if self.context.healing is not None:
@@ -418,8 +419,9 @@ class Run:
             RuntimeError: a loop over the epoch took no batch from the run's loader.
             SettingsRefused: an epoch has no batch on this rank.
         """
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
             raise ValueError(f"run.epochs({count!r}): a whole number of epochs, 0 or more")
+        count = int(count)
         if self._loader is None:
             raise RuntimeError("run.epochs() needs the loader from run.setup_dataloader()")
         if _batches(self._loader, 0) == 0:
@@ -428,7 +430,7 @@ class Run:
                 f"the loader gives this rank no batch an epoch: {sampler.num_samples} samples a rank, batches of "
                 f"{self._loader.batch_size} with drop_last",
                 "an epoch would train nothing.",
-                "give the loader a smaller batch size, more samples, or drop_last=False",
+                "give the loader more samples or a smaller batch size, or drop_last=False",
             )
         self.restore()
         self._epochs = count
@@ -453,9 +455,9 @@ class Run:
                 continue
             if self._loader.resume_point == before:
                 raise RuntimeError(
-                    f"run.epochs(): the loop over epoch {self._epoch} took no batch from the loader that "
-                    "run.setup_dataloader() returned, and epochs() yields an epoch until that loader has delivered "
-                    "all its batches: iterate that loader, not the DataLoader given to setup_dataloader"
+                    f"run.epochs(): the loop over epoch {self._epoch + 1} took no batch from the loader that "
+                    "run.setup_dataloader() returned last, and epochs() yields an epoch until that loader has "
+                    "delivered all its batches: iterate that loader, not the DataLoader given to setup_dataloader"
                 )
             if not self._said_unfinished:
                 self._said_unfinished = True
@@ -514,7 +516,7 @@ class Run:
                 (a number, such as ``loss.item()``, is taken too, but that read waited for the device).
         """
         reporter, loader = self._in_loop("record")
-        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        if isinstance(loss, numbers.Real):
             loss = torch.tensor(float(loss))
         elif not isinstance(loss, torch.Tensor):
             raise TypeError(f"the loss: a tensor or a number, not a {type(loss).__name__}")
@@ -541,8 +543,7 @@ class Run:
             run.log(lr=scheduler.get_last_lr()[0])
         """
         for name, value in values.items():
-            number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not (number or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+            if not (isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.numel() == 1)):
                 shown = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
                 raise TypeError(f"run.log({name}=...): a number or a one-element tensor, not {shown}")
         self._values.update(values)
@@ -793,9 +794,10 @@ class Run:
         if self._restored:
             raise RuntimeError(f"run.{what}() after the run was restored: call it before run.epochs() or run.restore()")
 
-    def _refuse_tracked(self, name: str, own: object, what: str) -> None:
-        """A ``track(NAME=...)`` of the user's that the run's own setup would replace, silently: refused."""
-        if name in self._tracked and own is None:
+    def _refuse_tracked(self, name: str, own: object, what: str, new: object = None) -> None:
+        """A ``track(NAME=...)`` of the user's that the run's own setup would replace with ``new``,
+        silently: refused."""
+        if name in self._tracked and own is None and self._tracked[name] is not new:
             raise ValueError(f"run.{what}() after run.track({name}=...): the run checkpoints its own {name!r}, which "
                              f"would replace yours; drop {name}= from track()")  # fmt: skip
 

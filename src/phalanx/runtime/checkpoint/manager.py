@@ -7,6 +7,7 @@ keeps a whole copy (docs/runtime-design.md).
 
 from __future__ import annotations
 
+import numbers
 import pickle
 import shutil
 import sys
@@ -89,7 +90,7 @@ class CheckpointManager:
     def __init__(
         self, directory: str | Path, context: DistributedContext, keep: int = 3, async_save: bool = False
     ) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 1:
             raise ValueError(f"keep={keep!r}: a whole number of checkpoints, at least 1 (the newest)")
         self.directory, self.context, self.keep, self.async_save = Path(directory), context, keep, async_save
         self._distributed = context.is_distributed and dist.is_initialized()
