@@ -543,3 +543,23 @@ def test_heal_mode_says_whether_the_launcher_restarts_what_it_cannot_heal(phalan
     first, last = [line for line in done.stderr.splitlines() if line.startswith(before)]
     assert first.endswith("leaving it to the launcher (1 of --max-restarts 1 left on this node)"), first
     assert last.endswith("leaving it to the launcher, which has no restart left on this node (--max-restarts 1)"), last
+
+
+def test_a_rank_that_ended_early_is_named_before_the_failure_it_caused(phalanx, workdir):
+    # rank 0 leaves the loop after 3 steps and exits 0; rank 1's next all-reduce loses its peer
+    script = workdir / "leaves_early.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "value = torch.ones(1)\n"
+        "for step in range(1000):\n"
+        "    if dist.get_rank() == 0 and step == 3:\n"
+        "        break\n"
+        "    dist.all_reduce(value)\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert done.returncode == 1, done.output
+    cause = done.stderr[done.stderr.index("phalanx: root cause:") :]
+    assert cause.startswith("phalanx: root cause: rank 1 "), cause
+    assert "\n  before it, rank 0 had ended on its own (exit code 0) while the others trained on" in cause, cause
+    assert "HINT: where a rank leaves the training before the others" in cause, cause

@@ -1,11 +1,14 @@
 """Choosing and wording the root cause among the failures torchrun reports."""
 
+import os
 import signal
+from dataclasses import replace
 
 import pytest
 
 from phalanx.launch.failure import (
     RankFailure,
+    ended_before,
     exit_code_for,
     format_root_cause,
     log_lines,
@@ -14,6 +17,7 @@ from phalanx.launch.failure import (
     root_cause,
     tail_of,
 )
+from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord
 
 
 def failure(rank, time, exitcode=1, tail=("Traceback (most recent call last):", "ValueError: x"), reported=100.0):
@@ -271,3 +275,19 @@ def test_the_error_that_ended_a_worker_is_read_from_its_error_file_not_from_its_
     quiet = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file=str(tmp_path / "none.json"))
     [found] = failures_from({3: quiet}, {3: log}, "node1", "127.0.0.102")
     assert found.error == () and exit_code_for([found]) == 1
+
+
+def test_only_ranks_that_ended_on_their_own_before_the_failure_are_named(tmp_path):
+    attempt = tmp_path / "attempt_0"
+    records = {0: (GroupRecord(4, 4), 100.0),  # ended before rank 3 failed: named
+               1: (GroupRecord(4, 4, stopped="after step 9; checkpoint saved"), 100.0),  # stopped for a signal
+               2: (GroupRecord(4, 4), 300.0)}  # ended after the failure (its agent stopped it)  # fmt: skip
+    for rank, (record, written) in records.items():
+        (attempt / f"rank{rank}").mkdir(parents=True)
+        record.write(attempt / f"rank{rank}" / GROUP_RECORD_NAME)
+        os.utime(attempt / f"rank{rank}" / GROUP_RECORD_NAME, (written, written))
+    (attempt / "rank3").mkdir()
+    cause = replace(failure(3, 200.0), log=str(attempt / "rank3" / "stderr.log"))
+    assert ended_before(cause, [cause]) == [0]
+    assert ended_before(cause, [cause, failure(0, 250.0)]) == []  # a rank that failed is no early end
+    assert "\n  before it, rank 0 had ended on its own (exit code 0)" in format_root_cause([cause])

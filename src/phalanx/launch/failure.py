@@ -17,6 +17,7 @@ from typing import Any
 
 from phalanx.exit_codes import ExitCode
 from phalanx.launch import out_of_memory
+from phalanx.launch.group_record import GROUP_RECORD_NAME, GroupRecord
 from phalanx.worker_env import STALL_REPORT
 
 TAIL_LINES = 12
@@ -307,6 +308,11 @@ def format_root_cause(failures: list[RankFailure]) -> str:
         lines = [f"{where} {cause.how}: {what}" + (f" (traceback: {cause.log})" if cause.log else "")]
     else:
         lines = [f"{where} {cause.how}"]
+    early = ended_before(cause, failures)
+    if early:
+        ranks = f"ranks {', '.join(map(str, early))}" if len(early) > 1 else f"rank {early[0]}"
+        lines.append(f"  before it, {ranks} had ended on {'their' if len(early) > 1 else 'its'} own (exit code 0) "
+                     "while the others trained on: their collectives lost a peer")  # fmt: skip
     stopped = [f for f in failures if f is not cause and stopped_by_agent(f, failures)]
     others = [f for f in failures if f is not cause and f not in stopped]
     refused = [f for f in others if (other := phalanx_error_of(f)) is not None and other.is_refusal]
@@ -328,10 +334,35 @@ def format_root_cause(failures: list[RankFailure]) -> str:
         lines += [f"    {line}" for line in cause.tail]
     elif cause.log:
         lines.append(f"  its stderr ({cause.log}) is empty")
-    hint = hint_for(cause)
+    hint = hint_for(cause) or (_ENDED_EARLY if early else None)
     if hint:
         lines.append(f"HINT: {hint}")
     return "\n".join(lines)
+
+
+#: What to do about ranks that left the training before the others.
+_ENDED_EARLY = (
+    "where a rank leaves the training before the others (a stop only it decided, such as early stopping, or "
+    "fewer batches), the others wait for it in their next collective: every rank must take the same steps"
+)
+
+
+def ended_before(cause: RankFailure, failures: list[RankFailure]) -> list[int]:
+    """The ranks of the cause's start of the workers (in the log folders this host sees) that
+    ended on their own before it failed, neither failed nor stopped: their exit record is
+    older than its log's last line."""
+    from phalanx.launch.logs import rank_folders  # (torch's, and only where a failure is told)
+
+    if not cause.log:
+        return []
+    failed = {failure.rank for failure in failures}
+    early = []
+    for rank, folder in sorted(rank_folders(Path(cause.log).parent.parent).items()):
+        path = folder / GROUP_RECORD_NAME
+        record = GroupRecord.read(path)
+        if rank not in failed and record is not None and record.stopped is None and path.stat().st_mtime < cause.time:
+            early.append(rank)
+    return early
 
 
 def save_failures(failures: list[RankFailure], path: Path) -> None:

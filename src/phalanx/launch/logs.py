@@ -13,6 +13,19 @@ from phalanx.launch.group_record import GROUP_RECORD_NAME
 from phalanx.launch.start_report import START_RECORD_NAME
 from phalanx.worker_env import KEEP_REPORT_NAME, KEEP_REQUEST_NAME, WorkerEnv
 
+_RANK = "rank"  # a rank's folder: rank<R>
+
+
+def rank_folders(attempt: Path) -> dict[int, Path]:
+    """The log folders of a start of the workers (``attempt_<n>``) by global rank, as far as
+    this host sees them."""
+    found = {}
+    for folder in attempt.glob(f"{_RANK}*"):
+        rank = folder.name.removeprefix(_RANK)
+        if rank.isdigit():
+            found[int(rank)] = folder
+    return found
+
 
 class RankLogsSpecs(LogsSpecs):
     def __init__(
@@ -46,7 +59,7 @@ class RankLogsSpecs(LogsSpecs):
         # counting the starts numbers the rounds alike on every node (TORCHELASTIC_RESTART_COUNT does not)
         attempt_number, self._starts = self._starts, self._starts + 1
         attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
-        self.folder_of_rank = {int(env["RANK"]): attempt / f"rank{env['RANK']}" for env in envs.values()}
+        self.folder_of_rank = {int(env["RANK"]): attempt / f"{_RANK}{env['RANK']}" for env in envs.values()}
         for env in envs.values():  # the workers are started with these dicts
             folder = self.folder_of_rank[int(env["RANK"])]
             env.update(WorkerEnv(attempt=attempt_number, group_record=str(folder / GROUP_RECORD_NAME),
