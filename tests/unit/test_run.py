@@ -322,3 +322,20 @@ def test_an_iterable_dataset_is_refused_with_the_reason(context):
     unbatched = torch.utils.data.DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=None)
     with pytest.raises(SettingsRefused, match=r"a SequentialSampler and batch_size=None \(no batches\)"):
         phalanx.Run(context=context).setup_dataloader(unbatched)
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path, context):
+    def run_of(width: int):
+        run = phalanx.Run(tmp_path, context=context)
+        run.setup_model(torch.nn.Linear(4, width))
+        return run, run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+
+    first, loader = run_of(8)
+    small_loop(first, loader, 1)
+    first.close()
+    wider, _ = run_of(16)
+    with pytest.raises(
+        SettingsRefused, match=r"does not fit this run's model \(Linear\): RuntimeError: .*size mismatch"
+    ):
+        wider.restore()
+    wider.close()

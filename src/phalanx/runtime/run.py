@@ -382,7 +382,7 @@ class Run:
         if missing:  # a renamed track() name would start that object afresh without a word
             self.print(f"phalanx: the checkpoint has no {', '.join(missing)} (it has {', '.join(sorted(latest.state))}): "
                        f"{'they start' if len(missing) > 1 else 'it starts'} afresh")  # fmt: skip
-        self._load_tracked(latest.state)
+        self._load_tracked(latest.state, source=latest.path)
         if latest.world_size != self.world_size:
             self._say_world_changed(latest.world_size)
         own = latest.rank_state
@@ -871,10 +871,24 @@ class Run:
                 heal_armed_of(request).touch()
         return keeper
 
-    def _load_tracked(self, state: dict[str, Any], *skipped: str) -> None:
+    def _load_tracked(self, state: dict[str, Any], *skipped: str, source: Path | None = None) -> None:
+        """Loads each tracked object's state; from a checkpoint (``source``), one that does not fit
+        its object (a model of another shape, another optimizer) is refused with what differs."""
         for name, target in self._tracked.items():
             if name in state and name not in skipped:
-                target.load_state_dict(state[name])
+                try:
+                    target.load_state_dict(state[name])
+                except (RuntimeError, KeyError, ValueError, TypeError) as error:
+                    if source is None:
+                        raise
+                    said = " ".join(line.strip() for line in str(error).splitlines()[:2])
+                    raise SettingsRefused(
+                        f"the checkpoint {source} does not fit this run's {name} ({type(target).__name__}): "
+                        f"{type(error).__name__}: {said[:300]}",
+                        f"its {name} was saved from another one (a model of another shape, another optimizer).",
+                        "resume with what the checkpoint was saved with, or start a new training in another "
+                        "checkpoint folder",
+                    ) from error
 
     def _mark(self, keeper: StepKeeper, step: int) -> None:
         """Marks ``step`` complete: the data position, and in heal mode the states a failed step rolls back."""
