@@ -339,3 +339,10 @@ def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path, context):
     ):
         wider.restore()
     wider.close()
+
+
+def test_accumulation_without_run_accumulate_is_stopped_at_the_first_step(context):
+    run = phalanx.Run(context=context, accumulate=2)
+    loader = run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=1)
+    with pytest.raises(RuntimeError, match=r"Run\(accumulate=2\) but no run.accumulate\(\) since the last step"):
+        small_loop(run, loader, 1)  # a step per batch: the progress would pass 100%

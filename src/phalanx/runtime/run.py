@@ -167,7 +167,7 @@ class Run:
         self.global_step = 0
         self.resumed_from: int | None = None
         self.total_steps = 0
-        self._restored = self._closed = self._stop = self._said_unfinished = False
+        self._restored = self._closed = self._stop = self._said_unfinished = self._accumulated = False
         self._epoch, self._epochs = 0, 0
         self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
@@ -502,6 +502,7 @@ class Run:
                     run.step()
         """
         _, loader = self._in_loop("accumulate")
+        self._accumulated = True
         if self.context.healing is not None:  # a heal replays a step's batches, which the loop's count does not see
             index = loader.batch_index
         return accumulate(model, index, self.micro_batches, total=_batches(loader, loader.pass_start))
@@ -617,6 +618,13 @@ class Run:
         if healing is not None and healing.health.failed and not (self._keeper and self._keeper.optimizer_stepped):
             self._heal()  # the step failed before its optimizer step: trained again after the heal
             return
+        if self.micro_batches > 1 and not self._accumulated:
+            raise RuntimeError(
+                f"run.step() with Run(accumulate={self.micro_batches}) but no run.accumulate() since the last step: "
+                f"each optimizer step takes {self.micro_batches} micro-batches, each one's forward and backward "
+                "inside `with run.accumulate(model, index) as micro:`, and run.step() only where micro.sync"
+            )
+        self._accumulated = False
         if loss is not None:
             self.record(loss)
         self.global_step += 1
