@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from phalanx.launch.group_record import GroupRecord, hint_for, solo_ranks
+from phalanx.worker_env import WorkerEnv
 
 BOOT = [sys.executable, "-m", "phalanx.launch.bootstrap"]
 
@@ -229,3 +230,18 @@ def test_a_usr1_before_the_script_handles_it_is_kept_for_the_preemption_guard(tm
     )
     done = run_boot(tmp_path, script)
     assert done.returncode == 0 and done.stdout.strip() == "SIGUSR1"
+
+
+def test_heal_modes_supervisor_removes_the_exit_record_of_the_child_before(tmp_path):
+    # a replacement killed before its exit handlers must not leave its predecessor's record to be
+    # read as its own (the launcher would take that rank for one that ended on its own)
+    record = tmp_path / "process_group.json"
+    GroupRecord(2, 2).write(record)
+    script = write(tmp_path, "s.py", f"import os\nprint('record there:', os.path.exists({str(record)!r}))\n")
+    supervise = (
+        "import sys; from phalanx.launch.supervisor import Supervisor; sys.exit(Supervisor(sys.argv[1:], 0).run())"
+    )
+    done = subprocess.run([sys.executable, "-c", supervise, script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, WorkerEnv.key_of("group_record"): str(record)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "record there: False" in done.stdout, done.stdout

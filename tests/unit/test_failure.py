@@ -287,7 +287,13 @@ def test_only_ranks_that_ended_on_their_own_before_the_failure_are_named(tmp_pat
         record.write(attempt / f"rank{rank}" / GROUP_RECORD_NAME)
         os.utime(attempt / f"rank{rank}" / GROUP_RECORD_NAME, (written, written))
     (attempt / "rank3").mkdir()
-    cause = replace(failure(3, 200.0), log=str(attempt / "rank3" / "stderr.log"))
+    lost_peer = (
+        "Traceback (most recent call last):",
+        "RuntimeError: [pair.cc:553] Connection closed by peer [1.2.3.4]:5",
+    )
+    cause = replace(failure(3, 200.0, tail=lost_peer), log=str(attempt / "rank3" / "stderr.log"))
     assert ended_before(cause, [cause]) == [0]
     assert ended_before(cause, [cause, failure(0, 250.0)]) == []  # a rank that failed is no early end
-    assert "\n  before it, rank 0 had ended on its own (exit code 0)" in format_root_cause([cause])
+    assert "\n  before it, rank 0 had ended on its own while the others" in format_root_cause([cause])
+    # a failure of the rank's own (no lost peer): the ranks that had finished are not to blame
+    assert ended_before(replace(cause, tail=("ValueError: in rank 3's own evaluation",)), [cause]) == []

@@ -341,8 +341,20 @@ def test_a_checkpoint_of_another_model_is_refused_naming_it(tmp_path, context):
     wider.close()
 
 
-def test_accumulation_without_run_accumulate_is_stopped_at_the_first_step(context):
+def test_a_step_after_each_batch_with_accumulation_is_stopped_at_the_first(context):
     run = phalanx.Run(context=context, accumulate=2)
     loader = run.setup_dataloader(TensorDataset(torch.zeros(4, 1)), batch_size=1)
-    with pytest.raises(RuntimeError, match=r"Run\(accumulate=2\) but no run.accumulate\(\) since the last step"):
+    with pytest.raises(
+        SettingsRefused, match=r"run.step\(\) after micro-batch 1 of the pass, with Run\(accumulate=2\)"
+    ):
         small_loop(run, loader, 1)  # a step per batch: the progress would pass 100%
+
+
+def test_a_step_every_window_is_taken_however_the_loop_accumulates(context):
+    run = phalanx.Run(context=context, accumulate=2, log_every=100)
+    loader = run.setup_dataloader(TensorDataset(torch.zeros(5, 1)), batch_size=1)  # windows of 2, 2 and 1
+    for _ in run.epochs(1):
+        for index, _ in enumerate(loader):  # its own count, not run.accumulate
+            if (index + 1) % 2 == 0 or index == 4:
+                run.step(torch.tensor(1.0))
+    assert run.global_step == run.total_steps == 3

@@ -6,6 +6,7 @@ log went quiet first: a worker's peers only fail, and write their tracebacks, af
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import re
@@ -311,8 +312,8 @@ def format_root_cause(failures: list[RankFailure]) -> str:
     early = ended_before(cause, failures)
     if early:
         ranks = f"ranks {', '.join(map(str, early))}" if len(early) > 1 else f"rank {early[0]}"
-        lines.append(f"  before it, {ranks} had ended on {'their' if len(early) > 1 else 'its'} own (exit code 0) "
-                     "while the others trained on: their collectives lost a peer")  # fmt: skip
+        lines.append(f"  before it, {ranks} had ended on {'their' if len(early) > 1 else 'its'} own while the "
+                     "others trained on: their collectives lost a peer")  # fmt: skip
     stopped = [f for f in failures if f is not cause and stopped_by_agent(f, failures)]
     others = [f for f in failures if f is not cause and f not in stopped]
     refused = [f for f in others if (other := phalanx_error_of(f)) is not None and other.is_refusal]
@@ -347,21 +348,28 @@ _ENDED_EARLY = (
 )
 
 
+#: How a collective ends whose peer process is gone: gloo's words, and NCCL's (via torch).
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "remote process exited")
+
+
 def ended_before(cause: RankFailure, failures: list[RankFailure]) -> list[int]:
-    """The ranks of the cause's start of the workers (in the log folders this host sees) that
-    ended on their own before it failed, neither failed nor stopped: their exit record is
-    older than its log's last line."""
+    """Where the cause's collective lost its peer: the ranks of its start of the workers (in
+    the log folders this host sees) that had ended on their own before, neither failed nor
+    stopped: their exit record is older than its log's last line."""
     from phalanx.launch.logs import rank_folders  # (torch's, and only where a failure is told)
 
-    if not cause.log:
+    if not cause.log or not any(words in line for line in cause.tail for words in _LOST_PEER):
         return []
     failed = {failure.rank for failure in failures}
     early = []
     for rank, folder in sorted(rank_folders(Path(cause.log).parent.parent).items()):
         path = folder / GROUP_RECORD_NAME
         record = GroupRecord.read(path)
-        if rank not in failed and record is not None and record.stopped is None and path.stat().st_mtime < cause.time:
-            early.append(rank)
+        if rank in failed or record is None or record.stopped is not None or record.ran_alone:
+            continue
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < cause.time:
+                early.append(rank)
     return early
 
 

@@ -70,6 +70,9 @@ class Supervisor:
 
     def _run_child(self, before: int | None) -> int:
         env = {**os.environ, **WorkerEnv(supervisor_pid=os.getpid(), replacement=before).to_env()}
+        record = WorkerEnv.from_env(os.environ).group_record
+        if record:  # the child before's exit record: the launcher must not take it for this one's
+            Path(record).unlink(missing_ok=True)
         watch = out_of_memory.OomWatch()
         # In a session of its own: the launcher's signals to this process's group reach it once,
         # passed on by this process, and it leads its own group (which its entry point guards).

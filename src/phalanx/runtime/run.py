@@ -167,7 +167,7 @@ class Run:
         self.global_step = 0
         self.resumed_from: int | None = None
         self.total_steps = 0
-        self._restored = self._closed = self._stop = self._said_unfinished = self._accumulated = False
+        self._restored = self._closed = self._stop = self._said_unfinished = False
         self._epoch, self._epochs = 0, 0
         self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
@@ -502,7 +502,6 @@ class Run:
                     run.step()
         """
         _, loader = self._in_loop("accumulate")
-        self._accumulated = True
         if self.context.healing is not None:  # a heal replays a step's batches, which the loop's count does not see
             index = loader.batch_index
         return accumulate(model, index, self.micro_batches, total=_batches(loader, loader.pass_start))
@@ -612,19 +611,22 @@ class Run:
 
         Raises:
             CheckpointNotSaved: a checkpoint due at this step could not be written.
+            SettingsRefused: with ``accumulate=N``, a step before a window's last micro-batch.
         """
         reporter, loader = self._in_loop("step")
         healing = self.context.healing
         if healing is not None and healing.health.failed and not (self._keeper and self._keeper.optimizer_stepped):
             self._heal()  # the step failed before its optimizer step: trained again after the heal
             return
-        if self.micro_batches > 1 and not self._accumulated:
-            raise RuntimeError(
-                f"run.step() with Run(accumulate={self.micro_batches}) but no run.accumulate() since the last step: "
-                f"each optimizer step takes {self.micro_batches} micro-batches, each one's forward and backward "
-                "inside `with run.accumulate(model, index) as micro:`, and run.step() only where micro.sync"
+        index = loader.batch_index  # a window's last micro-batch, or the pass's last batch
+        if (index + 1) % self.micro_batches and index + 1 != _batches(loader, loader.pass_start):
+            raise SettingsRefused(
+                f"run.step() after micro-batch {index + 1} of the pass, with Run(accumulate={self.micro_batches})",
+                f"an optimizer step takes {self.micro_batches} micro-batches: a step after each batch counts the "
+                "run's steps wrong and accumulates nothing.",
+                "put each micro-batch's forward and backward in `with run.accumulate(model, index) as micro:`, "
+                "and call run.step() only where micro.sync",
             )
-        self._accumulated = False
         if loss is not None:
             self.record(loss)
         self.global_step += 1
@@ -886,8 +888,8 @@ class Run:
             if name in state and name not in skipped:
                 try:
                     target.load_state_dict(state[name])
-                except (RuntimeError, KeyError, ValueError, TypeError) as error:
-                    if source is None:
+                except (RuntimeError, KeyError, ValueError) as error:
+                    if source is None or not _does_not_fit(target, error):
                         raise
                     said = " ".join(line.strip() for line in str(error).splitlines()[:2])
                     raise SettingsRefused(
@@ -1022,6 +1024,14 @@ class Run:
         assert self._reporter is not None
         self._reporter.close()  # before the script's own final lines
         self._reporter = None
+
+
+def _does_not_fit(target: Stateful, error: Exception) -> bool:
+    """Whether ``target.load_state_dict``'s error says the state is another object's: a module's
+    keys or shapes, an optimizer's groups or kind (not an out-of-memory or a device's error)."""
+    if isinstance(target, torch.nn.Module):
+        return isinstance(error, RuntimeError) and str(error).startswith("Error(s) in loading state_dict")
+    return isinstance(target, torch.optim.Optimizer) and isinstance(error, (KeyError, ValueError))
 
 
 def _batches(loader: ResumableLoader, start: int) -> int:
