@@ -76,6 +76,30 @@ def test_a_diverged_loss_shows_as_nan_or_inf_and_does_not_raise(context):
     assert math.isnan(mean.compute()["loss"])
 
 
+def test_a_non_finite_value_is_counted_apart_so_later_spans_of_the_running_sums_stay_finite(context):
+    """The sums since an earlier snapshot leave out a NaN or infinity added before it: the
+    reporter's running sums take a diverged batch without showing NaN ever after. In host
+    memory and on a device alike (the device sum is called directly, as above)."""
+    mean = phalanx.GlobalMean(context, "loss")
+    mean.add_mean(2, loss=torch.tensor(1.0))
+    before = mean.snapshot()
+    mean.add_mean(2, loss=torch.tensor(float("nan")))
+    mean.add_mean(2, loss=float("inf"))
+    at_the_nan = mean.snapshot()
+    mean.add_mean(4, loss=torch.tensor(3.0))
+    mean.add_mean(4, loss=5.0)
+    pending = mean.compute_async(before, at_the_nan)
+    first, nan, now = pending.running_sums("loss")
+    assert math.isnan(nan.mean_since(first)) and math.isnan(pending.result()["loss"])
+    assert now.mean_since(nan) == 4.0 and now.samples == 14
+    assert [row["loss"] for row in pending.snapshot_results()][0] == 1.0
+    on_device = phalanx.GlobalMean(context, "loss")
+    on_device._add_on_device(0, [(2, torch.tensor(1.0)), (1, torch.tensor(float("-inf"))), (2, torch.tensor(4.0))])
+    assert on_device._device_sums.tolist() == [10.0] and on_device._device_infinite.tolist() == [0.0, 1.0]
+    on_device._add_on_device(0, [(1, torch.tensor(float("nan")))])
+    assert on_device._device_infinite.tolist() == [1.0, 2.0]  # a NaN: one of each
+
+
 def test_a_started_computation_holds_the_values_added_before_it_only(context):
     """compute_async snapshots the totals: what a training step adds while the all-reduce runs
     belongs to the next logging point, not to the one in flight."""

@@ -183,6 +183,38 @@ def test_the_first_rate_after_a_resume_counts_only_the_samples_trained_since(new
     assert (first["samples"], first["samples_per_second"]) == (11, 6.0)
 
 
+@pytest.mark.parametrize("diverged", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_loss_shows_in_its_own_report_and_epoch_only(new_reporter, tmp_path, diverged):
+    """One batch's loss is NaN or infinite (an fp16 overflow the GradScaler skips): the report
+    and the epoch line over it show it, as a sum of the losses would, and the later ones are
+    the run's without that batch, also after a resume from a checkpoint that counted it. One
+    running sum with the value in it would show NaN at every later point."""
+    clean = new_reporter(name="clean.jsonl")
+    train_steps(clean, 1, 9, LOSSES)
+    clean.close()
+    diverged_losses = {**LOSSES, 3: diverged}
+    stopped = new_reporter(name="diverged.jsonl")
+    train_steps(stopped, 1, 5, diverged_losses)
+    saved = io.BytesIO()
+    torch.save(stopped.checkpoint_state(5), saved)
+    saved.seek(0)
+    stopped.files.close()
+    resumed = new_reporter(step=5, name="diverged.jsonl")
+    resumed.load_checkpoint_state(torch.load(saved, weights_only=True))
+    train_steps(resumed, 6, 9, diverged_losses)
+    resumed.close()
+
+    expected, got = records(tmp_path / "clean.jsonl"), records(tmp_path / "diverged.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [2, 4, 6, 8, 9]
+    assert got[1]["loss"] is None  # steps 3 and 4; JSON has no NaN or infinity
+    del got[1], expected[1]
+    assert [(r["step"], r["samples"]) for r in got] == [(r["step"], r["samples"]) for r in expected]
+    assert [r["loss"] for r in got] == pytest.approx([r["loss"] for r in expected], rel=1e-12)
+    epochs = re.findall(r"epoch (\d)/3  step \d  loss (\S+)", shown(stopped) + shown(resumed))
+    clean_epochs = re.findall(r"epoch (\d)/3  step \d  loss (\S+)", shown(clean))
+    assert epochs == [("1", str(diverged)), *clean_epochs[1:]]
+
+
 def count_collectives(reporter, monkeypatch) -> list[int]:
     """The snapshots of each all-reduce the reporter's sums take of their own (not in the boundary's)."""
     calls = []
@@ -213,9 +245,9 @@ def test_the_state_at_a_logging_step_needs_no_collective(reporter, monkeypatch):
     reporter.start(step=2, epoch=0)
     calls = count_collectives(reporter, monkeypatch)
     assert reporter.checkpoint_state(2) == {
-        "running": (16.0, 8.0),
-        "logged": (16.0, 8.0),
-        "epoch_logged": (0.0, 0.0),
+        "running": (16.0, 8.0, 0.0, 0.0),
+        "logged": (16.0, 8.0, 0.0, 0.0),
+        "epoch_logged": (0.0, 0.0, 0.0, 0.0),
         "logged_step": 2,
     }
     assert calls == []  # the sums at a logging point are known: no all-reduce
@@ -230,7 +262,12 @@ def test_the_state_between_logging_steps_takes_one_collective_with_the_epoch_end
     state = reporter.checkpoint_state(3)
     assert calls == [1]  # the epoch end and the sums now, in one all-reduce
     assert "epoch 1/3  step 3  loss 3.0000" in shown(reporter)
-    assert state == {"running": (36.0, 12.0), "logged": (16.0, 8.0), "epoch_logged": (36.0, 12.0), "logged_step": 2}
+    assert state == {
+        "running": (36.0, 12.0, 0.0, 0.0),
+        "logged": (16.0, 8.0, 0.0, 0.0),
+        "epoch_logged": (36.0, 12.0, 0.0, 0.0),
+        "logged_step": 2,
+    }
 
 
 def test_a_world_that_shrank_makes_the_lowest_survivor_the_one_that_reports(tmp_path):

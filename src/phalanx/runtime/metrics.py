@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 
 from phalanx.runtime.context import DistributedContext
@@ -21,7 +24,8 @@ class GlobalMean:
     summed on the host, where reading them waits for nothing; values on an accelerator are summed
     on the context's device, so that nothing before the all-reduce waits for it. So a tensor
     handed over must not be changed in place afterwards (a loss never is). NaN and infinities
-    propagate as they would in a tensor sum.
+    propagate as they would in a tensor sum, until :meth:`reset`; they are counted apart from
+    the finite sum, so a running sum that took one still gives finite means over later spans.
 
     Args:
         context: the job (:func:`phalanx.init`).
@@ -45,8 +49,10 @@ class GlobalMean:
 
     def reset(self) -> None:
         """Forgets every value added: the next means start from nothing (an epoch's start)."""
-        self._host_sums = [0.0] * len(self.names)  # the values in host memory
+        self._host_sums = [0.0] * len(self.names)  # the finite values in host memory
+        self._host_infinite = [0.0] * 2 * len(self.names)  # how many +inf, then -inf (NaN: one of each)
         self._device_sums: torch.Tensor | None = None  # the values on an accelerator, once there is one
+        self._device_infinite: torch.Tensor | None = None
         self._pending: list[tuple[int, list[torch.Tensor | float]]] = []  # (weight, a value per name)
         self._samples = 0.0
 
@@ -103,16 +109,26 @@ class GlobalMean:
             if on_cpu:  # read in one conversion
                 read = _float64_column([value for _, value in on_cpu], _CPU).tolist()
                 on_host += zip([weight for weight, _ in on_cpu], read)
-            self._host_sums[index] += sum(weight * value for weight, value in on_host)  # Python floats: float64
+            products = [weight * value for weight, value in on_host]  # Python floats: float64
+            self._host_sums[index] += sum(value for value in products if math.isfinite(value))
+            for value in products:
+                if not math.isfinite(value):
+                    self._host_infinite[index] += value != -math.inf  # +inf or NaN
+                    self._host_infinite[len(self.names) + index] += value != math.inf  # -inf or NaN
             if on_device:
                 self._add_on_device(index, on_device)
 
     def _add_on_device(self, index: int, kept: list[tuple[int, torch.Tensor]]) -> None:
-        device = self.context.device
+        device, width = self.context.device, len(self.names)
         if self._device_sums is None:
-            self._device_sums = torch.zeros(len(self.names), dtype=torch.float64, device=device)
+            self._device_sums = torch.zeros(width, dtype=torch.float64, device=device)
+            self._device_infinite = torch.zeros(2 * width, dtype=torch.float64, device=device)
         weights = _to_device(torch.tensor([weight for weight, _ in kept], dtype=torch.float64), device)
-        self._device_sums[index] += (_float64_column([value for _, value in kept], device) * weights).sum()
+        products = _float64_column([value for _, value in kept], device) * weights
+        finite = products.isfinite()
+        self._device_sums[index] += products.where(finite, 0.0).sum()
+        self._device_infinite[index] += (products.isnan() | (products == math.inf)).sum()
+        self._device_infinite[width + index] += (products.isnan() | (products == -math.inf)).sum()
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective.
@@ -123,7 +139,8 @@ class GlobalMean:
         return self.compute_async().result()
 
     def snapshot(self) -> torch.Tensor:
-        """This rank's totals so far (the sums, then the sample count), kept aside: no collective.
+        """This rank's totals so far, kept aside: no collective. The finite sums, the counts of
+        +inf and of -inf values (a row each, a value per name), then the sample count.
 
         Hand it to a later :meth:`compute_async`, which reduces it in the same collective as
         the totals then: the global mean up to a point between two logging points (the end of
@@ -133,9 +150,12 @@ class GlobalMean:
             A float64 tensor on the context's device.
         """
         self._fold()
-        totals = _to_device(torch.tensor([*self._host_sums, self._samples], dtype=torch.float64), self.context.device)
+        host = [*self._host_sums, *self._host_infinite, self._samples]
+        totals = _to_device(torch.tensor(host, dtype=torch.float64), self.context.device)
         if self._device_sums is not None:
-            totals[:-1] += self._device_sums
+            width = len(self.names)
+            totals[:width] += self._device_sums
+            totals[width:-1] += self._device_infinite
         return totals  # a tensor of its own: later additions do not reach it
 
     def compute_async(self, *snapshots: torch.Tensor, shared: SharedReduction | None = None) -> PendingMeans:
@@ -165,7 +185,7 @@ class GlobalMean:
         now = self.snapshot()
         for snapshot in snapshots:
             if snapshot.shape != now.shape:
-                raise ValueError(f"a snapshot of {snapshot.numel() - 1} value(s) handed to a GlobalMean of "
+                raise ValueError(f"a snapshot of {(snapshot.numel() - 1) // 3} value(s) handed to a GlobalMean of "
                                  f"{len(self.names)} ({', '.join(self.names)}): take it with this one's snapshot()")  # fmt: skip
         reduction = shared if shared is not None else SharedReduction(self.context)
         totals = reduction.add(torch.cat([*snapshots, now]) if snapshots else now)
@@ -179,6 +199,7 @@ class PendingMeans:
 
     def __init__(self, names: tuple[str, ...], totals: ReducedPart) -> None:
         self.names, self._totals = names, totals
+        self._values: list[list[float]] | None = None
         self._results: list[dict[str, float]] | None = None
 
     def result(self) -> dict[str, float]:
@@ -189,16 +210,54 @@ class PendingMeans:
         """The same for each snapshot handed to ``compute_async``, in order."""
         return self._read()[:-1]
 
+    def running_sums(self, name: str) -> list[RunningSums]:
+        """One name's reduced sums, for each snapshot and then the totals now: the means of spans
+        between two of them come from these (:meth:`RunningSums.mean_since`)."""
+        return [self._sums(row, self.names.index(name)) for row in self._rows()]
+
     def _read(self) -> list[dict[str, float]]:
         if self._results is None:
-            values, width = self._totals.wait().tolist(), len(self.names) + 1
-            self._results = [self._means(values[start : start + width]) for start in range(0, len(values), width)]
+            means = [{name: self._sums(row, index).mean_since(RunningSums()) for index, name in enumerate(self.names)}
+                     for row in self._rows()]  # fmt: skip
+            self._results = [{**row_means, "samples": row[-1]} for row_means, row in zip(means, self._rows())]
         return self._results
 
-    def _means(self, row: list[float]) -> dict[str, float]:
-        *sums, samples = row
-        means = {name: (value / samples if samples else float("nan")) for name, value in zip(self.names, sums)}
-        return {**means, "samples": samples}
+    def _rows(self) -> list[list[float]]:
+        """The reduced totals, a row per snapshot and one for now (:meth:`GlobalMean.snapshot`'s layout)."""
+        if self._values is None:
+            values, width = self._totals.wait().tolist(), 3 * len(self.names) + 1
+            self._values = [values[start : start + width] for start in range(0, len(values), width)]
+        return self._values
+
+    def _sums(self, row: list[float], index: int) -> RunningSums:
+        width = len(self.names)
+        return RunningSums(row[index], row[-1], row[width + index], row[2 * width + index])
+
+
+class RunningSums(NamedTuple):
+    """One name's reduced sums up to a point: the finite values' sum, the samples, and how many
+    +inf and -inf values were added (a NaN counts as one of each, as it behaves in a sum)."""
+
+    total: float = 0.0
+    samples: float = 0.0
+    positive_infinite: float = 0.0
+    negative_infinite: float = 0.0
+
+    def mean_since(self, earlier: RunningSums) -> float:
+        """The mean of the values added after ``earlier``: what a tensor sum of them would give,
+        NaN or an infinity where one was added; NaN over no sample."""
+        samples = self.samples - earlier.samples
+        positive = self.positive_infinite > earlier.positive_infinite
+        negative = self.negative_infinite > earlier.negative_infinite
+        if not samples or (positive and negative):
+            return math.nan
+        if positive or negative:
+            return math.inf if positive else -math.inf
+        return (self.total - earlier.total) / samples
+
+    def plus(self, other: RunningSums) -> RunningSums:
+        """These sums and ``other``'s together (a resumed run's, after the ones it resumed from)."""
+        return RunningSums(*(mine + theirs for mine, theirs in zip(self, other)))
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:

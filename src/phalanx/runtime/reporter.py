@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import torch
 
 from phalanx.runtime.context import DistributedContext
-from phalanx.runtime.metrics import GlobalMean, PendingMeans
+from phalanx.runtime.metrics import GlobalMean, PendingMeans, RunningSums
 from phalanx.runtime.metrics_log import MetricsLog
 from phalanx.runtime.progress import ProgressReporter, StepMeter, StepReport
 from phalanx.runtime.shared_reduction import SharedReduction
@@ -49,9 +49,9 @@ class Reporter:
     ) -> None:  # fmt: skip
         self.context, self.epochs, self.total_steps, self.boundary = context, epochs, total_steps, boundary
         self.totals = GlobalMean(context, "loss")
-        self._logged = self._epoch_logged = (0.0, 0.0)  # (loss sum, samples) at the last point, at the last epoch end
+        self._logged = self._epoch_logged = RunningSums()  # the running sums at the last point, at the last epoch end
         self._logged_step: int | None = None
-        self._carried: tuple[float, float] | None = None  # the running sums of the run resumed from, when it stopped
+        self._carried = RunningSums()  # the running sums of the run resumed from, when it stopped
         self._measured = 0.0  # the running sample count at the meter's last reading
         self._pending: LoggingPoint | None = None
         self._epoch_ends: list[EpochEnd] = []
@@ -86,21 +86,20 @@ class Reporter:
         if self._pending is None:
             return
         point, self._pending = self._pending, None
-        for end, totals in zip(point.epoch_ends, point.totals.snapshot_results()):
-            running = self._running(totals)
-            epoch_loss, _ = mean_between(self._epoch_logged, running)
+        *ends, now = map(self._carried.plus, point.totals.running_sums("loss"))
+        for end, running in zip(point.epoch_ends, ends):
+            epoch_loss = running.mean_since(self._epoch_logged)
             self._epoch_logged = running
             self.progress.write(f"epoch {end.epoch + 1}/{self.epochs}  step {end.step}  loss {epoch_loss:.4f}")
         if point.step is None:
             return
         values = dict(point.values or {})
         grad_norm = values.pop("grad_norm", None)
-        running = self._running(point.totals.result())
-        loss, samples = mean_between(self._logged, running)
-        self._logged, self._logged_step = running, point.step
+        loss, samples = now.mean_since(self._logged), now.samples - self._logged.samples
+        self._logged, self._logged_step = now, point.step
         # the rate counts only the samples this run trained, not those carried from a checkpoint
-        rates = self.meter.measure(point.step, running[1] - self._measured, at=point.ended_at)
-        self._measured = running[1]
+        rates = self.meter.measure(point.step, now.samples - self._measured, at=point.ended_at)
+        self._measured = now.samples
         report = StepReport(
             step=point.step, total_steps=self.total_steps, epoch=point.epoch + 1, epochs=self.epochs, loss=loss,
             samples=int(samples), samples_per_second=rates.samples_per_second, step_time_s=rates.step_time_s,
@@ -109,7 +108,7 @@ class Reporter:
         self.progress.update(report)
         self.files.write({**report.record(), "world_size": self.context.world_size, **_plain(values)})
 
-    def settle(self, reduce_totals: bool = False) -> tuple[float, float] | None:
+    def settle(self, reduce_totals: bool = False) -> RunningSums | None:
         """Shows everything up to now, before a checkpoint or a stop: the logging point in flight,
         then the epochs ended since (a collective of their own, on every rank alike). With
         ``reduce_totals`` always a collective; the running sums now, when reduced."""
@@ -118,7 +117,7 @@ class Reporter:
             return None
         point = self._pending = self._reduce()
         self.finish()
-        return self._running(point.totals.result())
+        return self._carried.plus(point.totals.running_sums("loss")[-1])
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
         """:meth:`settle`, then the global running sums a resumed run continues from: now, at the
@@ -127,12 +126,7 @@ class Reporter:
         step in lockstep."""
         self.finish()  # first: it moves _logged_step
         now = self.settle(reduce_totals=step != self._logged_step)
-        return {
-            "running": self._logged if now is None else now,
-            "logged": self._logged,
-            "epoch_logged": self._epoch_logged,
-            "logged_step": self._logged_step,
-        }
+        return _state(self._logged if now is None else now, self._logged, self._epoch_logged, self._logged_step)
 
     def known_state(self) -> dict[str, Any]:
         """The sums of :meth:`checkpoint_state` as far as this rank knows them without a
@@ -140,9 +134,8 @@ class Reporter:
         logging point. The steps since count in no later report's mean, nor in the next epoch
         line's where an epoch end was reduced after that point (a checkpoint settles it): its
         sums are newer than the point's, and that line covers the steps after the failure."""
-        newer = self._epoch_logged[1] > self._logged[1]  # samples: the running count only grows
-        return {"running": self._logged, "logged": self._logged,
-                "epoch_logged": self._logged if newer else self._epoch_logged, "logged_step": self._logged_step}  # fmt: skip
+        newer = self._epoch_logged.samples > self._logged.samples  # the running count only grows
+        return _state(self._logged, self._logged, self._logged if newer else self._epoch_logged, self._logged_step)
 
     def regroup(self, total_steps: int, step: int) -> None:
         """Heal mode's world shrank in the process, after ``step``: the run's steps changed, and
@@ -165,17 +158,13 @@ class Reporter:
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
         """Continues the sums of :meth:`checkpoint_state`: the next report and epoch line cover the
         steps since the last ones before the checkpoint."""
-        self._carried, self._logged, self._epoch_logged = state["running"], state["logged"], state["epoch_logged"]
+        self._carried, self._logged, self._epoch_logged = (
+            RunningSums(*state[key]) for key in ("running", "logged", "epoch_logged")
+        )
         # Whether the next checkpoint's settling is a collective: alike on a replacement and the
         # ranks it joins, which may save at once (at the end of the training).
         self._logged_step = state["logged_step"]
-        self._measured = self._carried[1]
-
-    def _running(self, totals: dict[str, float]) -> tuple[float, float]:
-        """The run's running (loss sum, samples) from a GlobalMean result, the carried ones included."""
-        samples = totals["samples"]
-        carried_loss, carried_samples = self._carried or (0.0, 0.0)
-        return carried_loss + (totals["loss"] * samples if samples else 0.0), carried_samples + samples
+        self._measured = self._carried.samples
 
     def close(self) -> None:
         """:meth:`settle` (a collective when epoch ends wait), then closes the display and files."""
@@ -184,10 +173,10 @@ class Reporter:
         self.files.close()
 
 
-def mean_between(earlier: tuple[float, float], later: tuple[float, float]) -> tuple[float, float]:
-    """The mean loss and the sample count between two running (loss sum, samples) totals."""
-    samples = later[1] - earlier[1]
-    return ((later[0] - earlier[0]) / samples if samples else float("nan")), samples
+def _state(running: RunningSums, logged: RunningSums, epoch_logged: RunningSums, logged_step: int | None) -> dict:
+    """The sums a run goes on from, as plain tuples: a checkpoint and a heal's exchange store them."""
+    sums = {"running": running, "logged": logged, "epoch_logged": epoch_logged}
+    return {**{key: tuple(value) for key, value in sums.items()}, "logged_step": logged_step}
 
 
 def _plain(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
