@@ -358,3 +358,17 @@ def test_a_step_every_window_is_taken_however_the_loop_accumulates(context):
             if (index + 1) % 2 == 0 or index == 4:
                 run.step(torch.tensor(1.0))
     assert run.global_step == run.total_steps == 3
+
+
+def test_a_step_without_a_loss_says_once_that_the_progress_lines_miss_it(context, capsys):
+    for recorded in (True, False):
+        run = phalanx.Run(context=context, log_every=2)
+        loader = run.setup_dataloader(TensorDataset(torch.zeros(8, 1)), batch_size=2)
+        for _ in run.epochs(1):
+            for _ in loader:
+                if recorded:
+                    run.record(torch.tensor(1.0))  # by hand, as for micro-batches: nothing to say
+                run.step()
+        run.close()
+        said = capsys.readouterr().out
+        assert said.count("run.step() without a loss, and no run.record() since the last step") == (not recorded), said

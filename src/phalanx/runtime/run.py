@@ -167,7 +167,7 @@ class Run:
         self.global_step = 0
         self.resumed_from: int | None = None
         self.total_steps = 0
-        self._restored = self._closed = self._stop = self._said_unfinished = False
+        self._restored = self._closed = self._stop = self._said_unfinished = self._said_no_loss = False
         self._epoch, self._epochs = 0, 0
         self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
@@ -629,6 +629,10 @@ class Run:
             )
         if loss is not None:
             self.record(loss)
+        elif loader.real_delivered != self._real_seen and not self._said_no_loss:
+            self._said_no_loss = True
+            self.print("phalanx: run.step() without a loss, and no run.record() since the last step: the progress "
+                       "lines' loss and samples/s count recorded batches only; pass the loss, run.step(loss)")  # fmt: skip
         self.global_step += 1
         step = self.global_step
         if self._keeper is not None:
