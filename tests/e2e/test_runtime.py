@@ -563,3 +563,32 @@ def test_a_rank_that_ended_early_is_named_before_the_failure_it_caused(phalanx, 
     assert cause.startswith("phalanx: root cause: rank 1 "), cause
     assert "\n  before it, rank 0 had ended on its own while the others trained on" in cause, cause
     assert "HINT: where a rank leaves the training before the others" in cause, cause
+
+
+def test_a_step_with_no_forward_through_ddp_s_wrapper_is_named_once(phalanx, workdir):
+    # the first epoch calls the model setup_model returned; the second the module given to it,
+    # whose gradients DDP never averages: the warning names step 5, the second epoch's first
+    script = workdir / "inner_module.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n"
+        "import phalanx\n"
+        "run = phalanx.Run(log_every=100)\n"
+        "inner = torch.nn.Linear(2, 1)\n"
+        "model = run.setup_model(inner)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = run.setup_dataloader(TensorDataset(torch.randn(16, 2)), batch_size=2)\n"
+        "for epoch in run.epochs(2):\n"
+        "    forward = model if epoch == 0 else inner\n"
+        "    for (x,) in loader:\n"
+        "        loss = forward(x).pow(2).mean()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+        "        run.step(loss)\n"
+        "run.close()\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert done.returncode == 0, done.output
+    warned = [line for line in done.output.splitlines() if "had no forward pass through the model" in line]
+    assert len(warned) == 1 and "WARNING: step 5 had no forward pass" in warned[0], done.output

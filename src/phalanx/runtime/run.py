@@ -167,7 +167,9 @@ class Run:
         self.global_step = 0
         self.resumed_from: int | None = None
         self.total_steps = 0
-        self._restored = self._closed = self._stop = self._said_unfinished = self._said_no_loss = False
+        self._restored = self._closed = self._stop = self._said_unfinished = False
+        self._said_no_loss = self._said_no_forward = False
+        self._forwards: _Forwards | None = None  # with DDP's wrapper
         self._epoch, self._epochs = 0, 0
         self._saved_step: int | None = None  # the step of the newest checkpoint this run saved or resumed from
         self._real_seen = self._trained = 0
@@ -237,6 +239,9 @@ class Run:
             check_consistency(self.context, model=module)
         self._model = wrap_model(module, self.context, compression=compression)
         self._tracked["model"] = unwrap(self._model)
+        if self._model is not self._tracked["model"]:  # DDP's wrapper: a forward around it averages nothing
+            self._forwards = _Forwards()
+            self._model.register_forward_pre_hook(self._forwards)
         return self._model
 
     def setup_dataloader(self, data: Dataset | DataLoader, batch_size: int | None = None, *,
@@ -633,6 +638,11 @@ class Run:
             self._said_no_loss = True
             self.print("phalanx: run.step() without a loss, and no run.record() since the last step: the progress "
                        "lines' loss and samples/s count recorded batches only; pass the loss, run.step(loss)")  # fmt: skip
+        if self._forwards is not None and self._forwards.none_since_last_step() and not self._said_no_forward:
+            self._said_no_forward = True
+            self.print(f"phalanx: WARNING: step {self.global_step + 1} had no forward pass through the model that "
+                       "run.setup_model() returned, so DDP averaged none of its gradients across the ranks and the "
+                       "replicas drift apart; call the returned model, not the module given to setup_model")  # fmt: skip
         self.global_step += 1
         step = self.global_step
         if self._keeper is not None:
@@ -1051,3 +1061,18 @@ def _skip_the_last_collection() -> None:
     point), by a collection that must still find the DDP model's reference cycle."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         gc.freeze()
+
+
+class _Forwards:
+    """Counts the forward passes through DDP's wrapper (a forward pre-hook): a step after none
+    trained the module inside, whose gradients DDP does not average."""
+
+    def __init__(self) -> None:
+        self.count = self._at_last_step = 0
+
+    def __call__(self, module: torch.nn.Module, args: Any) -> None:
+        self.count += 1
+
+    def none_since_last_step(self) -> bool:
+        none, self._at_last_step = self.count == self._at_last_step, self.count
+        return none
