@@ -31,6 +31,12 @@ def heal_armed_of(request: str | Path) -> Path:
     return Path(request).with_name(HEAL_ARMED_NAME)
 
 
+def agent_restarts(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(restarts done, --max-restarts) of this node's agent, from the variables torch's agent
+    gives every worker; (0, 0) outside an agent."""
+    return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def launcher_takeover(environ: Mapping[str, str]) -> str:
     """Words that follow "leaving it to" where a worker leaves its failure to this node's agent:
     how many of --max-restarts it has left (from the variables torch's agent gives every worker).
@@ -41,8 +47,8 @@ def launcher_takeover(environ: Mapping[str, str]) -> str:
         >>> launcher_takeover({"TORCHELASTIC_MAX_RESTARTS": "2", "TORCHELASTIC_RESTART_COUNT": "1"})
         'the launcher (1 of --max-restarts 2 left on this node)'
     """
-    most = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    left = most - int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    done, most = agent_restarts(environ)
+    left = most - done
     if left > 0:
         return f"the launcher ({left} of --max-restarts {most} left on this node)"
     return f"the launcher, which has no restart left on this node (--max-restarts {most})"

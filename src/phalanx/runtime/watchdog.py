@@ -21,7 +21,7 @@ from typing import Any
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import STALL_REPORT, WorkerEnv
+from phalanx.worker_env import STALL_REPORT, WorkerEnv, agent_restarts
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
@@ -281,9 +281,7 @@ class StallWatchdog:
         launched = WorkerEnv.from_env(os.environ)
         self.node = launched.node or os.uname().nodename
         # The attempt as phalanx run counts it (alike on every node), else as plain torchrun does.
-        attempt = (
-            launched.attempt if launched.attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        )
+        attempt = launched.attempt if launched.attempt is not None else agent_restarts(os.environ)[0]
         self.prefix = f"phalanx/watchdog/{attempt}/"
         self.step: int | None = None
         self._stop = threading.Event()
