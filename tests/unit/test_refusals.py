@@ -72,6 +72,8 @@ def test_a_taken_rendezvous_port_is_named_with_its_holder(capsys, script, simula
         port = holder.getsockname()[1]
         err = refusal(capsys, "run", "--dry-run", *simulated, "--rdzv-endpoint", f"127.0.0.1:{port}", script)
     assert f"port {port} on this host is taken (by process" in err and sys.executable.split("/")[-1] in err
+    where = "(or leave it out: a free one is picked)" if simulated else "on every node"
+    assert f"pick another port in --rdzv-endpoint {where}\n" in err, err
 
 
 def test_a_holder_command_line_is_shortened_on_one_line(capsys, script):

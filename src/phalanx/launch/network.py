@@ -346,8 +346,9 @@ def probe_tcp(host: str, port: int, timeout: float = 3.0) -> str:
         return error.strerror or str(error)
 
 
-def check_port_free(ip: str, port: int, what: str) -> None:
-    """Refuses a port this host must listen on that something else holds, naming the holder."""
+def check_port_free(ip: str, port: int, what: str, *, nodes: str = "on every node") -> None:
+    """Refuses a port this host must listen on that something else holds, naming the holder.
+    ``nodes`` says where the other port must be given (simulated nodes: one command)."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds: TIME_WAIT is no obstacle
@@ -360,7 +361,7 @@ def check_port_free(ip: str, port: int, what: str) -> None:
     raise SettingsRefused(
         f"{what}: port {port} on this host is taken{_holder(port)}",
         "this host hosts the rendezvous store, which must listen on that port.",
-        "stop what holds it (an earlier job still running?), or pick another port in --rdzv-endpoint on every node",
+        f"stop what holds it (an earlier job still running?), or pick another port in --rdzv-endpoint {nodes}",
     )
 
 

@@ -309,7 +309,7 @@ def _set_up_simulated(spec: LaunchSpec, run_dir: Path) -> list[NodeSetup]:
     resources = _resources(spec, nodes_on_host=count)
     port = spec.rdzv_endpoint.port if spec.rdzv_endpoint else network.free_port()
     if spec.rdzv_endpoint:  # node0 hosts the store on it, before any node can start
-        network.check_port_free("127.0.0.1", port, spec.endpoint_text)
+        network.check_port_free("127.0.0.1", port, spec.endpoint_text, nodes="(or leave it out: a free one is picked)")
     endpoint = f"127.0.0.1:{port}"
     interface = spec.interface or "lo"
     common_env, common_notes = _common_env(spec, interface, resources)
