@@ -52,6 +52,8 @@ def test_refusals_exit_2_with_a_hint(argv, says, tmp_path, capsys):
         (["bench", "collectives", "--colective", "x"], "usage: phalanx bench collectives ", "(did you mean --collecti"),
         (["env", "--jsn"], "usage: phalanx env ", "--jsn (did you mean --json?)"),
         (["--bogus"], "usage: phalanx ", "unrecognized arguments: --bogus\n"),
+        # before the command: the top level's, not the command's
+        (["--versio", "run", "SCRIPT"], "usage: phalanx [-h]", "--versio (did you mean --version?)\n"),
     ],
 )
 def test_an_unknown_flag_gets_its_commands_usage_and_the_nearest_flag(argv, usage, says, tmp_path, capsys):

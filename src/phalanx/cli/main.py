@@ -63,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         try:
-            args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-            if unknown:
-                args.command_parser.refuse_unknown(unknown)
+            argv = sys.argv[1:] if argv is None else argv
+            args, unknown = parser.parse_known_args(argv)
+            if unknown:  # those before the command are the top level's, not the command's
+                before = argv[: argv.index(args.command)] if args.command in argv else argv
+                mine = [argument for argument in unknown if argument in before]
+                (parser if mine else args.command_parser).refuse_unknown(mine or unknown)
         except SystemExit as exit_:  # --help, --version, argparse's refusals: flushed where a closed pipe is caught
             sys.stdout.flush()
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
