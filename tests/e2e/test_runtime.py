@@ -592,3 +592,20 @@ def test_a_step_with_no_forward_through_ddp_s_wrapper_is_named_once(phalanx, wor
     assert done.returncode == 0, done.output
     warned = [line for line in done.output.splitlines() if "had no forward pass through the model" in line]
     assert len(warned) == 1 and "WARNING: step 5 had no forward pass" in warned[0], done.output
+
+
+def test_plain_torchrun_with_phalanx_s_log_layout_shows_what_torch_s_would(workdir):
+    # torchrun's defaults (no --redirects, no --tee) print every rank to the console, as torch's
+    # own layout does; with --redirects 3 --tee 3, every rank is in its folder and rank 0 is shown
+    script = workdir / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'], flush=True)\n")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--logs-specs", "phalanx", "--nproc-per-node", "2"]
+    plain = run_command([*torchrun, "--log-dir", "plain", str(script)], timeout=120, cwd=workdir)
+    assert plain.returncode == 0, plain.output
+    assert {"hello from 0", "hello from 1"} <= set(plain.stdout.splitlines()), plain.output
+    logged = run_command([*torchrun, "--redirects", "3", "--tee", "3", "--log-dir", "logged", str(script)],
+                         timeout=120, cwd=workdir)  # fmt: skip
+    assert logged.returncode == 0, logged.output
+    assert "hello from 0" in logged.stdout and "hello from 1" not in logged.stdout, logged.output
+    for rank in (0, 1):
+        assert (workdir / f"logged/attempt_0/rank{rank}/stdout.log").read_text() == f"hello from {rank}\n"

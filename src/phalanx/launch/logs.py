@@ -93,8 +93,10 @@ class RankLogsSpecs(LogsSpecs):
                 (Std.OUT, "stdout.log", dest.stdouts, dest.tee_stdouts),
                 (Std.ERR, "stderr.log", dest.stderrs, dest.tee_stderrs),
             ):
-                # "" means the console; a rank not shown that is not logged either goes nowhere
-                files[local_rank] = str(folder / name) if to_file & stream else ("" if shown & stream else os.devnull)
+                # Neither redirected nor tee'd (plain torchrun's default): the console, as torch's own
+                # layout does, unless --local-ranks-filter leaves the rank out ("" is the console).
+                console = self._local_ranks_filter is None or local_rank in self._local_ranks_filter
+                files[local_rank] = str(folder / name) if to_file & stream else ("" if console else os.devnull)
                 if shown & stream:
                     tees[local_rank] = files[local_rank]
             dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")
