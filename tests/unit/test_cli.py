@@ -91,3 +91,46 @@ def test_every_exit_code_is_in_help_and_in_the_readme():
     for argv in (["--help"], ["run", "--help"]):
         shown = subprocess.run([sys.executable, "-m", "phalanx", *argv], capture_output=True, text=True, timeout=60)
         assert said in words(shown.stdout), argv
+
+
+def test_help_prose_is_refilled_to_the_terminal_and_examples_are_kept():
+    import argparse
+
+    from phalanx.cli import HelpFormatter
+
+    text = (
+        "A paragraph of prose written for a wider terminal, one line of it far longer than sixty columns.\n"
+        "Its second line.\n"
+        "\n"
+        "  - a list item that is too long for sixty columns and so wraps under its own text\n"
+        "    with its continuation\n"
+        "  term         a definition that is also far too long for a terminal of sixty\n"
+        "               columns, run on\n"
+        "    phalanx run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint 10.0.0.1:29400 train.py\n"
+        "  phalanx doctor --nnodes 2 --rdzv-endpoint 10.0.0.1:29400   (on every node)\n"
+    )
+    filled = HelpFormatter("prog", width=60)._fill_text(text, 60, "")
+    lines = filled.splitlines()
+    assert lines[0].startswith("A paragraph") and lines[1].endswith("columns. Its second line.") and lines[2] == "", (
+        filled
+    )
+    assert (
+        "  - a list item that is too long for sixty columns and so\n    wraps under its own text with its continuation"
+        in filled
+    )
+    assert (
+        "  term         a definition that is also far too long for a\n               terminal of sixty columns, run on"
+        in filled
+    )
+    assert "\n    phalanx run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint 10.0.0.1:29400 train.py\n" in filled
+    assert filled.endswith("\n  phalanx doctor --nnodes 2 --rdzv-endpoint 10.0.0.1:29400   (on every node)")
+    assert isinstance(HelpFormatter("prog"), argparse.HelpFormatter)
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["launch"], ["slurm"], ["k8s"], ["env"], ["doctor"], ["plan"],
+                                     ["bench", "ddp"], ["bench", "collectives"], ["testbed"]])  # fmt: skip
+def test_every_help_fits_80_columns_but_example_lines(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([*command, "--help"]) == 0
+    wide = [line for line in capsys.readouterr().out.splitlines() if len(line) > 80]
+    assert all(line.startswith("  ") and " phalanx " in line for line in wide), wide  # example commands

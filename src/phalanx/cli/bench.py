@@ -16,6 +16,7 @@ import argparse
 from typing import Any
 
 from phalanx.bench.ddp_models import MODELS
+from phalanx.cli import HelpFormatter
 from phalanx.settings.arguments import parsed
 from phalanx.settings.options import add_launch_options
 
@@ -42,7 +43,7 @@ wrong elements or a worker failed, 2 settings refused, 3 nodes did not join in t
 
 DDP_HELP = f"""\
 Measures DDP training throughput through phalanx's launcher: for each model and gradient
-compression, real training steps through phalanx.runtime.wrap_model (a fixed synthetic batch
+compression, real training steps through phalanx.runtime.model.wrap_model (a fixed synthetic batch
 made on the device from a fixed seed, forward, cross-entropy, backward with DDP's gradient
 all-reduce, SGD step).
 
@@ -69,7 +70,7 @@ Every time is the median over --steps rounds per rank, then the slowest rank's.
   samples/s     = N x batch / step time
   scaling eff.  = samples/s / (N x 1-process samples/s) = 1-process step time / step time
   comm %        = 1 - compute time (no_sync) / step time, at least 0: the share of a DDP step
-                  spent on communication that the backward pass does not hide
+                spent on communication that the backward pass does not hide
 With more ranks than CPU cores on a host, the efficiency measures the shared cores too (the
 report says so).
 
@@ -83,7 +84,7 @@ def add_parser(commands: Any) -> None:
         "bench",
         help="measure collectives (nccl-tests' method) and DDP training throughput",
         description=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
     _add_benchmark(kinds, "collectives", "collective bandwidth with nccl-tests' definitions", COLLECTIVES_HELP,
@@ -93,9 +94,7 @@ def add_parser(commands: Any) -> None:
 
 
 def _add_benchmark(kinds: Any, name: str, summary: str, description: str, add_flags: Any, handler: Any) -> None:
-    parser = kinds.add_parser(
-        name, help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = kinds.add_parser(name, help=summary, description=description, formatter_class=HelpFormatter)
     add_flags(parser)
     add_launch_options(parser)
     parser.set_defaults(handler=handler)

@@ -5,7 +5,7 @@ Examples:
     phalanx env
   keep it, or compare two nodes' reports:
     phalanx env --json > node1.json
-  see which launch settings a config file gives (with the PHALANX_* variables of this shell):
+  the launch settings of a config file (and this shell's PHALANX_* variables):
     phalanx env --config phalanx.toml
 
 What it reports: host (hostname and what it resolves to, how long looking up an address's name

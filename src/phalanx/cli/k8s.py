@@ -7,7 +7,7 @@ Examples:
   a Kubeflow TrainJob (Trainer v2), into a folder, one file per object:
     phalanx k8s --kind trainjob --image me/train:1.0 --nnodes 4 --gpus-per-node 8 --output k8s/ train.py
     kubectl apply -f k8s/
-  a Kubeflow PyTorchJob, with a variable on every pod and CPU and memory requests:
+  a Kubeflow PyTorchJob, a variable on every pod, CPU and memory requests:
     phalanx k8s --kind pytorchjob --image me/train:1.0 --nnodes 2 --nproc-per-node 2 --cpu 8 --memory 32Gi \\
         --env NCCL_DEBUG=INFO train.py
 

@@ -3,7 +3,7 @@
 Examples:
   two hosts, 4 processes each (the first host hosts the rendezvous):
     phalanx launch --hosts gpu1,gpu2 --nproc-per-node 4 train.py --epochs 90
-  a hostfile (lines `host slots=N`, as DeepSpeed, Horovod and OpenMPI read them):
+  a hostfile (lines `host slots=N`, as DeepSpeed, Horovod and OpenMPI have):
     phalanx launch --hostfile hosts.txt train.py
   check every host and print the command each would run, start nothing:
     phalanx launch --hosts gpu1,gpu2 --dry-run train.py
@@ -54,7 +54,7 @@ def add_parser(commands: Any) -> None:
         "launch",
         "run a training script on several hosts over ssh, after checking every host",
         __doc__,
-        usage="phalanx launch (--hosts H1,H2[:SLOTS] | --hostfile FILE) [options] SCRIPT [ARGS...]",
+        usage="phalanx launch --hosts H1,H2[:SLOTS] [options] SCRIPT [ARGS...]\n       phalanx launch --hostfile FILE [options] SCRIPT [ARGS...]",
     )
     markers = TorchrunVariables.markers
     group = parser.add_argument_group("hosts and ssh")

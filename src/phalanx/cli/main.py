@@ -24,7 +24,7 @@ import sys
 from typing import Any, NoReturn
 
 from phalanx import __version__, exit_codes
-from phalanx.cli import bench, doctor, env, k8s, launch, plan, run, slurm, testbed
+from phalanx.cli import HelpFormatter, bench, doctor, env, k8s, launch, plan, run, slurm, testbed
 from phalanx.errors import PhalanxError
 from phalanx.quick_exit import exit_quickly
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-node synchronous data-parallel training with PyTorch, on torchrun, that starts "
         "the first time. Start with: phalanx run --help",
         epilog=exit_codes.summary(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

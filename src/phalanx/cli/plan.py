@@ -1,7 +1,7 @@
 """``phalanx plan``: predict how long each step's gradient all-reduce takes, with and without compression, before you launch.
 
 Examples:
-  the tutorial's layout (2 nodes x 4 GPUs), a GPT-2-small-sized model (124M parameters), 10 Gbit Ethernet:
+  the tutorial's 2 nodes x 4 GPUs, a GPT-2-small model (124M), 10 Gbit Ethernet:
     phalanx plan --params 124439808 --nnodes 2 --nproc-per-node 4 --bandwidth 10gbit
   a model from your code (PowerSGD needs its shapes), 2 nodes on a 1 Gbit link:
     phalanx plan --model mymodels:SimpleModel --nnodes 2 --bandwidth 1gbit
@@ -16,7 +16,7 @@ nproc-per-node ranks, S bytes a step, k all-reduces a step (DDP's 25 MiB buckets
 link's bandwidth and L its latency. With several nodes the slowest link is the network between
 them; on one node there is none, and the intra-node transport decides.
 
-Compressions, as phalanx.runtime.wrap_model(compression=...) and torch's DDP hooks do them:
+Compressions, as phalanx.runtime.model.wrap_model(compression=...) and torch's DDP hooks do them:
 none (fp32, 4 B a parameter), fp16 and bf16 (2 B), powersgd (rank-r factors of each gradient
 matrix; needs --model, since a count says nothing of shapes).
 

@@ -3,7 +3,7 @@
 Examples:
   one machine, 2 processes:
     phalanx run --nproc-per-node 2 train.py --epochs 5
-  rehearse 2 nodes on this machine (the tutorial's advice: debug on one machine first):
+  rehearse 2 nodes on this machine (the tutorial: debug on one machine first):
     phalanx run --simulate-nodes 2 --nproc-per-node 2 train.py
   two real machines, this same line on both (10.0.0.1 is the main node):
     phalanx run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint 10.0.0.1:29400 train.py

@@ -1,7 +1,7 @@
 """``phalanx testbed``: several hosts on this machine, for rehearsing a multi-node job.
 
 Examples:
-  rehearse a 2-host job over a 1 Gbit link, and cut one host off for 5 s mid-training:
+  rehearse a 2-host job over 1 Gbit, and cut one host off for 5 s mid-training:
     phalanx testbed up --hosts 2 --rate 1gbit
     phalanx testbed exec all -- phalanx run --nnodes 2 --rdzv-endpoint 10.200.0.1 examples/train.py
     phalanx testbed cut h2 --for 5            (from another terminal)
