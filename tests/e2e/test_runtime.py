@@ -117,7 +117,7 @@ def test_bf16_autocast_trains_on_cpu(workdir):
 def test_fp16_on_cpu_is_refused_with_a_hint(workdir):
     result = run_command([sys.executable, TRAIN, "--precision", "fp16"], timeout=60, cwd=workdir)
     assert result.returncode == 1
-    assert "precision fp16 on device cpu" in result.stderr and "HINT: use --precision bf16" in result.stderr
+    assert "precision fp16 on device cpu" in result.stderr and "HINT: use precision bf16" in result.stderr
 
 
 def test_clip_grad_bounds_every_update(workdir):

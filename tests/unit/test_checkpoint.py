@@ -208,7 +208,7 @@ def test_a_checkpoint_folder_that_is_a_file_is_refused_before_training(tmp_path)
     (tmp_path / "ckpt").write_text("")
     with pytest.raises(SettingsRefused, match="the checkpoint folder .*ckpt is a file") as refused:
         CheckpointManager(tmp_path / "ckpt", init())
-    assert "writable folder" in refused.value.hint and refused.value.exit_code == 2
+    assert "that can be written" in refused.value.hint and refused.value.exit_code == 2
 
 
 def test_a_full_disk_is_refused_before_training(small_disk):

@@ -70,7 +70,7 @@ def test_fp16_on_cpu_is_refused_with_what_to_use():
     with pytest.raises(SettingsRefused) as refused:
         MixedPrecision("fp16", torch.device("cpu"))
     text = str(refused.value)
-    assert "precision fp16 on device cpu" in text and "HINT: use --precision bf16" in text
+    assert "precision fp16 on device cpu" in text and "HINT: use precision bf16" in text
 
 
 def test_an_unknown_precision_is_refused():

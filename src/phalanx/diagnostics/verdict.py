@@ -165,7 +165,8 @@ def link_findings(report: dict[str, Any]) -> list[Finding]:
             f"{ring_s_per_parameter * 1e9:.0f} ms per step for every 1 M fp32 parameters, and at the {flops / 1e9:.0f} "
             f"GFLOP/s measured (float32 matmul) a dense model's step computes for less than that with under "
             f"~{batch:.0f} samples (tokens, for a transformer) per process: such steps will wait on the network",
-            "try --compression powersgd (or fp16, half the bytes) and larger per-process batches; "
+            "compress the gradients, run.setup_model(model, compression=\"powersgd\") (or \"fp16\", half the "
+            "bytes, or \"auto\" to time them), and use larger per-process batches; "
             "phalanx plan --from-doctor FILE --params N predicts it for your model",
         ))  # fmt: skip
     others = [link["bandwidth_bytes_per_s"] for link in links if link is not slowest]

@@ -126,13 +126,13 @@ def unsupported(name: str, device: torch.device) -> tuple[str, str] | None:
     if name == "fp16" and device.type != "cuda":
         return (
             "fp16 training needs a GradScaler against gradient underflow, which phalanx offers on CUDA only",
-            "use --precision bf16 (CPU autocast supports it, no loss scaling needed) or fp32",
+            "use precision bf16 (CPU autocast supports it, no loss scaling needed) or fp32",
         )
     if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return (
             f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16 support (it needs compute capability 8.0+)",
-            "use --precision fp16 (autocast with a GradScaler) or fp32",
+            "use precision fp16 (autocast with a GradScaler) or fp32",
         )
     if device.type not in ("cpu", "cuda"):
-        return (f"phalanx offers mixed precision on cpu and cuda, not on {device.type}", "use --precision fp32")
+        return (f"phalanx offers mixed precision on cpu and cuda, not on {device.type}", "use precision fp32")
     return None
