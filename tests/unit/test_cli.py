@@ -51,6 +51,9 @@ def test_refusals_exit_2_with_a_hint(argv, says, tmp_path, capsys):
         (["doctor", "--simulate-nodez", "2"], "usage: phalanx doctor ", "-nodez 2 (did you mean --simulate-nodes?)"),
         (["bench", "collectives", "--colective", "x"], "usage: phalanx bench collectives ", "(did you mean --collecti"),
         (["env", "--jsn"], "usage: phalanx env ", "--jsn (did you mean --json?)"),
+        # a flag cut short: its whole name, not a near short one (--cpu)
+        (["k8s", "--image", "i", "--gpus", "4", "SCRIPT"], "usage: phalanx k8s ", "(did you mean --gpus-per-node?)"),
+        (["slurm", "--gpus", "4", "SCRIPT"], "usage: phalanx slurm ", "(did you mean --gpus-per-node?)"),
         (["--bogus"], "usage: phalanx ", "unrecognized arguments: --bogus\n"),
         # before the command: the top level's, not the command's
         (["--versio", "run", "SCRIPT"], "usage: phalanx [-h]", "--versio (did you mean --version?)\n"),

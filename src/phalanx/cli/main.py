@@ -40,8 +40,11 @@ class _Parser(argparse.ArgumentParser):
 
     def refuse_unknown(self, unknown: list[str]) -> NoReturn:
         shown = [flag for action in self._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
-        near = difflib.get_close_matches(unknown[0].partition("=")[0], shown, n=1)
-        self.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" (did you mean {near[0]}?)" if near else ""))
+        given = unknown[0].partition("=")[0]
+        # a flag cut short (--gpus for --gpus-per-node) first: difflib ranks it below a short neighbour (--cpu)
+        near = [flag for flag in shown if flag.startswith(given)][:3] or difflib.get_close_matches(given, shown, n=1)
+        said = f" (did you mean {' or '.join(near)}?)" if near else ""
+        self.error(f"unrecognized arguments: {' '.join(unknown)}{said}")
 
 
 def build_parser() -> argparse.ArgumentParser:
