@@ -309,3 +309,19 @@ def test_the_cluster_environment_run_would_detect_is_reported():
     assert none["name"] is None and none["description"].startswith("none detected")
     refused = collect_env_report(environ={**SLURM_STEP, "SLURM_STEP_NODELIST": "gpu[07"}).to_json()["cluster"]
     assert refused["name"] == "refused" and "does not parse" in refused["refused"] and refused["hint"]
+
+
+def test_settings_the_cluster_environment_fills_are_shown_as_run_would_use_them(tmp_path):
+    # a SLURM step's variables (no controller needed: phalanx reads them only), on this host
+    hostname = socket.gethostname()
+    environ = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": f"{hostname},{hostname}", "SLURM_NODEID": "0",
+               "SLURM_NNODES": "2", "PHALANX_RDZV_ID": "mine"}  # fmt: skip
+    values = setting_values(resolved_settings(environ, {}, None))
+    assert values["nnodes"] == ("2", "cluster") and values["rdzv-endpoint"] == (f"{hostname}:29642", "cluster")
+    assert values["rdzv-id"] == ("mine", "environment") and values["nproc-per-node"] == (1, "default")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    spec = spec_from_args(build_parser().parse_args(["run", str(script)]), environ)
+    assert {option.flag: json_value(getattr(spec, option.field)) for option in LAUNCH_OPTIONS} == {
+        flag: value for flag, (value, _) in values.items()
+    }

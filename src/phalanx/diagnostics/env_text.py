@@ -15,7 +15,7 @@ from phalanx.torch_compat import outside_range, tested_range
 VARIABLES_TITLE = f"variables ({', '.join([prefix + '*' for prefix in VARIABLE_PREFIXES] + list(VARIABLE_NAMES))})"
 SETTINGS_TITLE = (
     "launch settings (what phalanx run would use here before its flags: PET_<FLAG>, PHALANX_<FLAG>, --config, "
-    "default; the cluster environment fills what they leave unset)"
+    "the cluster environment, default)"
 )
 
 

@@ -14,6 +14,8 @@ from phalanx.settings.values import NodeRange, Resolved
 
 #: The settings a cluster environment may give that the user may override: (setting, Placement attribute).
 _DEFAULTS = (("rdzv_endpoint", "endpoint"), ("rdzv_id", "rdzv_id"), ("nproc_per_node", "nproc_per_node"))
+#: Every setting a cluster environment may give: the node count, which the user may not override, first.
+PLACEMENT_SETTINGS = (("nnodes", "nnodes"), *_DEFAULTS)
 
 
 #: torch's env:// variables, which a user may carry over from launching by hand: outside a
