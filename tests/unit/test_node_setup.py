@@ -133,6 +133,16 @@ def test_an_endpoint_name_that_resolves_to_loopback_is_refused_for_several_nodes
     assert network.choose(Endpoint("localhost", 29400), multi_node=False).is_host
 
 
+def test_node_0_whose_name_is_loopback_needs_node_1_s_name_and_says_why():
+    # node 0's own name ("localhost", as Debian's 127.0.1.1) is loopback: it routes toward node 1
+    # to find its address, so an unknown node-1 name is refused for that, not for the endpoint
+    with pytest.raises(SettingsRefused) as refused:
+        network.choose(Endpoint("localhost", 29400), node_rank=0, peers=("localhost", "nosuch.invalid"))
+    assert refused.value.what.startswith("node 1's host name 'nosuch.invalid' (the second of the cluster's nodes)")
+    assert "this node's own name resolves to 127.0.0.1" in refused.value.why, refused.value.why
+    assert "--interface" in refused.value.hint and "endpoint" not in refused.value.why + refused.value.hint
+
+
 def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):
     [node] = set_up_nodes(LaunchSpec(entrypoint=entry, join_timeout=90.5), run_dir=tmp_path)
     assert "--rdzv-conf=is_host=1,join_timeout=91" in torchrun_argv(node)

@@ -119,10 +119,11 @@ RESOLVE_RETRY_S = 1.0
 RESOLVE_PROGRESS_EVERY_S = 10.0
 
 
-def resolve_host(host: str, *, wait_s: float = 0.0, what: str | None = None) -> str:
+def resolve_host(host: str, *, wait_s: float = 0.0, what: str | None = None, needed: str | None = None) -> str:
     """The host's address, IPv4 preferred. Refused at once when it does not resolve, unless
     ``wait_s``: then tried again every second (a join timeout after that). ``what`` names the host
-    in a refusal (default: the --rdzv-endpoint flag)."""
+    in a refusal (default: the --rdzv-endpoint flag), ``needed`` why its address is needed
+    (default: every node looks up the endpoint's name)."""
     started = time.monotonic()
     next_word = started + RESOLVE_PROGRESS_EVERY_S
     while True:
@@ -132,7 +133,7 @@ def resolve_host(host: str, *, wait_s: float = 0.0, what: str | None = None) -> 
         except socket.gaierror as error:
             waited = time.monotonic() - started
             if waited >= wait_s:
-                _refuse_unresolved(what or f"--rdzv-endpoint host {host!r}", error.strerror, wait_s)
+                _refuse_unresolved(what or f"--rdzv-endpoint host {host!r}", error.strerror, wait_s, needed)
             if time.monotonic() >= next_word:
                 say(f"phalanx: waiting for the endpoint's name {host!r} to resolve ({waited:.0f} s of {wait_s:g}): "
                     f"{error.strerror}")  # fmt: skip
@@ -142,7 +143,7 @@ def resolve_host(host: str, *, wait_s: float = 0.0, what: str | None = None) -> 
     return next((a for a in addresses if ":" not in a), addresses[0])
 
 
-def _refuse_unresolved(what: str, why: str, waited_s: float) -> NoReturn:
+def _refuse_unresolved(what: str, why: str, waited_s: float, needed: str | None) -> NoReturn:
     if waited_s > 0:
         raise JoinTimeout(
             f"{what} did not resolve within {waited_s:g} s ({why})",
@@ -151,6 +152,9 @@ def _refuse_unresolved(what: str, why: str, waited_s: float) -> NoReturn:
             "on Kubernetes, check the first pod (kubectl get pods) and that the Service exists with "
             "publishNotReadyAddresses: true; elsewhere, check the name; raise --join-timeout if nodes start slowly",
         )
+    if needed is not None:
+        raise SettingsRefused(f"{what} does not resolve to an address ({why})", needed,
+                              "add the nodes' names to /etc/hosts or DNS, or name the interface with --interface IFNAME")  # fmt: skip
     raise SettingsRefused(
         f"{what} does not resolve to an address ({why})",
         "every node must be able to look up the endpoint's name.",
@@ -289,7 +293,11 @@ def _choose_as_node_zero(
         return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "node 0, and the address is its own")
     peer = peers[1] if len(peers) > 1 else None
     if peer is not None:
-        peer_ip = resolve_host(peer, what=f"node 1's host name {peer!r} (the second of the cluster's nodes)")
+        peer_ip = resolve_host(
+            peer, what=f"node 1's host name {peer!r} (the second of the cluster's nodes)",
+            needed=f"this node's own name resolves to {endpoint_ip} here, a loopback address the others cannot "
+            "reach, so phalanx finds the address to advertise from the route to node 1, which needs node 1's address.",
+        )  # fmt: skip
         local_addr, via = _routed_address(peer_ip, endpoint.port, interfaces, f"the route to node 1 ({peer})")
         if not via.is_loopback:
             trap = f"{endpoint.host!r} resolves to {endpoint_ip} here"
