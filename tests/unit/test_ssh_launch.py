@@ -101,8 +101,16 @@ def test_a_host_that_refuses_ssh_is_named_with_a_hint(capsys, script):
     err = capsys.readouterr().err
     assert "phalanx launch: preflight of 1 host in " in err
     assert "127.0.0.1: ssh failed: " in err and "Connection refused" in err
+    assert "HINT: the host is up, but no sshd listens on that port" in err
     assert "127.0.0.1  failed" in err  # the table's ssh column
     assert "nothing was started" in err
+
+
+def test_a_host_name_that_does_not_resolve_gets_its_own_hint(capsys, script):
+    assert main(["launch", "--hosts", "nosuch.invalid", "--preflight-timeout", "20", script]) == 2
+    err = capsys.readouterr().err
+    assert "nosuch.invalid: ssh failed: ssh: Could not resolve hostname nosuch.invalid" in err, err
+    assert "HINT: check the host's name, or give its address" in err and "ssh-copy-id" not in err, err
 
 
 def test_a_host_that_never_answers_is_named_within_the_preflight_timeout(capsys, script):

@@ -146,6 +146,17 @@ def _json_line(answer: _Answer) -> dict[str, Any] | None:
     return None
 
 
+#: ssh's words for a host it could not reach at all, and what to do; a refused login gets the general HINT.
+_SSH_HINTS = (
+    ("Could not resolve hostname", "check the host's name, or give its address; or add the name to /etc/hosts, DNS "
+                                   "or a Host entry of ~/.ssh/config (or --ssh-config)"),
+    ("Connection refused", "the host is up, but no sshd listens on that port: start it, or give the port in "
+                           "~/.ssh/config (or --ssh-config)"),
+    ("timed out", "the host did not answer: check that it is up and reachable from here (a firewall may drop ssh)"),
+    ("No route to host", "this host has no route to it: check the address and the network between them"),
+)  # fmt: skip
+
+
 def _read_facts(check: HostCheck, answer: _Answer, job: SshJob) -> None:
     name = check.host.label
     if answer.code is None:
@@ -156,9 +167,11 @@ def _read_facts(check: HostCheck, answer: _Answer, job: SshJob) -> None:
         return
     if answer.code == SSH_FAILED:
         check.cells["ssh"] = "failed"
-        check.refuse(f"ssh failed: {_last_line(answer.stderr)}",
+        said = _last_line(answer.stderr)
+        hint = next((hint for words, hint in _SSH_HINTS if words in said), None)
+        check.refuse(f"ssh failed: {said}", (hint or
                      f"`ssh {check.host.name} true` must work without a question: a key (ssh-copy-id), the host "
-                     "in known_hosts, the user and port in ~/.ssh/config (or --ssh-config)")  # fmt: skip
+                     "in known_hosts, the user and port in ~/.ssh/config (or --ssh-config)"))  # fmt: skip
         return
     check.cells["ssh"] = "ok"
     facts = _json_line(answer)
