@@ -104,6 +104,18 @@ def test_the_slow_link_hint_is_computed_from_the_two_measurements() -> None:
     assert "under ~261 samples" in finding.what and "powersgd" in finding.hint
 
 
+def test_the_hostname_trap_counts_only_between_machines() -> None:
+    trap = {"topic": "hostname-loopback", "what": "the hostname 'a' resolves to 127.0.1.1", "why": "", "hint": "x"}
+    report = healthy_report()
+    report["nodes"][0]["traps"] = [trap]
+    assert topics(report) == {"hostname-loopback": "warning"}
+    report["simulated"] = True  # every node on this host: a doctor --strict rehearsal passes
+    assert verdict(report) == []
+    report = healthy_report()
+    report["nodes"], report["nodes"][0]["traps"] = report["nodes"][:1], [trap]
+    assert verdict(report) == []
+
+
 def test_a_trap_on_every_node_is_reported_once() -> None:
     report = healthy_report()
     for node in report["nodes"]:
