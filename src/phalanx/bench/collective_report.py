@@ -46,6 +46,18 @@ def _cells(measurement: dict[str, Any] | None) -> str:
     return f"  {_time_text(m.time_us)}  {m.algbw:6.2f}  {m.busbw:6.2f}  {wrong:>5}"
 
 
+def format_row(settings: CollectiveSettings, name: str, row: Row) -> str:
+    """One row of :func:`format_table`, as soon as it is measured (the worker's progress)."""
+    return _row_text(collective_result(settings, name, []), asdict(row))
+
+
+def _row_text(result: dict[str, Any], row: dict[str, Any]) -> str:
+    head = (
+        f"{row['size_bytes']:12d}  {row['count']:12d}  {result['type']:>8}  {result['redop']:>6}  {result['root']:6d}"
+    )
+    return head + _cells(row["out_of_place"]) + _cells(row["in_place"])
+
+
 def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"# {'':10}  {'':12}  {'':8}  {'':6}  {'':6}           out-of-place                       in-place",
@@ -54,9 +66,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"# {'(B)':>10}  {'(elements)':>12}  {'':8}  {'':6}  {'':6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}  "
         f"{'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}".rstrip(),
     ]
-    for row in result["rows"]:
-        head = f"{row['size_bytes']:12d}  {row['count']:12d}  {result['type']:>8}  {result['redop']:>6}  {result['root']:6d}"
-        lines.append(head + _cells(row["out_of_place"]) + _cells(row["in_place"]))
+    lines += [_row_text(result, row) for row in result["rows"]]
     status = "FAILED" if result["wrong"] else "OK"
     lines += [
         f"# Out of bounds values : {result['failed_cells']} {status}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,7 +97,8 @@ class CollectiveBench:
         self.recv = torch.zeros(max(largest.recv, 1), dtype=self.dtype, device=device)
         self._reps = itertools.count(1)  # fresh data for every check, as nccl-tests
 
-    def rows(self) -> list[Row]:
+    def rows(self, measured: Callable[[Row], None] | None = None) -> list[Row]:
+        """Every size's row; ``measured`` is called with each as soon as it is measured."""
         self._warm_up()
         rows = []
         for size in self.settings.sizes:
@@ -108,6 +110,8 @@ class CollectiveBench:
                 for in_place, allowed in ((False, self.collective.out_of_place), (True, self.collective.in_place))
             }
             rows.append(Row(counts.size_bytes(self.element_size), counts.param, variants[False], variants[True]))
+            if measured is not None:
+                measured(rows[-1])
         return rows
 
     def _call(self, counts: Counts, in_place: bool) -> torch.Tensor:

@@ -3,13 +3,14 @@ every rank measures, global rank 0 writes the report that the command prints."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from phalanx.bench.collective_report import collective_result
-from phalanx.bench.collective_runner import CollectiveBench
+from phalanx.bench.collective_report import collective_result, format_row
+from phalanx.bench.collective_runner import CollectiveBench, Row
 from phalanx.bench.collective_settings import CollectiveSettings
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
 from phalanx.quick_exit import exit_quickly
@@ -28,6 +29,11 @@ def link_of_this_node(line_rate_override: float | None) -> tuple[str | None, flo
     return interface, speed_mbit * 1e6 / 8 if speed_mbit else None
 
 
+def _show_row(settings: CollectiveSettings, name: str, row: Row) -> None:
+    """A row as soon as it is measured: a run stopped early shows what it measured."""
+    print(format_row(settings, name, row), file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     invocation = ToolInvocation.from_argv(sys.argv[1:] if argv is None else argv)
     settings = CollectiveSettings.from_dict(invocation.settings["collectives"])
@@ -37,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in settings.collectives:
             if context.is_main:
                 print(f"measuring {name} at {len(settings.sizes)} sizes", file=sys.stderr, flush=True)
-            rows = CollectiveBench(settings, name, context.device).rows()
+            show = functools.partial(_show_row, settings, name) if context.is_main else None
+            rows = CollectiveBench(settings, name, context.device).rows(show)
             results.append(collective_result(settings, name, rows))
         if context.is_main:
             interface, line_rate = link_of_this_node(invocation.settings.get("line_rate"))

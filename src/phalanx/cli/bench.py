@@ -25,7 +25,7 @@ Measures collectives the way nccl-tests does, through phalanx's launcher.
 
 Examples:
   phalanx bench collectives --nproc-per-node 2
-  phalanx bench collectives --simulate-nodes 2 --collective all -b 8 -e 128M -f 2
+  phalanx bench collectives --simulate-nodes 2 --collective all -b 8 -e 16M -f 4
   phalanx bench collectives --nnodes 2 --rdzv-endpoint 10.0.0.1:29400 --json > net.json   (on both nodes)
 
 Definitions (nccl-tests' doc/PERFORMANCE.md): time is the mean of -n back-to-back calls, then
