@@ -37,6 +37,13 @@ def agent_restarts(environ: Mapping[str, str]) -> tuple[int, int]:
     return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
+def workers_start(environ: Mapping[str, str]) -> int:
+    """Which start of the workers this process belongs to: phalanx run's attempt (alike on every
+    node), else the restart count of torch's agent (plain torchrun)."""
+    attempt = WorkerEnv.from_env(environ).attempt
+    return attempt if attempt is not None else agent_restarts(environ)[0]
+
+
 def launcher_takeover(environ: Mapping[str, str]) -> str:
     """Words that follow "leaving it to" where a worker leaves its failure to this node's agent:
     how many of --max-restarts it has left (from the variables torch's agent gives every worker).

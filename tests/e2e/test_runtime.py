@@ -609,3 +609,32 @@ def test_plain_torchrun_with_phalanx_s_log_layout_shows_what_torch_s_would(workd
     assert "hello from 0" in logged.stdout and "hello from 1" not in logged.stdout, logged.output
     for rank in (0, 1):
         assert (workdir / f"logged/attempt_0/rank{rank}/stdout.log").read_text() == f"hello from {rank}\n"
+
+
+def test_runs_one_after_another_in_the_same_processes_form_their_groups(phalanx, workdir):
+    # each Run's process group formed on the keys the one before left in the launcher's store:
+    # a rank read its peer's old address and the peer waited forever (most of these runs hung)
+    script = workdir / "runs_in_a_row.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n"
+        "import phalanx\n"
+        "for generation in range(4):\n"
+        "    context = phalanx.init(timeout=20)\n"
+        "    run = phalanx.Run(context=context, log_every=100)\n"
+        "    model = run.setup_model(torch.nn.Linear(8, 2))\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = run.setup_dataloader(TensorDataset(torch.randn(32, 8)), batch_size=8)\n"
+        "    for _ in run.epochs(1):\n"
+        "        for (x,) in loader:\n"
+        "            model(x).sum().backward()\n"
+        "            optimizer.step()\n"
+        "            optimizer.zero_grad()\n"
+        "            run.step()\n"
+        "    run.close()\n"
+        "    context.close()\n"
+        "    print('generation', generation, 'trained', run.global_step, 'steps', flush=True)\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", str(script), timeout=150)
+    assert done.returncode == 0, done.output
+    assert [f"generation {n} trained 2 steps" in done.output for n in range(4)] == [True] * 4, done.output

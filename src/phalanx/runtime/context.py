@@ -28,7 +28,7 @@ from phalanx.runtime.watchdog import (
     watchdog_unavailable,
 )
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import WorkerEnv, launcher_takeover
+from phalanx.worker_env import WorkerEnv, launcher_takeover, workers_start
 
 if TYPE_CHECKING:
     from phalanx.runtime.heal.healing import Healing
@@ -237,7 +237,9 @@ def init(
     elif env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
         excepthook = sys.excepthook
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=seconds))
+        store, group = _group_store(env.rank, timedelta(seconds=seconds))
+        dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size,
+                                timeout=timedelta(seconds=seconds))  # fmt: skip
         if launched.node is not None:
             # torch's hook prefixes every line of a traceback with "[rankN]: "; phalanx run's
             # console names the node and rank already, and a rank's log file is its own
@@ -248,12 +250,29 @@ def init(
         context.barrier()
         unavailable = watchdog_unavailable(backend, timeout)
         if unavailable is None:
-            context._watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout, backend)
+            context._watchdog = StallWatchdog(env.rank, env.world_size, stall_timeout, backend, group=group)
             context._watchdog.start()
         else:  # every rank that has none says so, in its own log (the console shows rank 0)
             print(unavailable, file=sys.stderr, flush=True)
     atexit.register(context.close)
     return context
+
+
+def _group_store(rank: int, timeout: timedelta) -> tuple[dist.Store, int]:
+    """The job's store, as env:// gives it to init_process_group, under a prefix of this process
+    group's own; and the group's number in this start of the workers.
+
+    The store outlives a process group (the launcher holds it), and torch names every new default
+    group alike (destroy_process_group resets its count). A group formed after a destroyed one
+    would find that one's keys: gloo's rendezvous sets this rank's address, then reads each
+    peer's, and found the old one at once, before the peer had set its new one; the rank then
+    connected to a listener of the old group, and the peer waited for it forever. Each rank
+    counts the groups it formed on the store; all ranks form them alike, so the numbers agree.
+    """
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    start = workers_start(os.environ)
+    group = store.add(f"phalanx/groups/{start}/{rank}", 1)
+    return dist.PrefixStore(f"phalanx/group/{start}/{group}", store), group
 
 
 def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: float) -> Healing:

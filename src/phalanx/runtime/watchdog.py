@@ -21,7 +21,7 @@ from typing import Any
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import STALL_REPORT, WorkerEnv, agent_restarts
+from phalanx.worker_env import STALL_REPORT, WorkerEnv, workers_start
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
@@ -273,16 +273,17 @@ class StallWatchdog:
     """
 
     def __init__(
-        self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None
-    ) -> None:
+        self, rank: int, world_size: int, stall_timeout: float, backend: str, poll_s: float | None = None,
+        group: int = 0,
+    ) -> None:  # fmt: skip
+        """``group``: which process group of this start of the workers it watches (a script may
+        form several, one after the other): the posts of each have keys of their own."""
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.stall_timeout = stall_timeout
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
         launched = WorkerEnv.from_env(os.environ)
         self.node = launched.node or os.uname().nodename
-        # The attempt as phalanx run counts it (alike on every node), else as plain torchrun does.
-        attempt = launched.attempt if launched.attempt is not None else agent_restarts(os.environ)[0]
-        self.prefix = f"phalanx/watchdog/{attempt}/"
+        self.prefix = f"phalanx/watchdog/{workers_start(os.environ)}/{group}/"
         self.step: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-stall-watchdog", daemon=True)
