@@ -72,8 +72,9 @@ def run_nodes(
 
         print(decision_block(setups))
         for setup in setups:
+            address = "" if setup.local_addr == setup.node_label else f" ({setup.local_addr})"
             role = " (hosts the store)" if setup.is_host else ""
-            print(f"\n# {setup.node_label} ({setup.local_addr}){role}:\n{command_line(setup)}")
+            print(f"\n# {setup.node_label}{address}{role}:\n{command_line(setup)}")
         return 0
     say(decision_block(setups))
     if setups[0].is_simulated:
