@@ -119,8 +119,8 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
         "heal",
         _int_option("heal", 0),
         "replace a failed process up to N times per rank while the other ranks keep theirs: the new one gets the "
-        "state from a peer and the failed step is trained again (default 0: off; needs phalanx.Run with a "
-        "checkpoint folder, which a heal that cannot finish falls back to)",
+        "state from a peer and the failed step is trained again (default 0: off). Needs phalanx.Run with a "
+        "checkpoint folder: where a heal cannot finish, the job goes back to its newest checkpoint",
         "N",
         kind="count",
     ),
