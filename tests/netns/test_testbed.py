@@ -66,6 +66,10 @@ def test_up_exec_cut_restore_down(bed_name):
     asked = time.monotonic()
     unknown = run_testbed("exec", "h2", "--name", bed_name, "--", "getent", "hosts", f"::ffff:{h1}", "nowhere.invalid")
     assert unknown.returncode == 2 and time.monotonic() - asked < 5, unknown
+    # sudo resets PATH: `phalanx` in a command is still this environment's
+    found = run_testbed("exec", "h1", "--name", bed_name, "--", "sh", "-c", "command -v phalanx",
+                        env={**os.environ, "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert found.stdout.strip() == str(Path(sys.executable).parent / "phalanx"), found
     everywhere = run_testbed("exec", "all", "--name", bed_name, "--", "sh", "-c", "hostname -I; exit 3")
     assert everywhere.returncode == 3
     assert sorted(line.split("|")[0] for line in everywhere.stdout.splitlines()) == ["h1", "h2"]

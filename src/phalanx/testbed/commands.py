@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from phalanx.console import format_table, say
 from phalanx.errors import SettingsRefused
@@ -96,6 +97,9 @@ def run_in(args: argparse.Namespace) -> int:
     bed = TestBed.load(name)
     if not command:
         raise SettingsRefused("no command to run", hint=f"phalanx testbed exec {args.host} -- CMD [ARGS...]")
+    # `phalanx` (and `python`) in the command are this environment's, also under sudo, which resets PATH
+    own = str(Path(sys.executable).parent)
+    os.environ["PATH"] = os.pathsep.join([own, *(d for d in os.environ.get("PATH", "").split(os.pathsep) if d != own)])
     if args.host != "all":
         argv = bed.host(args.host).command(command)
         os.execvp(argv[0], argv)  # the command takes this process's place: its signals, its exit code
