@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -340,3 +341,18 @@ def test_a_status_of_another_shape_makes_every_poll_read_the_entries(monkeypatch
     monkeypatch.setattr(watchdog, "_dump_flight_recorder", lambda *_a, **_k: pickle.dumps({"pg_status": status}))
     assert watchdog.collective_counts("gloo") is None
     assert stood_still(watchdog.collective_counts("gloo"), watchdog.collective_counts("gloo"))
+
+
+def test_a_stopped_watchdog_lets_go_of_its_store_connection(monkeypatch):
+    # a script that forms groups one after another would otherwise keep one connection per group
+    store = serve_job_store(monkeypatch)
+
+    def connections() -> int:
+        return sum(1 for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port == store.port)
+
+    before = connections()
+    watchdog = StallWatchdog(rank=0, world_size=1, stall_timeout=300, backend="gloo", poll_s=0.05)
+    watchdog.start()
+    assert connections() == before + 1
+    watchdog.stop()
+    assert connections() == before

@@ -315,10 +315,13 @@ class StallWatchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the polling thread, waiting for it at most a poll period and 5 s."""
+        """Stops the polling thread, waiting for it at most a poll period and 5 s, then lets go of
+        its store connection (a script may form groups one after another)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.poll_s + 5)
+        if not self._thread.is_alive():
+            self._store = None  # torch's client closes its connection when it is freed
 
     def _run(self) -> None:
         failing = False  # the last poll failed: said once, not at every poll
