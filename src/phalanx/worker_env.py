@@ -37,13 +37,6 @@ def agent_restarts(environ: Mapping[str, str]) -> tuple[int, int]:
     return int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
-def workers_start(environ: Mapping[str, str]) -> int:
-    """Which start of the workers this process belongs to: phalanx run's attempt (alike on every
-    node), else the restart count of torch's agent (plain torchrun)."""
-    attempt = WorkerEnv.from_env(environ).attempt
-    return attempt if attempt is not None else agent_restarts(environ)[0]
-
-
 def launcher_takeover(environ: Mapping[str, str]) -> str:
     """Words that follow "leaving it to" where a worker leaves its failure to this node's agent:
     how many of --max-restarts it has left (from the variables torch's agent gives every worker).
@@ -104,10 +97,10 @@ class WorkerEnv:
     #: Heal mode: ``host:port`` of the launch's store, where the ranks form each generation of
     #: their group (the workers' own store can die with a worker).
     heal_store: str | None = None
-    #: Heal mode: the name of this start of the workers, the same on every node (the rendezvous
-    #: round's in a multi-node job, where a node that joined later counts its starts from 0):
-    #: the ranks' heal keys are under it (:func:`phalanx.runtime.heal.generations.heal_prefix`).
-    heal_start: str | None = None
+    #: The name of this start of the workers, the same on every node (the rendezvous round's in a
+    #: multi-node job, where a node that joined later counts its starts from 0, so ``attempt``
+    #: differs): the keys of the ranks' process groups, stall watchdogs and heals are under it.
+    start_name: str | None = None
 
     _KEYS = {"backend": "PHALANX_BACKEND", "node": "PHALANX_NODE", "address": "PHALANX_NODE_ADDRESS",
              "attempt": "PHALANX_ATTEMPT", "launcher_pid": "PHALANX_LAUNCHER_PID",
@@ -115,7 +108,7 @@ class WorkerEnv:
              "stopped": "PHALANX_STOPPED", "keep_request": "PHALANX_KEEP_REQUEST",
              "heal": "PHALANX_HEAL", "replacement": "PHALANX_REPLACEMENT",
              "supervisor_pid": "PHALANX_SUPERVISOR_PID", "heal_store": "PHALANX_HEAL_STORE",
-             "heal_start": "PHALANX_HEAL_START"}  # fmt: skip
+             "start_name": "PHALANX_START_NAME"}  # fmt: skip
     _INTEGERS = ("attempt", "launcher_pid", "heal", "replacement", "supervisor_pid")
     #: The fields whose values differ between the nodes (or ranks) of a healthy job: a process's
     #: own ids, paths and labels, and the job's name and heal store, which each node spells with

@@ -162,7 +162,7 @@ class NodeAgent:
         def finished(timeout: float, nodes_waiting: Callable[[], int]) -> bool:
             if self.start_reporter is not None:  # posted before the others hear that this node finished
                 self.start_reporter.finish(timeout=0.0)
-            left = self.heal.nodes_left(self.store, self._heal_start()) if self.heal is not None else []  # (elastic)
+            left = self.heal.nodes_left(self.store, self._start_name()) if self.heal is not None else []  # (elastic)
             everyone = self.crossnode.workers_finished(timeout, nodes_waiting, self.nodes_in_job - len(left),
                                                        self.setup.is_host, left=bool(left))  # fmt: skip
             if everyone and self.start_reporter is not None:  # every node posted; the store's host waits in
@@ -284,7 +284,7 @@ class NodeAgent:
         node, once each rank kept its state (:mod:`.keep_request`); in heal mode they heal instead
         where they can (:mod:`.heal_lost`). Where the store's host is lost, this process ends too:
         every store call left would wait out its timeout, and there is nothing left to save."""
-        if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._heal_start()):
+        if self.heal is not None and self.heal.instead(why, store_lost, heard, self.store, self._start_name()):
             return
         if self.liveness is not None:
             self.liveness.keep_watching = False  # the workers stop: the job ends
@@ -324,8 +324,8 @@ class NodeAgent:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
 
-    def _heal_start(self) -> str | None:
-        """The name of the workers' latest start, alike on every node (``WorkerEnv.heal_start``):
+    def _start_name(self) -> str | None:
+        """The name of the workers' latest start, alike on every node (``WorkerEnv.start_name``):
         the rendezvous round's where the nodes agreed on one, else its count (None before the first)."""
         if self.logs is None or self.logs.attempt < 0:
             return None
@@ -433,9 +433,8 @@ class NodeAgent:
         if self.oom_watch is not None:
             self.oom_watch.close()
         self.oom_watch = out_of_memory.OomWatch()  # the workers start now: a kill from here on may be theirs
-        if self.heal is not None:
-            for env in envs.values():  # the workers are started with these dicts
-                env.update(WorkerEnv(heal_start=self._heal_start()).to_env())
+        for env in envs.values():  # the workers are started with these dicts
+            env.update(WorkerEnv(start_name=self._start_name()).to_env())
         self.nodes_in_job = row["nodes"]
         elastic = self.setup.nnodes.is_elastic and self.store is not None
         if elastic:  # each round's check; a node gone ends no job here: torch forms a round without it

@@ -84,7 +84,7 @@ class LostNodeHeal:
         Args:
             why, store_lost, heard: the verdict (:class:`phalanx.launch.liveness.Liveness`).
             store: the launch's store (None: none yet).
-            start: the workers' latest start's name (``WorkerEnv.heal_start``; None: not started).
+            start: the workers' latest start's name (``WorkerEnv.start_name``; None: not started).
 
         Returns:
             False where the ranks cannot heal, and the workers are then stopped as without heal

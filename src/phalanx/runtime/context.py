@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import os
 import sys
 import time
@@ -28,12 +29,16 @@ from phalanx.runtime.watchdog import (
     watchdog_unavailable,
 )
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import WorkerEnv, launcher_takeover, workers_start
+from phalanx.worker_env import WorkerEnv, launcher_takeover
 
 if TYPE_CHECKING:
     from phalanx.runtime.heal.healing import Healing
 
 DEFAULT_INIT_TIMEOUT_S = 300.0
+#: The process groups :func:`init` formed in this process: process state by nature. Every worker
+#: process of a start is new and forms its groups alike, so the count agrees between ranks, where
+#: a count kept on the store would not (it outlives a start, and ranks move between starts).
+_GROUPS_FORMED = itertools.count()
 #: How long :func:`destroy_process_group` gives the backend's threads to drop the Python callbacks
 #: they ran (tests/unit/exit_after_hooks.py).
 BACKEND_THREADS_RELEASE_S = 0.1
@@ -237,7 +242,7 @@ def init(
     elif env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
         excepthook = sys.excepthook
-        store, group = _group_store(env.rank, timedelta(seconds=seconds))
+        store, group = _group_store(launched, timedelta(seconds=seconds))
         dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=seconds))  # fmt: skip
         if launched.node is not None:
@@ -258,21 +263,22 @@ def init(
     return context
 
 
-def _group_store(rank: int, timeout: timedelta) -> tuple[dist.Store, int]:
+def _group_store(launched: WorkerEnv, timeout: timedelta) -> tuple[dist.Store, int]:
     """The job's store, as env:// gives it to init_process_group, under a prefix of this process
-    group's own; and the group's number in this start of the workers.
+    group's own; and the group's number in this process.
 
-    The store outlives a process group (the launcher holds it), and torch names every new default
-    group alike (destroy_process_group resets its count). A group formed after a destroyed one
-    would find that one's keys: gloo's rendezvous sets this rank's address, then reads each
-    peer's, and found the old one at once, before the peer had set its new one; the rank then
-    connected to a listener of the old group, and the peer waited for it forever. Each rank
-    counts the groups it formed on the store; all ranks form them alike, so the numbers agree.
+    The store outlives a process group (the launcher holds it, also from one start of the workers
+    to the next), and torch names every new default group alike (destroy_process_group resets its
+    count). A group formed after a destroyed one found that one's keys: gloo's rendezvous sets
+    this rank's address, then reads each peer's, and found the old one at once, before the peer
+    had set its new one; the rank connected to a listener of the old group, and the peer waited
+    for it forever. The prefix names the group within the start, and the start under phalanx run
+    (plain torchrun names none alike on every node: its starts share keys, as torch's own do).
     """
     store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
-    start = workers_start(os.environ)
-    group = store.add(f"phalanx/groups/{start}/{rank}", 1)
-    return dist.PrefixStore(f"phalanx/group/{start}/{group}", store), group
+    group = next(_GROUPS_FORMED)
+    start = f"{launched.start_name}/" if launched.start_name else ""
+    return dist.PrefixStore(f"phalanx/group/{start}{group}", store), group
 
 
 def _join_healing(context: DistributedContext, launched: WorkerEnv, timeout_s: float) -> Healing:

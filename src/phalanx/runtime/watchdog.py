@@ -21,7 +21,7 @@ from typing import Any
 from phalanx.errors import SettingsRefused
 from phalanx.exit_codes import ExitCode
 from phalanx.settings.values import seconds_problem
-from phalanx.worker_env import STALL_REPORT, WorkerEnv, workers_start
+from phalanx.worker_env import STALL_REPORT, WorkerEnv, agent_restarts
 
 DEFAULT_STALL_TIMEOUT_S = 300.0
 STALL_TIMEOUT_VARIABLE = "PHALANX_STALL_TIMEOUT"
@@ -283,7 +283,9 @@ class StallWatchdog:
         self.poll_s = poll_s if poll_s is not None else min(5.0, max(0.5, stall_timeout / 5))
         launched = WorkerEnv.from_env(os.environ)
         self.node = launched.node or os.uname().nodename
-        self.prefix = f"phalanx/watchdog/{workers_start(os.environ)}/{group}/"
+        # this start's name under phalanx run (alike on every node); plain torchrun's restart count
+        start = launched.start_name or f"restart-{agent_restarts(os.environ)[0]}"
+        self.prefix = f"phalanx/watchdog/{start}/{group}/"
         self.step: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="phalanx-stall-watchdog", daemon=True)

@@ -55,7 +55,7 @@ def _members_of(store: dist.Store, generation: int, world_size: int) -> list[int
 
 def heal_prefix(run_id: str, start: str) -> str:
     """The prefix of one start of the workers' heal keys on the launch's store: job ``run_id``
-    (the rendezvous ID), start ``start`` (``WorkerEnv.heal_start``, named alike on every node).
+    (the rendezvous ID), start ``start`` (``WorkerEnv.start_name``, named alike on every node).
     A restart of every worker starts again at generation 0."""
     return f"phalanx/heal/{run_id}/{start}/"
 
@@ -65,7 +65,7 @@ def job_store(address: str | None, timeout_s: float) -> dist.Store:
     under this start's :func:`heal_prefix`."""
     host, port = address.rsplit(":", 1) if address else (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
-    start = WorkerEnv.from_env(os.environ).heal_start or "none"
+    start = WorkerEnv.from_env(os.environ).start_name or "none"
     return dist.PrefixStore(heal_prefix(os.environ.get("TORCHELASTIC_RUN_ID", "none"), start), store)
 
 
