@@ -46,7 +46,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 #: An indented line whose text hangs: a list item, or a term then two spaces (group 1: up to the text).
-_HANG = re.compile(r"(\s+(?:- |\S(?:\S| (?! )){0,15}\s{2,}))\S")
+_HANG = re.compile(r"(\s+(?:- |\S(?:\S| (?! )){0,27}\s{2,}))\S")
 
 
 def _indent(line: str) -> int:

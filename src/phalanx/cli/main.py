@@ -41,8 +41,13 @@ class _Parser(argparse.ArgumentParser):
     def refuse_unknown(self, unknown: list[str]) -> NoReturn:
         shown = [flag for action in self._actions if action.help != argparse.SUPPRESS for flag in action.option_strings]
         given = unknown[0].partition("=")[0]
+        if given in shown:  # given before a command's name (phalanx bench --json collectives)
+            self.error(f"unrecognized arguments: {' '.join(unknown)} ({given} is an option of {self.prog}: give it "
+                       f"after {self.prog.split()[-1]!r})")  # fmt: skip
         # a flag cut short (--gpus for --gpus-per-node) first: difflib ranks it below a short neighbour (--cpu)
         near = [flag for flag in shown if flag.startswith(given)][:3] or difflib.get_close_matches(given, shown, n=1)
+        if len(given.lstrip("-")) < 2:
+            near = []  # a stray "-" or "--" looks like every flag
         said = f" (did you mean {' or '.join(near)}?)" if near else ""
         self.error(f"unrecognized arguments: {' '.join(unknown)}{said}")
 
