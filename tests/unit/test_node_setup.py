@@ -139,8 +139,11 @@ def test_node_0_whose_name_is_loopback_needs_node_1_s_name_and_says_why():
     with pytest.raises(SettingsRefused) as refused:
         network.choose(Endpoint("localhost", 29400), node_rank=0, peers=("localhost", "nosuch.invalid"))
     assert refused.value.what.startswith("node 1's host name 'nosuch.invalid' (the second of the cluster's nodes)")
-    assert "this node's own name resolves to 127.0.0.1" in refused.value.why, refused.value.why
-    assert "--interface" in refused.value.hint and "endpoint" not in refused.value.why + refused.value.hint
+    assert "but 'localhost' resolves to 127.0.0.1 here, a loopback address: phalanx finds" in refused.value.why
+    assert "--interface" in refused.value.hint and "endpoint" not in refused.value.hint
+    with pytest.raises(SettingsRefused, match="node 1's host name") as refused:  # an address given, not a name
+        network.choose(Endpoint("192.0.2.77", 29400), node_rank=0, peers=("192.0.2.77", "nosuch.invalid"))
+    assert "'192.0.2.77' resolves to 192.0.2.77 here, an address this host does not own" in refused.value.why
 
 
 def test_join_timeout_reaches_torchrun_in_whole_seconds(entry, tmp_path):

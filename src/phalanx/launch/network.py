@@ -291,12 +291,15 @@ def _choose_as_node_zero(
         return NetworkChoice(endpoint, endpoint_ip, True, interface.addresses[0], interface.name, "--interface given")
     if owner is not None and not owner.is_loopback:
         return NetworkChoice(endpoint, endpoint_ip, True, endpoint_ip, owner.name, "node 0, and the address is its own")
+    where = ("a loopback address" if ipaddress.ip_address(endpoint_ip).is_loopback
+             else "an address this host does not own")  # fmt: skip
     peer = peers[1] if len(peers) > 1 else None
     if peer is not None:
         peer_ip = resolve_host(
             peer, what=f"node 1's host name {peer!r} (the second of the cluster's nodes)",
-            needed=f"this node's own name resolves to {endpoint_ip} here, a loopback address the others cannot "
-            "reach, so phalanx finds the address to advertise from the route to node 1, which needs node 1's address.",
+            needed=f"this is node 0, which hosts the store at {endpoint}, but {endpoint.host!r} resolves to "
+            f"{endpoint_ip} here, {where}: phalanx finds the address to advertise from the route to node 1, which "
+            "needs node 1's address.",
         )  # fmt: skip
         local_addr, via = _routed_address(peer_ip, endpoint.port, interfaces, f"the route to node 1 ({peer})")
         if not via.is_loopback:
@@ -305,8 +308,6 @@ def _choose_as_node_zero(
                 endpoint, endpoint_ip, True, local_addr, via.name,
                 f"node 0; {trap}, so it advertises the address that routes to node 1 ({peer})",
             )  # fmt: skip
-    where = ("a loopback address" if ipaddress.ip_address(endpoint_ip).is_loopback
-             else "an address this host does not own")  # fmt: skip
     raise SettingsRefused(
         f"this is node 0, which hosts the store at {endpoint}, but {endpoint.host!r} resolves to {endpoint_ip} here, "
         f"{where}",

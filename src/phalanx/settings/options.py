@@ -208,7 +208,7 @@ LAUNCH_OPTIONS: tuple[Option, ...] = (
     Option(
         "dry-run",
         values.parse_flag,
-        "print the plan and this node's torchrun command (every node's with --simulate-nodes), start nothing",
+        "print the plan and the torchrun commands this would run here, start nothing",
     ),
 )
 

@@ -52,7 +52,7 @@ def committed(directory: Path) -> list[tuple[int, Path]]:
 def check_folder(directory: Path) -> None:
     """Refuses, before the first step rather than at the first save, a folder that cannot take a
     checkpoint: a file, one that cannot be made or written, or a full disk."""
-    hint = "give a checkpoint folder (Run(checkpoint_dir=...)) that can be written, on a disk with room"
+    hint = "give Run or CheckpointManager a checkpoint folder that can be written, on a disk with room"
     if directory.exists() and not directory.is_dir():
         raise SettingsRefused(
             f"the checkpoint folder {directory} is a file", "checkpoints are folders inside it.", hint
