@@ -59,13 +59,7 @@ def _row_text(result: dict[str, Any], row: dict[str, Any]) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    lines = [
-        f"# {'':10}  {'':12}  {'':8}  {'':6}  {'':6}           out-of-place                       in-place",
-        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6} "
-        f"{'#wrong':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6} {'#wrong':>6}",
-        f"# {'(B)':>10}  {'(elements)':>12}  {'':8}  {'':6}  {'':6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}  "
-        f"{'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}".rstrip(),
-    ]
+    lines = [*table_header()]
     lines += [_row_text(result, row) for row in result["rows"]]
     status = "FAILED" if result["wrong"] else "OK"
     lines += [
@@ -74,6 +68,17 @@ def format_table(result: dict[str, Any]) -> str:
         "#",
     ]
     return "\n".join(lines)
+
+
+def table_header() -> list[str]:
+    """The table's column heads, nccl-tests' three lines."""
+    return [
+        f"# {'':10}  {'':12}  {'':8}  {'':6}  {'':6}           out-of-place                       in-place",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6} "
+        f"{'#wrong':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6} {'#wrong':>6}",
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':8}  {'':6}  {'':6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}  "
+        f"{'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':5}".rstrip(),
+    ]
 
 
 def _line_rate_text(report: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from phalanx.bench.collective_report import collective_result, format_row
+from phalanx.bench.collective_report import collective_result, format_row, table_header
 from phalanx.bench.collective_runner import CollectiveBench, Row
 from phalanx.bench.collective_settings import CollectiveSettings
 from phalanx.launch.tool import ToolInvocation, rank_identities, tool_context
@@ -41,8 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ranks = rank_identities(context)
         results: list[dict[str, Any]] = []
         for name in settings.collectives:
-            if context.is_main:
-                print(f"measuring {name} at {len(settings.sizes)} sizes", file=sys.stderr, flush=True)
+            if context.is_main:  # the rows as measured; the report's table has them all at the end
+                print(f"measuring {name} at {len(settings.sizes)} sizes", *table_header(), sep="\n", file=sys.stderr,
+                      flush=True)  # fmt: skip
             show = functools.partial(_show_row, settings, name) if context.is_main else None
             rows = CollectiveBench(settings, name, context.device).rows(show)
             results.append(collective_result(settings, name, rows))
