@@ -105,7 +105,8 @@ def test_the_slow_link_hint_is_computed_from_the_two_measurements() -> None:
 
 
 def test_the_hostname_trap_counts_only_between_machines() -> None:
-    trap = {"topic": "hostname-loopback", "what": "the hostname 'a' resolves to 127.0.1.1", "why": "", "hint": "x"}
+    trap = {"topic": "hostname-loopback", "what": "the hostname 'a' resolves to 127.0.1.1", "why": "", "hint": "x",
+            "between_machines": True}  # fmt: skip
     report = healthy_report()
     report["nodes"][0]["traps"] = [trap]
     assert topics(report) == {"hostname-loopback": "warning"}

@@ -35,7 +35,7 @@ added, none renamed without raising ``schema``):
                   environment phalanx run would detect here
 ``settings``      [{flag, value, source, origin, refused, hint}]: what `phalanx run` would use,
                   source "environment", "config" or "default"
-``findings``      [{topic, what, why, hint}]: known traps on this machine
+``findings``      [{topic, what, why, hint, between_machines}]: known traps on this machine
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ class Finding:
     what: str
     why: str
     hint: str
+    between_machines: bool = False  # harmless where every node of a job is on this machine
 
 
 def hostname_trap(host: HostFacts) -> list[Finding]:
@@ -52,6 +53,7 @@ def hostname_trap(host: HostFacts) -> list[Finding]:
             "rendezvous and MASTER_ADDR) send the other nodes to 127.x, each node itself, and the job hangs.",
             "give --rdzv-endpoint as the main node's IP address: phalanx run then advertises the routed address, "
             "not the hostname; for other tools map the hostname to the network address in /etc/hosts",
+            between_machines=True,
         )
     ]
 

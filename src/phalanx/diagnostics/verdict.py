@@ -281,10 +281,6 @@ def allreduce_findings(report: dict[str, Any]) -> list[Finding]:
                     "and check the NCCL/driver versions and NCCL_PROTO / NCCL_ALGO settings")]  # fmt: skip
 
 
-#: Traps that only hurt between machines: left out where every node is on this host.
-_BETWEEN_MACHINES = {"hostname-loopback"}
-
-
 def machine_findings(report: dict[str, Any]) -> list[Finding]:
     """The env report's known traps, once per trap: naming the nodes that have it, or all."""
     names = node_names(report)
@@ -292,8 +288,8 @@ def machine_findings(report: dict[str, Any]) -> list[Finding]:
     holders: dict[tuple[str, str, str], list[str]] = {}
     for node in report["nodes"]:
         for trap in node["traps"]:
-            if one_host and trap["topic"] in _BETWEEN_MACHINES:
-                continue  # "harmless on one node", as the trap says
+            if one_host and trap.get("between_machines"):
+                continue  # it hurts only between machines
             holders.setdefault((trap["topic"], trap["what"], trap["hint"]), []).append(names[node["label"]])
     every = len(report["nodes"])
     return [

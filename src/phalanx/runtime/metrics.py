@@ -12,6 +12,8 @@ from phalanx.runtime.shared_reduction import ReducedPart, SharedReduction
 
 #: Kept per-batch values are summed into the totals this often: a bounded list, one reduction per many steps.
 _FOLD_EVERY = 256
+#: A snapshot's rows of a value per name: the finite sums, the +inf counts, the -inf counts (then the samples).
+_ROWS = 3
 _CPU = torch.device("cpu")
 
 
@@ -109,12 +111,12 @@ class GlobalMean:
             if on_cpu:  # read in one conversion
                 read = _float64_column([value for _, value in on_cpu], _CPU).tolist()
                 on_host += zip([weight for weight, _ in on_cpu], read)
-            products = [weight * value for weight, value in on_host]  # Python floats: float64
-            self._host_sums[index] += sum(value for value in products if math.isfinite(value))
-            for value in products:
-                if not math.isfinite(value):
-                    self._host_infinite[index] += value != -math.inf  # +inf or NaN
-                    self._host_infinite[len(self.names) + index] += value != math.inf  # -inf or NaN
+            if on_host:  # Python floats: float64
+                products = torch.tensor([weight * value for weight, value in on_host], dtype=torch.float64)
+                total, positive, negative = (part.item() for part in _split(products))
+                self._host_sums[index] += total
+                self._host_infinite[index] += positive
+                self._host_infinite[len(self.names) + index] += negative
             if on_device:
                 self._add_on_device(index, on_device)
 
@@ -124,11 +126,10 @@ class GlobalMean:
             self._device_sums = torch.zeros(width, dtype=torch.float64, device=device)
             self._device_infinite = torch.zeros(2 * width, dtype=torch.float64, device=device)
         weights = _to_device(torch.tensor([weight for weight, _ in kept], dtype=torch.float64), device)
-        products = _float64_column([value for _, value in kept], device) * weights
-        finite = products.isfinite()
-        self._device_sums[index] += products.where(finite, 0.0).sum()
-        self._device_infinite[index] += (products.isnan() | (products == math.inf)).sum()
-        self._device_infinite[width + index] += (products.isnan() | (products == -math.inf)).sum()
+        total, positive, negative = _split(_float64_column([value for _, value in kept], device) * weights)
+        self._device_sums[index] += total
+        self._device_infinite[index] += positive
+        self._device_infinite[width + index] += negative
 
     def compute(self) -> dict[str, float]:
         """Global means (identical on every rank) and the global sample count; a collective.
@@ -185,7 +186,7 @@ class GlobalMean:
         now = self.snapshot()
         for snapshot in snapshots:
             if snapshot.shape != now.shape:
-                raise ValueError(f"a snapshot of {(snapshot.numel() - 1) // 3} value(s) handed to a GlobalMean of "
+                raise ValueError(f"a snapshot of {(snapshot.numel() - 1) // _ROWS} value(s) handed to a GlobalMean of "
                                  f"{len(self.names)} ({', '.join(self.names)}): take it with this one's snapshot()")  # fmt: skip
         reduction = shared if shared is not None else SharedReduction(self.context)
         totals = reduction.add(torch.cat([*snapshots, now]) if snapshots else now)
@@ -225,7 +226,7 @@ class PendingMeans:
     def _rows(self) -> list[list[float]]:
         """The reduced totals, a row per snapshot and one for now (:meth:`GlobalMean.snapshot`'s layout)."""
         if self._values is None:
-            values, width = self._totals.wait().tolist(), 3 * len(self.names) + 1
+            values, width = self._totals.wait().tolist(), _ROWS * len(self.names) + 1
             self._values = [values[start : start + width] for start in range(0, len(values), width)]
         return self._values
 
@@ -258,6 +259,17 @@ class RunningSums(NamedTuple):
     def plus(self, other: RunningSums) -> RunningSums:
         """These sums and ``other``'s together (a resumed run's, after the ones it resumed from)."""
         return RunningSums(*(mine + theirs for mine, theirs in zip(self, other)))
+
+
+def _split(products: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The finite values' sum, and how many are +inf and -inf: a NaN counts as one of each, as it
+    behaves in a sum (:class:`RunningSums`)."""
+    nan = products.isnan()
+    return (
+        products.where(products.isfinite(), 0.0).sum(),
+        (nan | (products == math.inf)).sum(),
+        (nan | (products == -math.inf)).sum(),
+    )
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
