@@ -638,3 +638,25 @@ def test_runs_one_after_another_in_the_same_processes_form_their_groups(phalanx,
     done = phalanx("run", "--nproc-per-node", "2", str(script), timeout=150)
     assert done.returncode == 0, done.output
     assert [f"generation {n} trained 2 steps" in done.output for n in range(4)] == [True] * 4, done.output
+
+
+def test_a_script_that_reaps_all_its_children_is_not_kept_waiting(phalanx, workdir):
+    # the group guard is no child of the worker: os.wait() until none is left ends as under torchrun
+    script = workdir / "reaps.py"
+    script.write_text(
+        "import os, time\n"
+        "for _ in range(2):\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(0.2)\n"
+        "        os._exit(0)\n"
+        "reaped = 0\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.wait()\n"
+        "    except ChildProcessError:\n"
+        "        break\n"
+        "    reaped += 1\n"
+        "print('reaped', reaped, flush=True)\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", "--independent-ranks", str(script), timeout=60)
+    assert done.returncode == 0 and "reaped 2" in done.output, done.output

@@ -6,23 +6,27 @@ from __future__ import annotations
 import os
 import sys
 
-#: The guard itself: python -I -c GUARD WORKER_PID GRACE_S (docs/launch-design.md).
+#: The guard itself: python -I -c GUARD WORKER_PID GRACE_S PIDFD (docs/launch-design.md). It leaves
+#: its first process at once, so that it is no child of the worker: a script that waits for all
+#: its children (os.wait() until none is left) would wait for it forever. PIDFD is the worker's
+#: pidfd, opened by the worker itself (-1: none here), so it names the worker whoever reuses the pid.
 _GUARD = """
 import os, select, signal, sys, time
+if os.fork():
+    os._exit(0)
 for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
     signal.signal(number, signal.SIG_IGN)
-worker, grace, group, me = int(sys.argv[1]), float(sys.argv[2]), os.getpgid(0), os.getpid()
-try:
-    ending = os.pidfd_open(worker)
-except ProcessLookupError:  # it has ended already
-    ending = -1
-except OSError:  # no pidfds here
-    ending = None
-if ending is None:
-    while os.getppid() == worker:
-        time.sleep(0.2)
-elif ending >= 0 and os.getppid() == worker:  # still the worker (a pid is reused only once it ended)
+worker, grace, ending = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+group, me = os.getpgid(0), os.getpid()
+if ending >= 0:
     select.select([ending], [], [])
+else:
+    try:
+        while True:
+            os.kill(worker, 0)
+            time.sleep(0.2)
+    except ProcessLookupError:
+        pass
 
 def others():
     found = []
@@ -48,12 +52,23 @@ GRACE_S = 2.0
 
 def guard_the_group() -> int | None:
     """Starts the guard, in this process's group, when this process leads it (as each worker of
-    torchrun does); returns its pid. Else, or where no process can be started, does nothing: None."""
+    torchrun does); returns the pid of its first process, already ended and reaped. Else, or
+    where no process can be started, does nothing: None."""
     if os.getpgid(0) != os.getpid():
         return None
-    quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
-    argv = [sys.executable, "-I", "-c", _GUARD, str(os.getpid()), str(GRACE_S)]
     try:
-        return os.posix_spawn(sys.executable, argv, os.environ, file_actions=quiet)
+        ending = os.pidfd_open(os.getpid())
+        os.set_inheritable(ending, True)
+    except (AttributeError, OSError):  # no pidfds here: the guard polls the pid
+        ending = -1
+    quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    argv = [sys.executable, "-I", "-c", _GUARD, str(os.getpid()), str(GRACE_S), str(ending)]
+    try:
+        pid = os.posix_spawn(sys.executable, argv, os.environ, file_actions=quiet)
     except OSError:  # no process to spare (a pid limit): the script runs unguarded, as before
         return None
+    finally:
+        if ending >= 0:
+            os.close(ending)
+    os.waitpid(pid, 0)  # its first process ends at once; the guard goes on as that one's child
+    return pid
