@@ -660,3 +660,25 @@ def test_a_script_that_reaps_all_its_children_is_not_kept_waiting(phalanx, workd
     )
     done = phalanx("run", "--nproc-per-node", "2", "--independent-ranks", str(script), timeout=60)
     assert done.returncode == 0 and "reaped 2" in done.output, done.output
+
+
+def test_the_script_stays_main_for_its_exit_handlers_and_threads(phalanx, workdir):
+    # a checkpoint pickled at exit, or by a thread that outlives the script body, names classes of
+    # the script as __main__.NAME: under runpy they were gone once the body returned
+    script = workdir / "saves_at_exit.py"
+    script.write_text(
+        "import atexit, dataclasses, os, pickle, threading, time\n"
+        "@dataclasses.dataclass\n"
+        "class Config:\n"
+        "    lr: float = 0.1\n"
+        "def save(name):\n"
+        "    saved = pickle.dumps(Config())  # the file is written only once this worked\n"
+        "    with open(f'{name}-{os.environ[\"RANK\"]}.pkl', 'wb') as out:\n"
+        "        out.write(saved)\n"
+        "atexit.register(save, 'at-exit')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), save('thread'))).start()\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", "--independent-ranks", str(script))
+    assert done.returncode == 0, done.output
+    saved = sorted(path.name for path in workdir.glob("*.pkl"))
+    assert saved == ["at-exit-0.pkl", "at-exit-1.pkl", "thread-0.pkl", "thread-1.pkl"], done.output

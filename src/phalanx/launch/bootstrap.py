@@ -8,12 +8,19 @@ the exception that ended the script where the launcher reads it (docs/launch-des
 from __future__ import annotations
 
 import atexit
+import builtins
+import importlib.machinery
+import importlib.util
+import io
 import os
 import runpy
 import signal
 import sys
+import types
+import zipfile
 from pathlib import Path
-from types import TracebackType
+from types import CodeType, TracebackType
+from typing import Any
 
 from phalanx.launch.group_guard import guard_the_group
 from phalanx.launch.group_record import GroupWatch
@@ -60,6 +67,43 @@ def _record(error: BaseException) -> None:
     get_error_handler().record_exception(error)
 
 
+def _run_script(path: str) -> None:
+    """Runs the script as ``python SCRIPT`` does; a folder or zip file with a __main__.py as runpy does."""
+    if os.path.isdir(path) or zipfile.is_zipfile(path):
+        runpy.run_path(path, run_name="__main__")
+        return
+    with io.open_code(path) as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    loader = importlib.machinery.SourceFileLoader("__main__", path)
+    _as_main(code, __file__=path, __loader__=loader, __spec__=None, __package__=None, __cached__=None)
+
+
+def _run_module(name: str) -> None:
+    """Runs the module (a package: its __main__) as ``python -m MODULE`` does."""
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.submodule_search_locations is not None:
+        spec = importlib.util.find_spec(f"{name}.__main__")
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "get_code"):
+        raise ImportError(f"No module named {name!r} that python -m could run", name=name)
+    code = spec.loader.get_code(spec.name)
+    if code is None:
+        raise ImportError(f"No code object available for {name!r}", name=name)
+    sys.argv[0] = spec.origin or name  # as python -m does
+    _as_main(code, __file__=spec.origin, __loader__=spec.loader, __spec__=spec, __package__=spec.parent,
+             __cached__=spec.cached)  # fmt: skip
+
+
+def _as_main(code: CodeType, **attributes: Any) -> None:
+    """Runs ``code`` in a new module that is ``__main__`` and stays so after the code returns, as in
+    a plain python process. runpy swaps its module back when the code returns, so an exit
+    handler or a thread that outlives the script body and pickles a class of the script (a
+    checkpoint with a dataclass config) found no such class in ``__main__``."""
+    module = types.ModuleType("__main__")
+    module.__dict__.update(attributes, __builtins__=builtins)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+
+
 def run(argv: list[str]) -> int | str | None:
     """Runs ``SCRIPT ARGS`` or ``-m MODULE ARGS``; returns what it exited with."""
     is_module = bool(argv) and argv[0] == "-m"
@@ -77,13 +121,13 @@ def run(argv: list[str]) -> int | str | None:
         watch.install()
         atexit.register(watch.write)
         FirstStepWatch(record.parent / START_RECORD_NAME, watch).install()
-    sys.argv = [target, *args]  # for a module, runpy puts its path in argv[0], as python -m does
+    sys.argv = [target, *args]
     try:
         if is_module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _run_module(target)
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+            _run_script(target)
     except SystemExit as stop:
         return stop.code
     except KeyboardInterrupt:
