@@ -682,3 +682,19 @@ def test_the_script_stays_main_for_its_exit_handlers_and_threads(phalanx, workdi
     assert done.returncode == 0, done.output
     saved = sorted(path.name for path in workdir.glob("*.pkl"))
     assert saved == ["at-exit-0.pkl", "at-exit-1.pkl", "thread-0.pkl", "thread-1.pkl"], done.output
+
+
+def test_a_script_that_changes_its_working_folder_is_reported_by_its_own_error(phalanx, workdir):
+    # as Hydra does: the worker's error file and records are written after the chdir
+    (workdir / "outputs").mkdir()
+    script = workdir / "changes_folder.py"
+    script.write_text(
+        "import os\n"
+        "os.chdir('outputs')\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise RuntimeError('the loss is NaN at step 7')\n"
+    )
+    done = phalanx("run", "--nproc-per-node", "2", "--independent-ranks", str(script))
+    assert done.returncode == 1, done.output
+    cause = done.stderr[done.stderr.index("phalanx: root cause:") :]
+    assert "RuntimeError: the loss is NaN at step 7" in cause and "FileNotFoundError" not in done.output, cause

@@ -116,7 +116,7 @@ def run(argv: list[str]) -> int | str | None:
     atexit.register(_tear_down_group)
     atexit.register(_say_if_the_early_signal_was_never_taken)
     if worker.group_record:
-        record = Path(worker.group_record).absolute()  # before the script changes its working folder
+        record = Path(worker.group_record)
         watch = GroupWatch(record, int(os.environ.get("WORLD_SIZE", "1")))
         watch.install()
         atexit.register(watch.write)

@@ -61,7 +61,8 @@ class RankLogsSpecs(LogsSpecs):
         attempt = Path(self.root_log_dir) / f"attempt_{attempt_number}"
         self.folder_of_rank = {int(env["RANK"]): attempt / f"{_RANK}{env['RANK']}" for env in envs.values()}
         for env in envs.values():  # the workers are started with these dicts
-            folder = self.folder_of_rank[int(env["RANK"])]
+            # absolute: a script may change its working folder (Hydra does) before it writes them
+            folder = self.folder_of_rank[int(env["RANK"])].absolute()
             env.update(WorkerEnv(attempt=attempt_number, group_record=str(folder / GROUP_RECORD_NAME),
                                  keep_request=str(folder / KEEP_REQUEST_NAME)).to_env())  # fmt: skip
         if self.on_ranks_assigned is not None:
@@ -99,7 +100,7 @@ class RankLogsSpecs(LogsSpecs):
                 files[local_rank] = str(folder / name) if to_file & stream else ("" if console else os.devnull)
                 if shown & stream:
                     tees[local_rank] = files[local_rank]
-            dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = str(folder / "error.json")
+            dest.error_files[local_rank] = env["TORCHELASTIC_ERROR_FILE"] = str((folder / "error.json").absolute())
             if to_file & Std.ERR:
                 self.stderr_of_rank[rank] = folder / "stderr.log"
         dest.filtered_stdout = str(attempt / f"filtered_stdout.{os.getpid()}.log")
