@@ -224,3 +224,22 @@ def test_the_decision_block_names_a_faster_network_unless_an_interface_was_given
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", nic.name)  # kept: it overrides --interface, so no hint to pass one
     [node] = set_up_nodes(spec, run_dir=tmp_path / "kept")
     assert not any(line.startswith("network ") for line in node.notes), node.notes
+
+
+def test_launches_in_the_same_second_get_folders_of_their_own(entry, tmp_path, monkeypatch):
+    monkeypatch.setattr(node_setup.time, "strftime", lambda _: "20261208-010203")  # a sweep's jobs, started at once
+    spec = LaunchSpec(entrypoint=entry, log_dir=tmp_path / "logs")
+    first, second = node_setup.new_run_dir(spec), node_setup.new_run_dir(spec)
+    assert (first.name, second.name) == ("20261208-010203-phalanx", "20261208-010203-phalanx-2")
+    assert first.is_dir() and second.is_dir()
+    dry = node_setup.new_run_dir(dataclasses.replace(spec, dry_run=True, log_dir=tmp_path / "dry"))
+    assert dry.name == "20261208-010203-phalanx" and not (tmp_path / "dry").exists()  # a dry run makes nothing
+
+
+def test_a_refused_launch_leaves_no_folder_behind(entry, tmp_path):
+    from phalanx.launch.job import run_nodes
+
+    logs = tmp_path / "deep" / "logs"
+    with pytest.raises(SettingsRefused, match="nosuch9"):
+        run_nodes(LaunchSpec(entrypoint=entry, log_dir=logs, interface="nosuch9"))
+    assert not (tmp_path / "deep").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from phalanx.console import say
 from phalanx.errors import SettingsRefused
-from phalanx.launch.node_setup import NodeSetup, decision_block, set_up_nodes
+from phalanx.launch.node_setup import NodeSetup, decision_block, new_run_dir, set_up_nodes
 from phalanx.launch.spec import LaunchSpec
 from phalanx.torch_compat import check_installed
 
@@ -62,11 +62,19 @@ def run_nodes(
     ``check_setups`` sees the setups before anything starts (the backend is chosen by then), so
     that a command can refuse settings the chosen backend cannot run.
     """
-    setups = set_up_nodes(spec, run_dir)
-    if check_setups is not None:
-        check_setups(setups)
-    with spec.blamed("log_dir"):  # made (for a dry run: tried, and left as it was)
-        check_log_dir(Path(setups[0].run_dir).parent, keep=not spec.dry_run)
+    unmade = [] if spec.dry_run else [f for f in (spec.log_dir, *spec.log_dir.parents) if not f.exists()]
+    run_dir = run_dir or new_run_dir(spec)
+    try:
+        setups = set_up_nodes(spec, run_dir)
+        if check_setups is not None:
+            check_setups(setups)
+        with spec.blamed("log_dir"):  # made (for a dry run: tried, and left as it was)
+            check_log_dir(Path(setups[0].run_dir).parent, keep=not spec.dry_run)
+    except BaseException:  # refused before anything started: the run's folder, if empty, goes too
+        for folder in [run_dir, *unmade]:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     if spec.dry_run:
         from phalanx.launch.torchrun import command_line
 

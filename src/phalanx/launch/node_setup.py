@@ -233,7 +233,23 @@ def _common_env(spec: LaunchSpec, interface: str, resources: _Resources) -> tupl
 
 
 def new_run_dir(spec: LaunchSpec) -> Path:
-    return spec.log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.rdzv_id}"
+    """This launch's folder under --log-dir, made here (a dry run: only named): ``-2``, ``-3``...
+    follow the name where another launch made it first (a sweep started in the same second).
+    :func:`phalanx.launch.job.run_nodes` removes it again, with the parents made for it, where the
+    launch is refused before it starts."""
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.rdzv_id}"
+    if spec.dry_run:
+        return spec.log_dir / name
+    for suffix in ("", *(f"-{n}" for n in range(2, 1000))):
+        folder = spec.log_dir / f"{name}{suffix}"
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError:  # --log-dir cannot hold it: refused with the reason once checked (check_log_dir)
+            return folder
+    return spec.log_dir / name
 
 
 def set_up_nodes(spec: LaunchSpec, run_dir: Path | None = None) -> list[NodeSetup]:
