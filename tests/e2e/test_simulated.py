@@ -376,6 +376,21 @@ def test_ranks_that_each_trained_alone_are_named_and_the_job_fails(phalanx, work
     assert "phalanx: start:" not in result.stderr  # no process group: no start to break down
 
 
+@pytest.mark.parametrize("calls", ["dist.send(t, 1) if rank == 0 else dist.recv(t, 0)", "dist.monitored_barrier()"])
+def test_ranks_that_only_send_and_receive_communicated(phalanx, workdir, calls):
+    # gloo's flight recorder counts no point-to-point call: these ranks did not train alone
+    script = workdir / "point_to_point.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "rank, t = dist.get_rank(), torch.ones(1)\n"
+        f"{calls}\n"
+        "dist.destroy_process_group()\n"
+    )
+    result = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert result.returncode == 0 and "never communicated" not in result.stderr, result.output
+
+
 @pytest.mark.parametrize(
     "layout", [("--simulate-nodes", "2"), ("--nproc-per-node", "2")], ids=["simulated", "one-node"]
 )

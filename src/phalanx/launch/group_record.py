@@ -19,6 +19,9 @@ from phalanx.worker_env import WorkerEnv
 #: The record's file name, in each rank's log folder.
 GROUP_RECORD_NAME = "process_group.json"
 _C10D = "torch.distributed.distributed_c10d"
+#: Point-to-point calls, which gloo's flight recorder does not count: a rank that only sends and
+#: receives (a pipeline, monitored_barrier) communicated all the same.
+_POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "monitored_barrier")
 #: Modules whose presence at exit explains a rank that ran alone (see :func:`hint_for`).
 FRAMEWORKS = ("accelerate", "lightning", "pytorch_lightning")
 
@@ -33,7 +36,8 @@ class GroupRecord:
     world_size: int
     #: The frameworks the script imported, for the HINT.
     frameworks: tuple[str, ...] = ()
-    #: Collectives it issued in any process group (None: unknown, torch's flight recorder was off).
+    #: Collectives and point-to-point calls it issued in any process group (None: unknown,
+    #: torch's flight recorder was off).
     collectives: int | None = None
     #: How its training stopped for a signal (WorkerEnv.stopped); None when it did not.
     stopped: str | None = None
@@ -69,6 +73,7 @@ class GroupWatch:
         #: When the first init_process_group was called, and when it returned (Unix time).
         self.began: float | None = None
         self.formed: float | None = None
+        self.point_to_point = 0  # calls of _POINT_TO_POINT
 
     def install(self) -> None:
         """Wraps init_process_group now if torch.distributed is imported, else as soon as it is."""
@@ -85,13 +90,17 @@ class GroupWatch:
             self._joined(c10d)
             return result
 
-        init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-        init_process_group.__doc__ = original.__doc__
-        # Modules that took the name already, where torch.distributed was imported before install()
-        for name in (_C10D, "torch.distributed", "torch.distributed.device_mesh"):
-            module = sys.modules.get(name)
-            if module is not None and getattr(module, "init_process_group", None) is original:
-                module.init_process_group = init_process_group  # type: ignore[attr-defined]
+        _replace(original, init_process_group)
+        for name in _POINT_TO_POINT:
+            if hasattr(c10d, name):
+                _replace(getattr(c10d, name), self._counted(getattr(c10d, name)))
+
+    def _counted(self, original: Any) -> Any:
+        def point_to_point(*args: Any, **kwargs: Any) -> Any:
+            self.point_to_point += 1
+            return original(*args, **kwargs)
+
+        return point_to_point
 
     def _joined(self, c10d: ModuleType) -> None:
         self.joined_world = max(self.joined_world, c10d.get_world_size())
@@ -128,11 +137,21 @@ class GroupWatch:
                 counts.append(collectives_issued(recorder))
             except Exception:
                 counts.append(None)
-        total = sum(count for count in counts if count is not None)
+        total = sum(count for count in counts if count is not None) + self.point_to_point
         if total > 0:
             return total
         trusted = not any("nccl" in backend or "undefined" in backend for backend in self.backends)
         return 0 if trusted and counts[0] is not None else None
+
+
+def _replace(original: Any, wrapper: Any) -> None:
+    """Puts ``wrapper`` where torch.distributed's modules hold ``original`` (also those that took
+    the name before the wrapping, where torch.distributed was imported before install())."""
+    wrapper.__wrapped__, wrapper.__doc__, wrapper.__name__ = original, original.__doc__, original.__name__
+    for name in (_C10D, "torch.distributed", "torch.distributed.device_mesh"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, original.__name__, None) is original:
+            setattr(module, original.__name__, wrapper)
 
 
 def solo_ranks(records: dict[int, GroupRecord | None]) -> list[int]:
