@@ -47,7 +47,12 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- torchrun's flags that phalanx does not take, in both spellings ------------------------
     *((f"torchrun's {argv[0]}", ["run", *argv, "train.py"], f"{argv[0].split('=')[0]} is torchrun's: phalanx does not take it")
       for argv in (["--no-python"], ["--node-rank", "1"], ["--node_rank=1"], ["--master-addr", "10.0.0.1"],
-                   ["--master_port", "29500"], ["--rdzv-backend", "c10d"], ["--local-addr", "10.0.0.2"])),
+                   ["--master_port", "29500"], ["--rdzv-backend", "c10d"], ["--local-addr", "10.0.0.2"], ["--tee", "3"],
+                   ["--redirects", "3"], ["--local-ranks-filter", "0"], ["--rdzv-conf", "timeout=9"],
+                   ["--start-method", "fork"], ["--role", "trainer"])),
+    # all of them at once, not one refusal per try
+    ("torchrun's flags together", ["run", "--node_rank=0", "--master_addr=10.0.0.1", "--master_port=29500", "train.py"],
+     "--node_rank, --master_addr, --master_port are torchrun's: phalanx does not take them"),
     ("torchrun's flag in phalanx slurm", ["slurm", "--master-port", "29500", "train.py"], "--rdzv-endpoint HOST:PORT"),
     ("several nodes, no endpoint", ["run", "--dry-run", "--nnodes", "2", "train.py"], "--nnodes 2 without --rdzv-endpoint"),
     ("script missing", ["run", "missing.py"], "the training script 'missing.py' does not exist"),

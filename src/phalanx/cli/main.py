@@ -27,6 +27,7 @@ from phalanx import __version__, exit_codes
 from phalanx.cli import HelpFormatter, bench, doctor, env, k8s, launch, plan, run, slurm, testbed
 from phalanx.errors import PhalanxError
 from phalanx.quick_exit import exit_quickly
+from phalanx.settings.options import refuse_torchrun_flags
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
+        refuse_torchrun_flags(args)
         code = int(args.handler(args))
         sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's exit
         return code

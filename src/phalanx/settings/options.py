@@ -219,6 +219,10 @@ _ENDPOINT = (
     "the nodes meet at --rdzv-endpoint, and phalanx sets MASTER_ADDR and MASTER_PORT for the workers",
     "give the main node's address and port as --rdzv-endpoint HOST:PORT, the same on every node",
 )
+_CONSOLE = (
+    "phalanx run writes every rank's output to its log folder and shows rank 0's on the console",
+    "drop it; --all-ranks shows every rank's output",
+)
 #: torchrun's flags that phalanx does not take: flag -> (what phalanx does instead, what to type).
 TORCHRUN_ONLY = {
     "no-python": ("phalanx run starts SCRIPT with this Python (or a module, with -m)",
@@ -231,16 +235,43 @@ TORCHRUN_ONLY = {
     "rdzv-backend": ("phalanx always uses torchrun's c10d rendezvous", "drop --rdzv-backend"),
     "local-addr": ("each node advertises the address of its interface that routes to the endpoint",
                    "drop --local-addr; to advertise another interface's address, name it: --interface NAME"),
+    "tee": _CONSOLE, "redirects": _CONSOLE, "local-ranks-filter": _CONSOLE,
+    "rdzv-conf": ("the rendezvous's timeouts come from --join-timeout and --last-call",
+                  "drop --rdzv-conf; give --join-timeout or --last-call"),
+    "logs-specs": ("phalanx run lays the logs out by global rank itself", "drop --logs-specs"),
+    **dict.fromkeys(("start-method", "monitor-interval", "role", "run-path", "virtual-local-rank", "numa-binding",
+                     "signals-to-handle", "shutdown-timeout", "event-log-handler", "duplicate-stdout-filters",
+                     "duplicate-stderr-filters"), ("phalanx run keeps torchrun's default for it", "drop it")),
 }  # fmt: skip
 
 
 class _TorchrunOnly(argparse.Action):
-    """A torchrun flag pasted into a phalanx command: refused with what phalanx does instead, not
-    argparse's bare 'unrecognized arguments'."""
+    """A torchrun flag pasted into a phalanx command: noted, to be refused with the others of the
+    command line, each with what phalanx does instead (:func:`refuse_torchrun_flags`), not
+    argparse's bare 'unrecognized arguments' one at a time."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        instead, hint = TORCHRUN_ONLY[self.dest]
-        raise SettingsRefused(f"{option_string} is torchrun's: phalanx does not take it", f"{instead}.", hint)
+        namespace.torchrun_flags = [*getattr(namespace, "torchrun_flags", []), (option_string, self.dest)]
+
+
+def refuse_torchrun_flags(namespace: argparse.Namespace) -> None:
+    """Refuses every torchrun flag of the command line at once, each with what to do instead."""
+    given = getattr(namespace, "torchrun_flags", [])
+    if not given:
+        return
+    flags = ", ".join(flag for flag, _ in given)
+    whys = list(dict.fromkeys(f"{TORCHRUN_ONLY[dest][0]}." for _, dest in given))
+    hints: dict[str, list[str]] = {}  # what to type -> the flags it is for
+    for flag, dest in given:
+        hints.setdefault(TORCHRUN_ONLY[dest][1], []).append(flag)
+    hint = (
+        "; ".join(f"{', '.join(flags)}: {hint}" for hint, flags in hints.items())
+        if len(hints) > 1
+        else next(iter(hints))
+    )
+    one = len(given) == 1
+    raise SettingsRefused(f"{flags} {'is' if one else 'are'} torchrun's: phalanx does not take {'it' if one else 'them'}",
+                          " ".join(whys), hint)  # fmt: skip
 
 
 def add_launch_options(parser: argparse.ArgumentParser) -> None:
