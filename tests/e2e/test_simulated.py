@@ -321,6 +321,18 @@ def wait_for(process: subprocess.Popen[str], ready: Callable[[], bool], seconds:
         time.sleep(0.2)
 
 
+def test_ctrl_c_shows_the_script_s_frames_only(workdir):
+    # as python SCRIPT prints a KeyboardInterrupt: from the script's own first frame on
+    script = copy_worker(workdir, "sleeper.py")
+    with launched(workdir, "--nproc-per-node", "2", "--independent-ranks", script, str(workdir)) as process:
+        wait_for(process, lambda: len(list(workdir.glob("ready*"))) == 2)
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        stdout, stderr = process.communicate(timeout=45)
+    assert process.returncode == 130, stderr
+    assert "KeyboardInterrupt" in stderr and 'sleeper.py", line' in stderr, stderr
+    assert "bootstrap.py" not in stderr and "runpy" not in stderr, stderr
+
+
 def test_sigterm_stops_every_node_and_worker(workdir):
     script = copy_worker(workdir, "sleeper.py")
     with launched(workdir, "--simulate-nodes", "2", script, str(workdir)) as process:

@@ -130,7 +130,11 @@ def run(argv: list[str]) -> int | str | None:
             _run_script(target)
     except SystemExit as stop:
         return stop.code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # python's own end of it (exit handlers, then death by SIGINT), minus our frames
+        shown = sys.excepthook
+        sys.excepthook = lambda kind, error, tb: shown(
+            kind, error.with_traceback(_user_traceback(tb)), error.__traceback__
+        )
         raise
     except BaseException as error:
         trimmed = _user_traceback(error.__traceback__)
