@@ -698,3 +698,12 @@ def test_a_script_that_changes_its_working_folder_is_reported_by_its_own_error(p
     assert done.returncode == 1, done.output
     cause = done.stderr[done.stderr.index("phalanx: root cause:") :]
     assert "RuntimeError: the loss is NaN at step 7" in cause and "FileNotFoundError" not in done.output, cause
+
+
+def test_a_traceback_after_init_process_group_has_one_prefix(phalanx, workdir):
+    # torch's excepthook adds "[rank0]: " to every line; the console names the node and rank already
+    script = workdir / "raises.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\nraise ValueError('boom')\n")
+    done = phalanx("run", "--nproc-per-node", "2", str(script))
+    assert done.returncode == 1 and "[node0 rank0]: ValueError: boom" in done.output, done.output
+    assert "[rank0]:" not in done.output and "[rank1]:" not in done.output, done.output

@@ -83,8 +83,11 @@ class GroupWatch:
         original = c10d.init_process_group
 
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            began = time.time()
+            began, excepthook = time.time(), sys.excepthook
             result = original(*args, **kwargs)
+            # torch's hook prefixes every line of a traceback with "[rankN]: "; phalanx run's
+            # console names the node and rank already, and a rank's log file is its own
+            sys.excepthook = excepthook
             if self.formed is None:
                 self.began, self.formed = began, time.time()
             self._joined(c10d)

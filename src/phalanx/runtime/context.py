@@ -241,14 +241,9 @@ def init(
         context.healing = _join_healing(context, launched, seconds)
     elif env.world_size > 1 and not dist.is_initialized():
         os.environ.setdefault(FLIGHT_RECORDER_VARIABLE, FLIGHT_RECORDER_ENTRIES)  # quicker to read (watchdog.py)
-        excepthook = sys.excepthook
         store, group = _group_store(launched, timedelta(seconds=seconds))
         dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=seconds))  # fmt: skip
-        if launched.node is not None:
-            # torch's hook prefixes every line of a traceback with "[rankN]: "; phalanx run's
-            # console names the node and rank already, and a rank's log file is its own
-            sys.excepthook = excepthook
         context._owns_group = True
         # A first collective, on every rank: the flight recorder must show it, or the watchdog
         # would never see a stall. (It also sets up NCCL's connections here, not at the first step.)
