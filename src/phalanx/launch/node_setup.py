@@ -424,4 +424,10 @@ def decision_block(setups: list[NodeSetup]) -> str:
     head = f"phalanx {__version__} on torch {torch}: {head}"
     untested = outside_range(torch)
     warning = [f"warning    torch {torch} is {untested}: `phalanx env` names what may not work"] if untested else []
-    return "\n".join([head, *(f"  {line}" for line in [*setup.notes, *warning]), f"  logs       {setup.run_dir}/"])
+    console = (
+        "console    every rank's output"
+        if setup.all_ranks
+        else "console    rank 0's output (--all-ranks: every rank's)"
+    )
+    lines = [*setup.notes, *warning, f"logs       {setup.run_dir}/ (every rank's)", console]
+    return "\n".join([head, *(f"  {line}" for line in lines)])
