@@ -33,9 +33,11 @@ def others():
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != me:
             try:
-                if os.getpgid(int(name)) == group:
+                with open(f"/proc/{name}/stat") as stat:
+                    state = stat.read().rsplit(")", 1)[1].split()[0]
+                if os.getpgid(int(name)) == group and state != "Z":  # a zombie waits for its parent, not for us
                     found.append(name)
-            except OSError:
+            except (OSError, IndexError):
                 pass
     return found
 
