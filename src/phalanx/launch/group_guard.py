@@ -3,6 +3,7 @@ group as soon as the worker is gone, however it went (docs/launch-design.md)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 
@@ -59,7 +60,11 @@ def guard_the_group() -> int | None:
     if os.getpgid(0) != os.getpid():
         return None
     try:
-        ending = os.pidfd_open(os.getpid())
+        opened = os.pidfd_open(os.getpid())
+        # above the standard streams: with stdin closed it would be fd 0, which the guard's
+        # quiet streams replace with /dev/null, readable at once
+        ending = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.close(opened)
         os.set_inheritable(ending, True)
     except (AttributeError, OSError):  # no pidfds here: the guard polls the pid
         ending = -1
